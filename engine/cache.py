@@ -1,0 +1,351 @@
+"""`TierCache`: a byte-capacity cache of variable-size objects over any eviction policy.
+
+One instance is one storage tier (HBM, pinned host memory, NVMe, ...). The cache owns the
+resident set and its sizes, pins and statistics; the policy (:mod:`engine.policy`) only ranks
+keys. The same class runs in the simulator (no bytes: it tracks keys and sizes) and in the real
+engine (which keeps the bytes in a store keyed the same way and listens to ``on_evict``).
+
+Invariants kept here:
+
+* ``used == sum(size of resident objects) <= capacity`` after every call;
+* an object with a pin count > 0 is never evicted;
+* ``hits + misses == lookups`` (``access`` counts as one lookup), per cache and per colour;
+* the policy's resident set equals the cache's.
+
+Watermarks (R30): when an admission leaves ``used > high_watermark * capacity`` the cache
+evicts, in policy order, until ``used <= low_watermark * capacity``. ``high_watermark=1.0``
+turns this off (eviction only to make room), which is what pure policy comparisons want.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from dataclasses import asdict, dataclass, field, fields
+from typing import Any
+
+from engine.errors import ObjectTooLargeError
+from engine.policy.base import EvictionPolicy, Key
+from engine.policy.registry import make_policy
+
+EvictCallback = Callable[[Key, int, "str | None"], None]
+
+
+@dataclass
+class CacheStats:
+    """Counters of one cache, one colour or one object. Bytes are object sizes."""
+
+    hits: int = 0
+    misses: int = 0
+    bytes_hit: int = 0
+    bytes_missed: int = 0
+    bytes_in: int = 0
+    bytes_out: int = 0
+    evictions: int = 0
+    refused: int = 0
+
+    @property
+    def lookups(self) -> int:
+        return self.hits + self.misses
+
+    @property
+    def hit_ratio(self) -> float:
+        n = self.hits + self.misses
+        return self.hits / n if n else 0.0
+
+    @property
+    def miss_ratio(self) -> float:
+        n = self.hits + self.misses
+        return self.misses / n if n else 0.0
+
+    @property
+    def byte_miss_ratio(self) -> float:
+        n = self.bytes_hit + self.bytes_missed
+        return self.bytes_missed / n if n else 0.0
+
+    def as_dict(self) -> dict[str, float]:
+        d: dict[str, float] = dict(asdict(self))
+        d["hit_ratio"] = self.hit_ratio
+        d["byte_miss_ratio"] = self.byte_miss_ratio
+        return d
+
+
+@dataclass
+class _Entry:
+    size: int
+    color: str | None
+    pins: int = 0
+
+
+@dataclass
+class TierCache:
+    """A cache of ``capacity`` bytes whose victims are chosen by ``policy``.
+
+    ``policy`` is a policy object or a registered name (built with ``policy_params``).
+    ``on_evict(key, size, color)`` is called for every object the cache evicts (not for
+    explicit ``remove``), so an owner can demote it to a lower tier or drop its bytes.
+    ``track_objects`` keeps per-object statistics (costs memory: off by default).
+    """
+
+    capacity: int
+    policy: EvictionPolicy | str = "lru"
+    policy_params: dict[str, Any] = field(default_factory=dict)
+    high_watermark: float = 0.8
+    low_watermark: float = 0.7
+    on_evict: EvictCallback | None = None
+    track_objects: bool = False
+    name: str = "cache"
+
+    def __post_init__(self) -> None:
+        if self.capacity <= 0:
+            raise ValueError(f"{self.name}: capacity must be > 0 bytes, got {self.capacity}")
+        if not 0.0 < self.low_watermark <= self.high_watermark <= 1.0:
+            raise ValueError(
+                f"{self.name}: need 0 < low_watermark <= high_watermark <= 1, got "
+                f"{self.low_watermark} and {self.high_watermark}"
+            )
+        if isinstance(self.policy, str):
+            self.policy = make_policy(self.policy, **self.policy_params)
+        self._policy: EvictionPolicy = self.policy
+        self._policy.attach(self.capacity)
+        self._entries: dict[Key, _Entry] = {}
+        self._pinned: dict[Key, int] = {}
+        self.used = 0
+        self.stats = CacheStats()
+        # Counters of coloured objects only; uncoloured ones are derived (see color_stats).
+        self._color_stats: dict[str, CacheStats] = {}
+        self.color_used: dict[str | None, int] = {}
+        self.object_stats: dict[Key, CacheStats] = {}
+        self._high = int(self.high_watermark * self.capacity)
+        self._low = int(self.low_watermark * self.capacity)
+
+    # -- queries -----------------------------------------------------------------------
+    def __contains__(self, key: object) -> bool:
+        return key in self._entries
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def __iter__(self) -> Iterator[Key]:
+        return iter(self._entries)
+
+    def size_of(self, key: Key) -> int:
+        """Size in bytes of resident ``key`` (``KeyError`` if absent)."""
+        return self._entries[key].size
+
+    def color_of(self, key: Key) -> str | None:
+        return self._entries[key].color
+
+    def pin_count(self, key: Key) -> int:
+        return self._pinned.get(key, 0)
+
+    @property
+    def color_stats(self) -> dict[str | None, CacheStats]:
+        """Statistics per colour; objects without a colour are under ``None``."""
+        out: dict[str | None, CacheStats] = dict(sorted(self._color_stats.items()))
+        rest = CacheStats(**asdict(self.stats))
+        for cs in self._color_stats.values():
+            for f in fields(CacheStats):
+                setattr(rest, f.name, getattr(rest, f.name) - getattr(cs, f.name))
+        if any(getattr(rest, f.name) for f in fields(CacheStats)):
+            out[None] = rest
+        return out
+
+    def _colour(self, color: str) -> CacheStats:
+        cs = self._color_stats.get(color)
+        if cs is None:
+            cs = self._color_stats[color] = CacheStats()
+        return cs
+
+    @property
+    def free(self) -> int:
+        return self.capacity - self.used
+
+    # -- the hot path --------------------------------------------------------------------
+    def lookup(self, key: Key, now: float, size: int = 0, color: str | None = None) -> bool:
+        """Count a reference to ``key``: a hit updates the policy; a miss only counts.
+
+        ``size`` and ``color`` are used for the miss counters (a hit uses the stored ones).
+        """
+        entry = self._entries.get(key)
+        if entry is not None:
+            self._policy.hit(key, now)
+            self._count(True, entry.size, entry.color, key)
+            return True
+        self._count(False, size, color, key)
+        return False
+
+    def access(
+        self, key: Key, size: int, now: float, color: str | None = None, cost: float = 0.0
+    ) -> bool:
+        """``lookup`` then, on a miss, ``admit``. Returns whether it was a hit.
+
+        An object larger than the whole cache is counted as a miss and refused (not raised),
+        so trace replay can go on; an admission with nothing evictable is refused likewise.
+        """
+        entry = self._entries.get(key)
+        if entry is not None:
+            self._policy.hit(key, now)
+            if entry.color is None and not self.track_objects:
+                s = self.stats  # fast path: uncoloured, no per-object stats
+                s.hits += 1
+                s.bytes_hit += entry.size
+            else:
+                self._count(True, entry.size, entry.color, key)
+            return True
+        self._count(False, size, color, key)
+        if size > self.capacity or not self._make_room(size, now):
+            self.stats.refused += 1
+            return False
+        self._insert(key, size, now, color, cost)
+        return False
+
+    def admit(
+        self,
+        key: Key,
+        size: int,
+        now: float,
+        color: str | None = None,
+        cost: float = 0.0,
+        pin: bool = False,
+    ) -> bool:
+        """Make ``key`` resident (evicting as the policy says); no lookup is counted.
+
+        Returns ``False`` (and changes nothing) when not enough unpinned bytes can be freed.
+        Raises :class:`ObjectTooLargeError` when ``size`` exceeds the whole capacity.
+        Admitting a resident key only pins it if asked (its size must not change).
+        """
+        if size < 0:
+            raise ValueError(f"{self.name}: object {key!r} has negative size {size}")
+        if size > self.capacity:
+            raise ObjectTooLargeError(
+                f"{self.name}: object {key!r} of {size} B exceeds the whole capacity "
+                f"of {self.capacity} B"
+            )
+        entry = self._entries.get(key)
+        if entry is None:
+            if not self._make_room(size, now):
+                self.stats.refused += 1
+                return False
+            self._insert(key, size, now, color, cost)
+        if pin:
+            self.pin(key)
+        return True
+
+    # -- pins and removal ----------------------------------------------------------------
+    def pin(self, key: Key) -> None:
+        """Pin resident ``key`` (in use): it will not be evicted until unpinned."""
+        if key not in self._entries:
+            raise KeyError(f"{self.name}: cannot pin {key!r}: not resident")
+        self._pinned[key] = self._pinned.get(key, 0) + 1
+
+    def unpin(self, key: Key) -> None:
+        """Release one pin of ``key``."""
+        n = self._pinned.get(key, 0)
+        if n <= 0:
+            raise KeyError(f"{self.name}: {key!r} is not pinned")
+        if n == 1:
+            del self._pinned[key]
+        else:
+            self._pinned[key] = n - 1
+
+    def remove(self, key: Key, now: float) -> bool:
+        """Invalidate ``key`` (not an eviction; ``on_evict`` is not called). False if absent."""
+        entry = self._entries.get(key)
+        if entry is None:
+            return False
+        if key in self._pinned:
+            raise ValueError(f"{self.name}: cannot remove pinned object {key!r}")
+        self._policy.remove(key, now, False)
+        self._drop(key, entry)
+        return True
+
+    def evict_to(self, target_used: int, now: float) -> list[Key]:
+        """Evict in policy order until ``used <= target_used`` or nothing is evictable."""
+        evicted: list[Key] = []
+        while self.used > target_used:
+            key = self._evict_one(now)
+            if key is None:
+                break
+            evicted.append(key)
+        return evicted
+
+    # -- internals -------------------------------------------------------------------------
+    def _count(self, hit: bool, size: int, color: str | None, key: Key) -> None:
+        s = self.stats
+        if hit:
+            s.hits += 1
+            s.bytes_hit += size
+        else:
+            s.misses += 1
+            s.bytes_missed += size
+        if color is not None:
+            cs = self._color_stats.get(color)
+            if cs is None:
+                cs = self._color_stats[color] = CacheStats()
+            if hit:
+                cs.hits += 1
+                cs.bytes_hit += size
+            else:
+                cs.misses += 1
+                cs.bytes_missed += size
+        if self.track_objects:
+            os_ = self.object_stats.get(key)
+            if os_ is None:
+                os_ = self.object_stats[key] = CacheStats()
+            if hit:
+                os_.hits += 1
+                os_.bytes_hit += size
+            else:
+                os_.misses += 1
+                os_.bytes_missed += size
+
+    def _make_room(self, size: int, now: float) -> bool:
+        need = self.used + size - self.capacity
+        if need <= 0:
+            return True
+        # Check first that enough unpinned bytes exist, so a refusal changes nothing.
+        if self._pinned:
+            pinned_bytes = sum(self._entries[k].size for k in self._pinned)
+            if self.capacity - pinned_bytes < size:
+                return False
+        while self.used + size > self.capacity:
+            if self._evict_one(now) is None:
+                return False
+        return True
+
+    def _insert(self, key: Key, size: int, now: float, color: str | None, cost: float) -> None:
+        self._entries[key] = _Entry(size, color)
+        self.used += size
+        self.color_used[color] = self.color_used.get(color, 0) + size
+        self.stats.bytes_in += size
+        if color is not None:
+            self._colour(color).bytes_in += size
+        self._policy.insert(key, size, now, color, cost)
+        if self.used > self._high:
+            self.evict_to(self._low, now)
+
+    def _evict_one(self, now: float) -> Key | None:
+        key = self._policy.victim(now, self._pinned)
+        if key is None:
+            return None
+        entry = self._entries[key]
+        # Invariant: the policy never proposes a pinned key.
+        assert key not in self._pinned, f"policy {self._policy.name} proposed pinned {key!r}"
+        self._policy.remove(key, now, True)
+        self._drop(key, entry)
+        self.stats.evictions += 1
+        self.stats.bytes_out += entry.size
+        if entry.color is not None:
+            cs = self._colour(entry.color)
+            cs.evictions += 1
+            cs.bytes_out += entry.size
+        if self.track_objects:
+            self.object_stats.setdefault(key, CacheStats()).evictions += 1
+        if self.on_evict is not None:
+            self.on_evict(key, entry.size, entry.color)
+        return key
+
+    def _drop(self, key: Key, entry: _Entry) -> None:
+        del self._entries[key]
+        self.used -= entry.size
+        self.color_used[entry.color] -= entry.size

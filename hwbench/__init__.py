@@ -1,0 +1,3 @@
+"""Hardware probes, calibration profiles and simulator-vs-engine validation."""
+
+__all__: list[str] = []

@@ -1,0 +1,53 @@
+"""The ``pdsim`` command line: one typer app, one module per command group.
+
+Every command turns :class:`engine.errors.InputError` (bad user input) into a one-line red
+message on stderr and exit status 2, via :func:`sim.cli.common.user_errors`.
+"""
+
+from __future__ import annotations
+
+from importlib.metadata import PackageNotFoundError, version
+
+import typer
+
+from sim.cli import cache as _cache
+
+app = typer.Typer(
+    name="pdsim",
+    help=(
+        "Simulate a parameter/data-separated inference cluster, replay cache traces, and "
+        "calibrate the simulator against a real engine."
+    ),
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+app.add_typer(_cache.app, name="cache")
+
+
+def _version_callback(value: bool) -> None:
+    if value:
+        try:
+            v = version("pdsim")
+        except PackageNotFoundError:  # running from a source tree that was not installed
+            v = "unknown (not installed)"
+        typer.echo(f"pdsim {v}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(
+    version_: bool = typer.Option(
+        False,
+        "--version",
+        callback=_version_callback,
+        is_eager=True,
+        help="Print the pdsim version and exit.",
+    ),
+) -> None:
+    """pdsim: a discrete-event simulator of PD-separated inference clusters."""
+
+
+def main() -> None:
+    """Console-script entry point."""
+    app()

@@ -1,0 +1,32 @@
+"""Helpers shared by the CLI command modules."""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+from collections.abc import Iterator
+
+import typer
+from rich.console import Console
+
+from engine.errors import InputError
+
+err_console = Console(stderr=True, highlight=False)
+console = Console(highlight=False)
+
+
+@contextlib.contextmanager
+def user_errors() -> Iterator[None]:
+    """Turn bad user input into one clear message and exit status 2."""
+    try:
+        yield
+    except InputError as err:
+        err_console.print(f"[bold red]error:[/] {err}", soft_wrap=True)
+        raise typer.Exit(code=2) from None
+    except FileNotFoundError as err:
+        err_console.print(f"[bold red]error:[/] no such file: {err.filename}", soft_wrap=True)
+        raise typer.Exit(code=2) from None
+
+
+def is_tty() -> bool:
+    return sys.stderr.isatty()

@@ -1,0 +1,396 @@
+"""Links and flows: bandwidth shared max-min fairly between concurrent transfers (R2, R27, R31).
+
+Model
+-----
+* A :class:`Link` has a bandwidth (bytes/s), a latency (s) and optional jitter (mean of an
+  exponential extra delay, drawn from the network's seeded ``numpy`` Generator).
+* ``Network.transfer(path, nbytes, priority)`` returns a SimPy event. The transfer first waits
+  its latency (sum of the path's link latencies plus jitter, added once), then its bytes flow
+  at the rate the network allocates; the event succeeds with value ``nbytes`` when the last
+  byte has arrived. An empty path is a local copy and succeeds at once.
+* Rates are **weighted max-min fair** over all active flows (progressive filling): every flow
+  on a bottleneck link gets the same rate per unit of weight, and no link carries more than
+  its bandwidth. Rates are recomputed only when a flow starts or ends or a link changes; one
+  timer is scheduled per change (for the next completion), never one event per byte.
+* Priority classes (R27; lower number = more important, ``priority >= 0``):
+  ``priority_mode="weighted"`` (default) gives a flow weight ``priority_weight ** -priority``,
+  so a priority-0 flow gets ``priority_weight`` x the share of a priority-1 flow on a shared
+  bottleneck; ``"strict"`` fills class 0 first and gives later classes only what is left.
+* Faults: ``Link.set_down("drop")`` fails every transfer that uses the link (waiting for its
+  latency or flowing) with :class:`LinkDown`, and so does every later transfer over it until
+  ``set_up()``; ``set_down("hold")`` pauses them (rate 0) until ``set_up()``.
+  A failed event must be yielded or ``defused`` by its owner, as usual in SimPy.
+
+Counters per link: ``bytes_carried`` (bytes that crossed it, including in-flight progress when
+read through :meth:`Link.carried`), ``busy_time`` (time with at least one flow moving) and
+:meth:`Link.utilisation` (mean fraction of bandwidth used since the link was created).
+Conservation: a completed transfer delivered exactly ``nbytes``; every link on its path was
+credited with exactly ``nbytes`` for it (up to float rounding).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from functools import partial
+from typing import Literal
+
+import numpy as np
+import simpy
+
+_RATE_TOL = 1e-9  # relative slack when comparing shares / remaining bytes
+
+
+class LinkDown(Exception):
+    """A transfer failed because a link on its path went down in ``"drop"`` mode."""
+
+    def __init__(self, link: str, at: float) -> None:
+        super().__init__(link, at)  # SimPy re-creates failure exceptions from their args
+        self.link = link
+        self.at = at
+
+    def __str__(self) -> str:
+        return f"link {self.link!r} went down at t={self.at:.6f}s"
+
+
+class _Flow:
+    __slots__ = (
+        "event",
+        "fid",
+        "nbytes",
+        "path",
+        "priority",
+        "rate",
+        "remaining",
+        "started",
+        "weight",
+    )
+
+    def __init__(
+        self, fid: int, path: tuple[Link, ...], nbytes: int, priority: int, weight: float
+    ) -> None:
+        self.fid = fid
+        self.path = path
+        self.nbytes = nbytes
+        self.remaining = float(nbytes)
+        self.priority = priority
+        self.weight = weight
+        self.rate = 0.0
+        self.started = False  # False while waiting for its latency
+        self.event: simpy.Event
+
+
+class Link:
+    """A network or bus link (RDMA, PCIe, NVMe, object store) shared by concurrent flows."""
+
+    def __init__(
+        self,
+        env: simpy.Environment,
+        name: str,
+        bandwidth: float,
+        latency: float,
+        jitter: float = 0.0,
+    ) -> None:
+        if not bandwidth > 0 or not math.isfinite(bandwidth):
+            raise ValueError(f"link {name!r}: bandwidth must be a finite number > 0 B/s")
+        if latency < 0 or jitter < 0:
+            raise ValueError(f"link {name!r}: latency and jitter must be >= 0 s")
+        self.env = env
+        self.name = name
+        self.bandwidth = float(bandwidth)
+        self.latency = float(latency)
+        self.jitter = float(jitter)
+        self.up = True
+        self.down_mode: Literal["drop", "hold"] | None = None
+        self.bytes_carried = 0.0
+        self.busy_time = 0.0
+        self.created_at = float(env.now)
+        self.rate = 0.0  # sum of the rates of the flows on this link (<= bandwidth)
+        self._flows: dict[int, _Flow] = {}  # flows using this link, pending ones included
+        self._network: Network | None = None
+
+    def __repr__(self) -> str:
+        return f"Link({self.name!r}, {self.bandwidth:.3g} B/s, {self.latency:.3g} s)"
+
+    @property
+    def n_flows(self) -> int:
+        """Number of transfers currently using the link (waiting for latency or flowing)."""
+        return len(self._flows)
+
+    def set_down(self, mode: Literal["drop", "hold"] = "drop") -> None:
+        """Cut the link: ``"drop"`` fails its transfers with :class:`LinkDown`, ``"hold"``
+        pauses them until :meth:`set_up`."""
+        if mode not in ("drop", "hold"):
+            raise ValueError(f"mode must be 'drop' or 'hold', got {mode!r}")
+        if self._network is not None:
+            self._network._link_changed(self, up=False, mode=mode)
+        else:
+            self.up, self.down_mode = False, mode
+
+    def set_up(self) -> None:
+        """Restore the link; held transfers resume."""
+        if self._network is not None:
+            self._network._link_changed(self, up=True, mode=None)
+        else:
+            self.up, self.down_mode = True, None
+
+    def set_bandwidth(self, bandwidth: float) -> None:
+        """Change the bandwidth (e.g. a degraded link); flows are re-shared at once."""
+        if not bandwidth > 0 or not math.isfinite(bandwidth):
+            raise ValueError(f"link {self.name!r}: bandwidth must be a finite number > 0 B/s")
+        if self._network is not None:
+            self._network._advance()
+        self.bandwidth = float(bandwidth)
+        if self._network is not None:
+            self._network._reallocate()
+
+    def carried(self, now: float | None = None) -> float:
+        """Bytes carried up to ``now`` (default ``env.now``), counting in-flight progress."""
+        t = self.env.now if now is None else now
+        last = self._network._last if self._network is not None else t
+        return self.bytes_carried + self.rate * max(0.0, t - last)
+
+    def utilisation(self, now: float | None = None) -> float:
+        """Mean fraction of the bandwidth used between the link's creation and ``now``."""
+        t = self.env.now if now is None else now
+        span = t - self.created_at
+        if span <= 0:
+            return 0.0
+        return self.carried(t) / (self.bandwidth * span)
+
+
+class Network:
+    """All links of one simulated cluster and the flows crossing them."""
+
+    def __init__(
+        self,
+        env: simpy.Environment,
+        priority_mode: Literal["weighted", "strict"] = "weighted",
+        priority_weight: float = 4.0,
+        rng: np.random.Generator | None = None,
+    ) -> None:
+        if priority_mode not in ("weighted", "strict"):
+            raise ValueError(f"priority_mode must be 'weighted' or 'strict', got {priority_mode!r}")
+        if priority_weight < 1:
+            raise ValueError(f"priority_weight must be >= 1, got {priority_weight}")
+        self.env = env
+        self.priority_mode = priority_mode
+        self.priority_weight = float(priority_weight)
+        self.rng = rng
+        self.links: dict[str, Link] = {}
+        self._flows: dict[int, _Flow] = {}  # started flows, in start order
+        self._next_id = 0
+        self._last = float(env.now)  # time up to which flow progress is accounted
+        self._timer_gen = 0  # only the newest timer acts; older ones are stale
+        self._busy: dict[Link, None] = {}  # links with rate > 0, in first-use order
+        self.transfers_started = 0
+        self.transfers_completed = 0
+        self.bytes_delivered = 0
+
+    # -- topology -----------------------------------------------------------------------------
+    def add_link(self, name: str, bandwidth: float, latency: float, jitter: float = 0.0) -> Link:
+        """Create and register a link; ``ValueError`` if the name is taken."""
+        if name in self.links:
+            raise ValueError(f"link {name!r} already exists")
+        link = Link(self.env, name, bandwidth, latency, jitter)
+        self._attach(link)
+        return link
+
+    def _attach(self, link: Link) -> None:
+        if link._network is None:
+            link._network = self
+            self.links.setdefault(link.name, link)
+        elif link._network is not self:
+            raise ValueError(f"link {link.name!r} belongs to another network")
+
+    # -- transfers ----------------------------------------------------------------------------
+    def transfer(self, path: Sequence[Link], nbytes: int, priority: int = 0) -> simpy.Event:
+        """Move ``nbytes`` over ``path``; see the module docstring. Returns the completion event
+        (value ``nbytes``), which fails with :class:`LinkDown` if a link drops."""
+        if nbytes < 0:
+            raise ValueError(f"nbytes must be >= 0, got {nbytes}")
+        if priority < 0:
+            raise ValueError(f"priority must be >= 0 (0 = most important), got {priority}")
+        event = self.env.event()
+        if not path:
+            event.succeed(nbytes)
+            return event
+        links = tuple(path)
+        for link in links:
+            self._attach(link)
+        self.transfers_started += 1
+        dead = next((lk for lk in links if not lk.up and lk.down_mode == "drop"), None)
+        if dead is not None:
+            event.fail(LinkDown(dead.name, self.env.now))
+            return event
+        weight = 1.0 if self.priority_mode == "strict" else self.priority_weight ** (-priority)
+        flow = _Flow(self._next_id, links, int(nbytes), int(priority), weight)
+        self._next_id += 1
+        flow.event = event
+        for link in links:
+            link._flows[flow.fid] = flow
+        delay = sum(lk.latency for lk in links)
+        jitters = [lk.jitter for lk in links if lk.jitter > 0]
+        if jitters:
+            if self.rng is None:
+                raise ValueError("links with jitter need Network(rng=numpy Generator)")
+            delay += float(sum(self.rng.exponential(j) for j in jitters))
+        if delay > 0:
+            self.env.timeout(delay).callbacks.append(partial(self._start_cb, flow))
+        else:
+            self._start(flow)
+        return event
+
+    def path_time(self, path: Sequence[Link], nbytes: int) -> float:
+        """Time ``nbytes`` would take over ``path`` with no other traffic (latency + bytes over
+        the bottleneck bandwidth); no jitter."""
+        if not path:
+            return 0.0
+        return sum(lk.latency for lk in path) + nbytes / min(lk.bandwidth for lk in path)
+
+    @property
+    def active_flows(self) -> int:
+        """Number of transfers whose bytes are flowing (or held)."""
+        return len(self._flows)
+
+    # -- internals ----------------------------------------------------------------------------
+    def _start_cb(self, flow: _Flow, _event: simpy.Event) -> None:
+        self._start(flow)
+
+    def _timer_cb(self, gen: int, _event: simpy.Event) -> None:
+        self._on_timer(gen)
+
+    def _start(self, flow: _Flow) -> None:
+        if flow.event.triggered:  # dropped while waiting for its latency
+            return
+        if flow.nbytes == 0:
+            self._finish(flow)
+            return
+        self._advance()
+        flow.started = True
+        self._flows[flow.fid] = flow
+        self._reallocate()
+
+    def _advance(self) -> None:
+        """Account flow progress and link counters from ``_last`` up to ``env.now``."""
+        now = float(self.env.now)
+        dt = now - self._last
+        if dt <= 0:
+            return
+        for flow in self._flows.values():
+            if flow.rate > 0:
+                moved = flow.rate * dt
+                flow.remaining -= moved
+                for link in flow.path:
+                    link.bytes_carried += moved
+        for link in self._busy:
+            link.busy_time += dt
+        self._last = now
+
+    def _finish(self, flow: _Flow) -> None:
+        # Credit the rounding residue so each link gets exactly nbytes for this flow.
+        for link in flow.path:
+            if flow.started:
+                link.bytes_carried += flow.remaining
+            else:
+                link.bytes_carried += flow.nbytes
+            del link._flows[flow.fid]
+        flow.remaining = 0.0
+        flow.rate = 0.0
+        self._flows.pop(flow.fid, None)
+        self.transfers_completed += 1
+        self.bytes_delivered += flow.nbytes
+        flow.event.succeed(flow.nbytes)
+
+    def _fail(self, flow: _Flow, link: Link) -> None:
+        for lk in flow.path:
+            del lk._flows[flow.fid]
+        flow.rate = 0.0
+        self._flows.pop(flow.fid, None)
+        flow.event.fail(LinkDown(link.name, self.env.now))
+
+    def _link_changed(self, link: Link, up: bool, mode: Literal["drop", "hold"] | None) -> None:
+        self._advance()
+        link.up, link.down_mode = up, mode
+        if not up and mode == "drop":
+            for flow in list(link._flows.values()):
+                self._fail(flow, link)
+        self._reallocate()
+
+    def _on_timer(self, gen: int) -> None:
+        if gen != self._timer_gen:
+            return  # superseded by a later reallocation
+        self._advance()
+        now = float(self.env.now)
+        # Done: less than a nanosecond's worth of bytes left, or so little that the finish
+        # time rounds to `now` (guards against zero-length timer loops).
+        done = [
+            f
+            for f in self._flows.values()
+            if f.rate > 0
+            and (
+                f.remaining <= _RATE_TOL * (f.nbytes + f.rate) or now + f.remaining / f.rate <= now
+            )
+        ]
+        for flow in done:
+            self._finish(flow)
+        self._reallocate()
+
+    def _reallocate(self) -> None:
+        """Recompute all rates (weighted max-min fair) and schedule the next completion."""
+        flows = list(self._flows.values())
+        links: dict[Link, float] = {}  # residual capacity, in first-use order
+        for flow in flows:
+            flow.rate = 0.0
+            for link in flow.path:
+                links.setdefault(link, link.bandwidth if link.up else 0.0)
+        if self.priority_mode == "strict":
+            classes = sorted({f.priority for f in flows})
+            for cls in classes:
+                self._fill([f for f in flows if f.priority == cls], links)
+        else:
+            self._fill(flows, links)
+        for link in self._busy:
+            link.rate = 0.0
+        busy: dict[Link, None] = {}
+        for flow in flows:
+            if flow.rate > 0:
+                for link in flow.path:
+                    link.rate += flow.rate
+                    busy[link] = None
+        self._busy = busy
+        # Invariant: for every link, link.rate <= link.bandwidth (up to float rounding).
+        self._timer_gen += 1
+        soonest = min(
+            (f.remaining / f.rate for f in flows if f.rate > 0),
+            default=None,
+        )
+        if soonest is not None:
+            gen = self._timer_gen
+            self.env.timeout(max(0.0, soonest)).callbacks.append(partial(self._timer_cb, gen))
+
+    @staticmethod
+    def _fill(flows: list[_Flow], residual: dict[Link, float]) -> None:
+        """Progressive filling: raise all unfrozen flows' rates in proportion to their
+        weights until a link saturates; freeze the flows crossing it; repeat."""
+        unfrozen = list(flows)
+        while unfrozen:
+            weight_on: dict[Link, float] = {}
+            for flow in unfrozen:
+                for link in flow.path:
+                    weight_on[link] = weight_on.get(link, 0.0) + flow.weight
+            share = min(max(0.0, residual[lk]) / w for lk, w in weight_on.items())
+            tight = {
+                lk
+                for lk, w in weight_on.items()
+                if max(0.0, residual[lk]) / w <= share * (1 + _RATE_TOL)
+            }
+            still: list[_Flow] = []
+            for flow in unfrozen:
+                if any(lk in tight for lk in flow.path):
+                    flow.rate = flow.weight * share
+                    for link in flow.path:
+                        residual[link] -= flow.rate
+                else:
+                    still.append(flow)
+            unfrozen = still

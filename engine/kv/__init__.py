@@ -1,0 +1,42 @@
+"""Paged KV cache: block allocator, prefix keys, growable pool, offload, chunked layout."""
+
+from engine.kv.allocator import (
+    ALLOWED_BLOCK_TOKENS,
+    Allocation,
+    KVBlockAllocator,
+    KVOutOfBlocks,
+    KVStats,
+)
+from engine.kv.chunks import (
+    AttentionMemoryModel,
+    chunk_spans,
+    max_context_tokens,
+    split_chunks,
+    validate_chunk_tokens,
+)
+from engine.kv.offload import OffloadChain, make_offload_tiers
+from engine.kv.pool import UNBOUNDED, BlockPool, growth_sequence, next_pool_size
+from engine.kv.prefix import ROOT, id_block_keys, num_blocks, token_block_keys
+
+__all__ = [
+    "ALLOWED_BLOCK_TOKENS",
+    "ROOT",
+    "UNBOUNDED",
+    "Allocation",
+    "AttentionMemoryModel",
+    "BlockPool",
+    "KVBlockAllocator",
+    "KVOutOfBlocks",
+    "KVStats",
+    "OffloadChain",
+    "chunk_spans",
+    "growth_sequence",
+    "id_block_keys",
+    "make_offload_tiers",
+    "max_context_tokens",
+    "next_pool_size",
+    "num_blocks",
+    "split_chunks",
+    "token_block_keys",
+    "validate_chunk_tokens",
+]

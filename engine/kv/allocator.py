@@ -1,0 +1,576 @@
+"""Paged KV block allocator with prefix sharing, cached blocks, preemption and offload (R9, R10).
+
+Data-agnostic: it deals in block ids, token counts and content keys, never arrays, so the
+simulator and the real engine run the same allocator (the engine maps block ids to array rows).
+
+Every block id of the pool (:class:`engine.kv.pool.BlockPool`) is in exactly one state:
+
+* **used** -- ``ref[b] > 0``: held by ``ref[b]`` sequences (several only for shared prefixes);
+* **cached** -- ``ref[b] == 0`` and the block has a content key: nobody holds it, but its KV is
+  reusable by a later sequence with the same prefix; ranked for eviction by an
+  :class:`engine.policy.EvictionPolicy` keyed by the block's content key;
+* **free** -- ``ref[b] == 0`` and no key: on the free list.
+
+So ``used + cached + free == pool size``. Invariant (kept in ``_claim``, ``_release`` and
+``_evict``): **a block with refcount > 0 is never in the cached set or on the free list, is
+never evicted and never handed to another sequence as a fresh block.**
+
+Prefix sharing: blocks have content keys (:mod:`engine.kv.prefix`) computed from token ids or
+given hash ids. ``allocate`` walks the prompt's keys from the start: a key held by a pool block
+is a *hit* (refcount + 1; a cached block leaves the cached set), a key held by an offload tier
+is a *load-back* (a fresh block, the tier's copy is taken), and the first key found nowhere
+ends the shared prefix. The remaining blocks are fresh and their keys are registered at once
+(a sequence that reuses them is assumed to wait for, or to be scheduled after, their prefill).
+A partial last block may be shared too; a sequence appending into a *shared* partial last
+block gets a private copy first (copy-on-write, reported by :meth:`take_copies`).
+
+Running out of blocks: take a free block; else grow the pool (geometric, up to the byte cap);
+else evict a cached block (to the offload tiers if any); else ``on_full``: ``"fail"`` raises
+:class:`KVOutOfBlocks` and changes nothing, ``"preempt"`` frees the most recently started
+sequences (vLLM-style recompute preemption) until the request fits and reports them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Sequence
+from dataclasses import asdict, dataclass
+from typing import Literal, NamedTuple
+
+import numpy as np
+
+from engine.cache import TierCache
+from engine.errors import InputError
+from engine.kv.chunks import DEFAULT_CHUNK_TOKENS, split_chunks, validate_chunk_tokens
+from engine.kv.offload import OffloadChain
+from engine.kv.pool import UNBOUNDED, BlockPool
+from engine.kv.prefix import BlockKey, id_block_keys, token_block_keys
+from engine.policy import EvictionPolicy, make_policy
+from engine.units import parse_size
+
+#: the block sizes (tokens) accepted: powers of two from 8 to 512.
+ALLOWED_BLOCK_TOKENS: tuple[int, ...] = (8, 16, 32, 64, 128, 256, 512)
+
+SeqId = Hashable
+OnFull = Literal["fail", "preempt"]
+
+
+class KVOutOfBlocks(RuntimeError):
+    """No free, growable or evictable block for a request; the allocator is unchanged."""
+
+    def __init__(self, message: str, needed: int, available: int) -> None:
+        super().__init__(message)
+        self.needed = needed
+        self.available = available
+
+
+class Allocation(NamedTuple):
+    """What ``allocate`` did: prefix tokens found in the pool / loaded back, and preemptions."""
+
+    hit_tokens: int
+    loaded_tokens: int
+    preempted: tuple[SeqId, ...]
+
+
+_NOTHING = Allocation(0, 0, ())
+
+
+@dataclass
+class KVStats:
+    """Counters since construction. ``keyed_blocks`` = prompt blocks that had a content key."""
+
+    allocations: int = 0
+    keyed_blocks: int = 0
+    hit_blocks: int = 0
+    loaded_blocks: int = 0
+    hit_tokens: int = 0
+    loaded_tokens: int = 0
+    evictions: int = 0
+    preemptions: int = 0
+    cow_copies: int = 0
+
+    @property
+    def prefix_hit_rate(self) -> float:
+        """(hit + loaded-back blocks) / keyed prompt blocks."""
+        n = self.keyed_blocks
+        return (self.hit_blocks + self.loaded_blocks) / n if n else 0.0
+
+
+class KVBlockAllocator:
+    """Per-sequence block tables over a growable pool; see the module docstring.
+
+    ``block_tokens``: one of :data:`ALLOWED_BLOCK_TOKENS`. ``bytes_per_token``: KV bytes of one
+    token (all layers, K and V); a block holds ``block_bytes = block_tokens * bytes_per_token``.
+    ``max_bytes`` (int or a size like ``"4GiB"``; ``None`` = unbounded) caps the pool at
+    ``max_bytes // block_bytes`` blocks. ``cached_policy`` names the eviction policy that ranks
+    cached blocks (sizes given to it are ``block_bytes``). ``offload_tiers`` are lower tiers,
+    highest first (see :mod:`engine.kv.offload`). ``chain_hash_ids``: see
+    :func:`engine.kv.prefix.id_block_keys`. ``chunk_tokens`` is the chunk of :meth:`chunks`.
+    The constructor does no I/O.
+    """
+
+    def __init__(
+        self,
+        block_tokens: int = 64,
+        bytes_per_token: int = 1,
+        initial_blocks: int = 16,
+        growth: float = 1.5,
+        max_bytes: int | str | None = None,
+        cached_policy: str = "lru",
+        offload_tiers: Sequence[TierCache] | None = None,
+        on_full: OnFull = "fail",
+        chunk_tokens: int = DEFAULT_CHUNK_TOKENS,
+        chain_hash_ids: bool = False,
+        policy_params: dict[str, object] | None = None,
+    ) -> None:
+        if isinstance(block_tokens, bool) or block_tokens not in ALLOWED_BLOCK_TOKENS:
+            allowed = ", ".join(map(str, ALLOWED_BLOCK_TOKENS))
+            raise InputError(
+                f"block_tokens={block_tokens!r} is not allowed; allowed: {allowed}",
+                where="block_tokens",
+            )
+        if isinstance(bytes_per_token, bool) or not isinstance(bytes_per_token, int | np.integer):
+            raise InputError(f"bytes_per_token must be an int, got {bytes_per_token!r}")
+        if bytes_per_token < 1:
+            raise InputError(f"bytes_per_token must be >= 1, got {bytes_per_token}")
+        if on_full not in ("fail", "preempt"):
+            raise InputError(f"on_full={on_full!r} is not allowed; allowed: fail, preempt")
+        self.block_tokens = block_tokens
+        self.bytes_per_token = int(bytes_per_token)
+        self.block_bytes = block_tokens * self.bytes_per_token
+        if max_bytes is None:
+            cap_blocks = UNBOUNDED
+        else:
+            try:
+                cap = parse_size(max_bytes)
+            except ValueError as err:
+                raise InputError(str(err), where="max_bytes") from None
+            cap_blocks = cap // self.block_bytes
+            if cap_blocks < 1:
+                raise InputError(
+                    f"max_bytes={max_bytes!r} is smaller than one block of {self.block_bytes} B",
+                    where="max_bytes",
+                )
+        self.on_full: OnFull = on_full
+        self.chunk_tokens = validate_chunk_tokens(chunk_tokens, block_tokens)
+        self.chain_hash_ids = chain_hash_ids
+        self._pool = BlockPool(initial_blocks, growth, cap_blocks)
+        self._policy: EvictionPolicy = make_policy(cached_policy, **(policy_params or {}))
+        bounded_bytes = cap_blocks * self.block_bytes if cap_blocks < UNBOUNDED else UNBOUNDED
+        self._policy.attach(bounded_bytes)
+        self._offload = OffloadChain(offload_tiers) if offload_tiers else None
+        # Hot-path aliases (the pool extends these lists in place when it grows).
+        self._ref: list[int] = self._pool.ref
+        self._free: list[int] = self._pool.free
+        self._bkey: list[BlockKey | None] = [None] * self._pool.size  # block id -> content key
+        self._kblock: dict[BlockKey, int] = {}  # content key -> block id (used or cached)
+        self._tables: dict[SeqId, list[int]] = {}  # insertion order = start order
+        self._ntok: dict[SeqId, int] = {}
+        self._copies: list[tuple[int, int]] = []
+        self.stats = KVStats()
+
+    # -- queries ------------------------------------------------------------------------------
+    @property
+    def pool_blocks(self) -> int:
+        return self._pool.size
+
+    @property
+    def cap_blocks(self) -> int:
+        """Most blocks the pool may reach (``engine.kv.pool.UNBOUNDED`` when uncapped)."""
+        return self._pool.cap_blocks
+
+    @property
+    def growth_history(self) -> list[int]:
+        """Pool sizes so far, the initial one first."""
+        return list(self._pool.growth_history)
+
+    @property
+    def num_free_blocks(self) -> int:
+        return len(self._free)
+
+    @property
+    def num_cached_blocks(self) -> int:
+        return len(self._policy)
+
+    @property
+    def num_used_blocks(self) -> int:
+        return self._pool.size - len(self._free) - len(self._policy)
+
+    def sequences(self) -> list[SeqId]:
+        """Live sequence ids, oldest start first."""
+        return list(self._tables)
+
+    def block_table(self, seq_id: SeqId) -> list[int]:
+        """A copy of ``seq_id``'s block table (block ``i`` holds tokens ``[i*B, (i+1)*B)``)."""
+        return list(self._tables[seq_id])
+
+    def num_tokens(self, seq_id: SeqId) -> int:
+        return self._ntok[seq_id]
+
+    def refcount(self, block: int) -> int:
+        return self._ref[block]
+
+    def key_of(self, block: int) -> BlockKey | None:
+        """The content key of ``block`` (``None`` if it has none)."""
+        return self._bkey[block]
+
+    def is_cached(self, block: int) -> bool:
+        key = self._bkey[block]
+        return key is not None and self._ref[block] == 0
+
+    def chunks(self, seq_id: SeqId) -> list[list[int]]:
+        """``seq_id``'s block table split into chunks of ``chunk_tokens`` (R12)."""
+        return split_chunks(self._tables[seq_id], self.block_tokens, self.chunk_tokens)
+
+    def take_copies(self) -> list[tuple[int, int]]:
+        """Copy-on-write copies ``(src, dst)`` since the last call; the engine copies the rows."""
+        out, self._copies = self._copies, []
+        return out
+
+    # -- allocation ---------------------------------------------------------------------------
+    def allocate(
+        self,
+        seq_id: SeqId,
+        tokens: int | Sequence[int] | np.ndarray,
+        hash_ids: Sequence[Hashable] | None = None,
+        now: float = 0.0,
+    ) -> Allocation:
+        """Give a new sequence blocks for its prompt, reusing prefix blocks where keys match.
+
+        ``tokens`` is the prompt's token ids (keys are chained hashes of them) or just its
+        length (then only ``hash_ids`` give keys; with neither, nothing is shared).
+        Raises :class:`KVOutOfBlocks` (state unchanged) when it cannot fit under
+        ``on_full="fail"``, or when the prompt alone exceeds the pool cap.
+        """
+        if seq_id in self._tables:
+            raise ValueError(f"sequence {seq_id!r} already has blocks; free it first")
+        bt = self.block_tokens
+        keys: list[BlockKey] | None = None
+        if isinstance(tokens, int | np.integer):
+            n = int(tokens)
+            if n < 0:
+                raise ValueError(f"sequence {seq_id!r}: negative token count {n}")
+        else:
+            n = len(tokens)
+            if hash_ids is None:
+                keys = list(token_block_keys(tokens, bt))
+        if hash_ids is not None:
+            keys = id_block_keys(hash_ids, n, bt, self.chain_hash_ids)
+        nb = -(-n // bt)
+        free = self._free
+        if not keys and nb <= len(free):  # fast path: nothing to share, enough free blocks
+            table = free[len(free) - nb :]
+            del free[len(free) - nb :]
+            ref = self._ref
+            for b in table:
+                ref[b] = 1
+            self._tables[seq_id] = table
+            self._ntok[seq_id] = n
+            self.stats.allocations += 1
+            return _NOTHING
+        return self._allocate_general(seq_id, n, nb, keys or [], now)
+
+    def _plan(self, keys: list[BlockKey]) -> tuple[list[int], int]:
+        """Matched prefix: pool block per key (``-1`` = load back), and how many are cached."""
+        plan: list[int] = []
+        seen: set[int] = set()  # membership only, never iterated
+        cached = 0
+        kblock, ref, offload = self._kblock, self._ref, self._offload
+        for key in keys:
+            b = kblock.get(key)
+            if b is not None:
+                if b in seen:
+                    break  # a key repeated inside one prompt: stop sharing there
+                seen.add(b)
+                if ref[b] == 0:
+                    cached += 1
+                plan.append(b)
+            elif offload is not None and offload.locate(key) is not None:
+                if key in keys[: len(plan)]:
+                    break
+                plan.append(-1)
+            else:
+                break
+        return plan, cached
+
+    def _allocate_general(
+        self, seq_id: SeqId, n: int, nb: int, keys: list[BlockKey], now: float
+    ) -> Allocation:
+        pool = self._pool
+        if nb > pool.cap_blocks:
+            raise KVOutOfBlocks(
+                f"sequence {seq_id!r} needs {nb} blocks; the pool cap is {pool.cap_blocks}",
+                nb,
+                pool.cap_blocks,
+            )
+        preempted: list[SeqId] = []
+        while True:
+            plan, cached_matched = self._plan(keys)
+            in_pool = len(plan) - plan.count(-1)
+            fresh = nb - in_pool
+            available = len(self._free) + pool.headroom + len(self._policy) - cached_matched
+            if fresh <= available:
+                break
+            if self.on_full == "fail" or not self._tables:
+                raise KVOutOfBlocks(
+                    f"sequence {seq_id!r} needs {fresh} new blocks; {available} are free, "
+                    f"growable or evictable",
+                    fresh,
+                    available,
+                )
+            preempted.append(self._preempt_newest(now))
+        # Execute. First claim the matched pool blocks, so no eviction below can touch them.
+        bt, ref, policy = self.block_tokens, self._ref, self._policy
+        table: list[int] = []
+        hit_tokens = loaded_tokens = hit_blocks = loaded_blocks = 0
+        loads: list[int] = []
+        for i, b in enumerate(plan):
+            covered = min(bt, n - i * bt)
+            if b >= 0:
+                if ref[b] == 0:  # cached -> used: leaves the cached set before it is held
+                    policy.remove(keys[i], now, False)
+                ref[b] += 1
+                hit_tokens += covered
+                hit_blocks += 1
+            else:
+                assert self._offload is not None
+                self._offload.take(keys[i], now)  # before any eviction can push it out
+                loads.append(i)
+                loaded_tokens += covered
+                loaded_blocks += 1
+            table.append(b)
+        for i in loads:
+            table[i] = self._take_block(now)
+            ref[table[i]] = 1
+            self._register(table[i], keys[i], now)
+        for i in range(len(plan), nb):
+            b = self._take_block(now)
+            ref[b] = 1
+            table.append(b)
+            if i < len(keys) and keys[i] not in self._kblock:
+                self._register(b, keys[i], now)
+        self._tables[seq_id] = table
+        self._ntok[seq_id] = n
+        st = self.stats
+        st.allocations += 1
+        st.keyed_blocks += len(keys)
+        st.hit_blocks += hit_blocks
+        st.loaded_blocks += loaded_blocks
+        st.hit_tokens += hit_tokens
+        st.loaded_tokens += loaded_tokens
+        if not (hit_tokens or loaded_tokens or preempted):
+            return _NOTHING
+        return Allocation(hit_tokens, loaded_tokens, tuple(preempted))
+
+    def append(self, seq_id: SeqId, n_tokens: int = 1, now: float = 0.0) -> tuple[SeqId, ...]:
+        """Add ``n_tokens`` decoded tokens to ``seq_id``; returns the sequences preempted.
+
+        A new block is taken when the last one fills. If ``seq_id`` itself is preempted (it was
+        the most recently started) it is in the returned tuple and was not extended.
+        Raises :class:`KVOutOfBlocks` (state unchanged) when out of blocks under ``"fail"``.
+        """
+        if n_tokens < 0:
+            raise ValueError(f"sequence {seq_id!r}: cannot append {n_tokens} tokens")
+        table = self._tables[seq_id]
+        old = self._ntok[seq_id]
+        new = old + n_tokens
+        bt = self.block_tokens
+        grow_by = -(-new // bt) - len(table)
+        ref = self._ref
+        cow = n_tokens > 0 and old % bt != 0 and ref[table[-1]] > 1
+        if not cow and grow_by <= len(self._free):  # fast path
+            free = self._free
+            for _ in range(grow_by):
+                b = free.pop()
+                ref[b] = 1
+                table.append(b)
+            self._ntok[seq_id] = new
+            return ()
+        preempted: list[SeqId] = []
+        while True:
+            need = grow_by + cow
+            available = len(self._free) + self._pool.headroom + len(self._policy)
+            if need <= available:
+                break
+            if self.on_full == "fail":
+                raise KVOutOfBlocks(
+                    f"sequence {seq_id!r} needs {need} new blocks to append {n_tokens} tokens; "
+                    f"{available} are free, growable or evictable",
+                    need,
+                    available,
+                )
+            victim = self._preempt_newest(now)
+            preempted.append(victim)
+            if victim == seq_id:
+                return tuple(preempted)
+            cow = n_tokens > 0 and old % bt != 0 and ref[table[-1]] > 1
+        if cow:  # the shared partial last block gets a private copy before it is written
+            src = table[-1]
+            dst = self._take_block(now)
+            ref[dst] = 1
+            ref[src] -= 1  # still > 0: another sequence holds it
+            table[-1] = dst
+            self._copies.append((src, dst))
+            self.stats.cow_copies += 1
+        for _ in range(grow_by):
+            b = self._take_block(now)
+            ref[b] = 1
+            table.append(b)
+        self._ntok[seq_id] = new
+        return tuple(preempted)
+
+    def free(self, seq_id: SeqId, now: float = 0.0) -> None:
+        """Release ``seq_id``'s blocks: keyed ones whose last holder this was become cached."""
+        if seq_id not in self._tables:
+            raise KeyError(f"sequence {seq_id!r} has no blocks")
+        self._release(seq_id, now)
+
+    # -- pool maintenance (also exposed for tests and the simulator) --------------------------
+    def grow(self) -> int:
+        """Grow the pool by one geometric step now; returns blocks added (0 at the cap)."""
+        added = self._pool.grow()
+        self._bkey.extend([None] * added)
+        return added
+
+    def evict_cached(self, n: int, now: float = 0.0) -> int:
+        """Evict up to ``n`` cached blocks in policy order (offloading them); returns how many."""
+        done = 0
+        while done < n:
+            key = self._policy.victim(now)
+            if key is None:
+                break
+            self._evict(key, now)
+            done += 1
+        return done
+
+    # -- internals ----------------------------------------------------------------------------
+    def _take_block(self, now: float) -> int:
+        """A block id with ref 0 and no key, off the free list. Caller checked availability."""
+        free = self._free
+        if not free:
+            if self._pool.can_grow:
+                self.grow()
+            else:
+                key = self._policy.victim(now)
+                if key is None:
+                    raise RuntimeError("allocator bug: no free, growable or cached block")
+                self._evict(key, now)
+        return free.pop()
+
+    def _evict(self, key: BlockKey, now: float) -> None:
+        """Evict cached ``key``: its block goes to the free list, its content to offload."""
+        b = self._kblock.pop(key)
+        # Invariant: only cached blocks (ref 0) are ever evicted.
+        assert self._ref[b] == 0, f"evicting block {b} with refcount {self._ref[b]}"
+        self._policy.remove(key, now, True)
+        self._bkey[b] = None
+        self._free.append(b)
+        self.stats.evictions += 1
+        if self._offload is not None:
+            self._offload.offer(key, self.block_bytes, now)
+
+    def _register(self, b: int, key: BlockKey, now: float) -> None:
+        """Give used block ``b`` the content ``key`` (any offloaded copy is now stale)."""
+        self._bkey[b] = key
+        self._kblock[key] = b
+        if self._offload is not None:
+            self._offload.discard(key, now)
+
+    def _release(self, seq_id: SeqId, now: float) -> None:
+        table = self._tables.pop(seq_id)
+        del self._ntok[seq_id]
+        ref, bkey, free = self._ref, self._bkey, self._free
+        size = self.block_bytes
+        for b in reversed(table):  # tail first: the policy then evicts tails before heads
+            r = ref[b] - 1
+            ref[b] = r
+            if r == 0:  # last holder gone: cached if it has a key, else free
+                key = bkey[b]
+                if key is None:
+                    free.append(b)
+                else:
+                    self._policy.insert(key, size, now)
+
+    def _preempt_newest(self, now: float) -> SeqId:
+        victim = next(reversed(self._tables))
+        self._release(victim, now)
+        self.stats.preemptions += 1
+        return victim
+
+    # -- reporting ----------------------------------------------------------------------------
+    def snapshot(self) -> dict[str, float]:
+        """Fragmentation and traffic figures (R10, R20) plus the :class:`KVStats` counters.
+
+        ``slot_waste_tokens``: token slots of used blocks that hold no token (a shared block
+        counts once, filled as far as its fullest holder); ``slot_waste_fraction`` = that over
+        all slots of used blocks; ``pool_free_fraction`` = free / pool blocks;
+        ``pool_reclaimable_fraction`` = (free + cached) / pool blocks;
+        ``largest_contiguous_free_run`` in block ids; ``cap_blocks`` is 0 when unbounded.
+        Per offload tier ``<name>_bytes_in/_bytes_out/_bytes_loaded_back/_bytes_dropped/
+        _resident_bytes``.
+        """
+        bt = self.block_tokens
+        fill: dict[int, int] = {}
+        for seq, table in self._tables.items():
+            n = self._ntok[seq]
+            for i, b in enumerate(table):
+                f = min(bt, n - i * bt)
+                if f > fill.get(b, -1):
+                    fill[b] = f
+        used = self.num_used_blocks
+        waste = sum(bt - f for f in fill.values())
+        pool = self._pool.size
+        cached = len(self._policy)
+        out: dict[str, float] = {
+            "pool_blocks": pool,
+            "cap_blocks": 0 if self._pool.cap_blocks == UNBOUNDED else self._pool.cap_blocks,
+            "used_blocks": used,
+            "free_blocks": len(self._free),
+            "cached_blocks": cached,
+            "sequences": len(self._tables),
+            "growth_events": self._pool.growth_events,
+            "slot_waste_tokens": waste,
+            "slot_waste_fraction": waste / (used * bt) if used else 0.0,
+            "pool_free_fraction": len(self._free) / pool,
+            "pool_reclaimable_fraction": (len(self._free) + cached) / pool,
+            "largest_contiguous_free_run": self._pool.largest_free_run(),
+            "block_bytes": self.block_bytes,
+            "pool_bytes": pool * self.block_bytes,
+            "used_bytes": used * self.block_bytes,
+            "cached_bytes": cached * self.block_bytes,
+            "prefix_hit_rate": self.stats.prefix_hit_rate,
+        }
+        out.update(asdict(self.stats))
+        if self._offload is not None:
+            resident = self._offload.resident_bytes()
+            for name, counters in self._offload.moved.items():
+                for k, v in counters.items():
+                    out[f"{name}_{k}"] = v
+                out[f"{name}_resident_bytes"] = resident[name]
+        return out
+
+    def check_invariants(self) -> None:
+        """Raise ``AssertionError`` if any documented invariant fails (O(pool); for tests)."""
+        ref, bkey, size = self._ref, self._bkey, self._pool.size
+        assert len(ref) == size == len(bkey) <= self._pool.cap_blocks
+        holders = [0] * size
+        for seq, table in self._tables.items():
+            assert len(table) == -(-self._ntok[seq] // self.block_tokens), seq
+            assert len(set(table)) == len(table), f"{seq!r} holds a block twice"
+            for b in table:
+                holders[b] += 1
+        assert holders == ref, "refcount != number of holding sequences"
+        free = set(self._free)
+        assert len(free) == len(self._free), "a block is on the free list twice"
+        for b in range(size):
+            key = bkey[b]
+            if key is not None:
+                assert self._kblock.get(key) == b, f"key map broken at block {b}"
+            if ref[b] > 0:
+                assert b not in free and not (key is not None and key in self._policy), b
+            elif key is None:
+                assert b in free, f"unkeyed idle block {b} is not free"
+            else:
+                assert key in self._policy and b not in free, f"keyed idle block {b} not cached"
+        assert len(self._kblock) == sum(k is not None for k in bkey)
+        assert self.num_used_blocks + len(self._free) + len(self._policy) == size
+        assert self.num_used_blocks == sum(r > 0 for r in ref)

@@ -1,0 +1,358 @@
+"""Model catalogue: layer-by-layer parameter bytes and FLOPs of the models the simulator serves.
+
+The shipped catalogue (``sim/data/models.yaml``) describes LLaMA-2-7B/13B/70B-shaped decoders
+and ResNet-34/50/101 by their public shapes; :func:`load_catalogue` expands each shape into a
+:class:`ModelSpec` with one :class:`LayerSpec` per execution layer. A user YAML file of the same
+schema adds models (or replaces shipped ones of the same name).
+
+YAML schema (unknown keys are errors)::
+
+    models:
+      - name: my-decoder            # unique within a file
+        kind: decoder               # decoder | cnn
+        dtype_bytes: 2
+        shape: {family: llama, n_layers: 32, hidden: 4096, heads: 32, kv_heads: 32,
+                ffn: 11008, vocab: 32000}
+      - name: my-cnn
+        kind: cnn
+        dtype_bytes: 4
+        shape: {family: resnet, blocks: [3, 4, 6, 3], bottleneck: true}
+      - name: hand-written          # or list the layers explicitly
+        kind: decoder
+        dtype_bytes: 2
+        hidden: 1024
+        heads: 8
+        kv_heads: 8
+        head_dim: 128
+        kv_bytes_per_token: 65536
+        layers:
+          - {name: block0, param_bytes: "24MiB", flops_per_token: 2.5e7, attention: true}
+
+Conventions: FLOPs count a multiply-accumulate as 2 FLOPs. A decoder layer's
+``flops_per_token`` covers its weight matmuls only; attention over the context (score and
+value products, ``4 * head_dim * heads`` FLOPs per context token per attention layer) depends
+on the context length and is added by the cost model. Embedding lookups cost no FLOPs. For
+ResNets the widely quoted "4.1 GFLOPs" of ResNet-50 is in multiply-accumulates; here
+``flops_per_sample`` is about 8.2e9. Parameter counts include batch-norm scale and shift (not
+running statistics), matching torchvision's counts.
+"""
+
+from __future__ import annotations
+
+import math
+from importlib import resources
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import yaml
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
+
+from engine.errors import InputError
+from engine.units import parse_size
+
+
+def _size(value: Any) -> int:
+    return parse_size(value)
+
+
+Bytes = Annotated[int, BeforeValidator(_size), Field(ge=0)]
+
+
+class LayerSpec(BaseModel):
+    """One execution layer: weights read together and computed together."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: str
+    param_bytes: Bytes
+    flops_per_token: float = Field(default=0.0, ge=0)  # decoders: weight-matmul FLOPs per token
+    flops_per_sample: float = Field(default=0.0, ge=0)  # CNNs: FLOPs per input sample
+    attention: bool = False  # decoder layer with self-attention over the KV cache
+
+
+class ModelSpec(BaseModel):
+    """A servable model: its layers in execution order and its attention dimensions."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: str
+    kind: Literal["decoder", "cnn"]
+    layers: list[LayerSpec] = Field(min_length=1)
+    kv_bytes_per_token: Bytes = 0  # all layers together; 0 for CNNs
+    heads: int = Field(default=0, ge=0)
+    kv_heads: int = Field(default=0, ge=0)
+    head_dim: int = Field(default=0, ge=0)
+    hidden: int = Field(default=0, ge=0)
+    dtype_bytes: int = Field(default=2, ge=1, le=8)
+
+    @property
+    def param_bytes(self) -> int:
+        """Total parameter bytes."""
+        return sum(layer.param_bytes for layer in self.layers)
+
+    @property
+    def param_count(self) -> int:
+        """Total parameters (bytes / dtype_bytes)."""
+        return self.param_bytes // self.dtype_bytes
+
+    @property
+    def flops_per_token(self) -> float:
+        """Weight-matmul FLOPs per token (decoders), excluding context-dependent attention."""
+        return float(sum(layer.flops_per_token for layer in self.layers))
+
+    @property
+    def flops_per_sample(self) -> float:
+        """FLOPs per sample (CNNs)."""
+        return float(sum(layer.flops_per_sample for layer in self.layers))
+
+    @property
+    def n_layers(self) -> int:
+        """Number of execution layers."""
+        return len(self.layers)
+
+    @property
+    def n_attention_layers(self) -> int:
+        """Number of layers that attend over the KV cache."""
+        return sum(1 for layer in self.layers if layer.attention)
+
+    def layer_bytes(self) -> list[int]:
+        """Parameter bytes per layer, in order (input for :func:`engine.chunks.chunk_model`)."""
+        return [layer.param_bytes for layer in self.layers]
+
+
+# -- shapes ------------------------------------------------------------------------------------
+class LlamaShape(BaseModel):
+    """A LLaMA-style decoder: RMSNorm, GQA attention, SwiGLU MLP (3 matrices), no biases."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    family: Literal["llama"]
+    n_layers: int = Field(ge=1)
+    hidden: int = Field(ge=1)
+    heads: int = Field(ge=1)
+    kv_heads: int | None = Field(default=None, ge=1)  # default: = heads (no GQA)
+    ffn: int = Field(ge=1)
+    vocab: int = Field(ge=1)
+    tie_embeddings: bool = False
+
+
+class ResNetShape(BaseModel):
+    """A torchvision-style ResNet (v1.5: stride on the 3x3 conv of a bottleneck)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    family: Literal["resnet"]
+    blocks: list[int] = Field(min_length=1)
+    bottleneck: bool
+    widths: list[int] = Field(default_factory=lambda: [64, 128, 256, 512])
+    num_classes: int = Field(default=1000, ge=1)
+    image: int = Field(default=224, ge=32)
+    max_layers: int = Field(
+        default=20, ge=3
+    )  # blocks are grouped so the model has at most this many
+
+
+class ModelEntry(BaseModel):
+    """One ``models:`` item in a catalogue file: a shape to expand or explicit layers."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = Field(min_length=1)
+    kind: Literal["decoder", "cnn"]
+    dtype_bytes: int = Field(default=2, ge=1, le=8)
+    shape: LlamaShape | ResNetShape | None = Field(default=None, discriminator="family")
+    layers: list[LayerSpec] | None = None
+    kv_bytes_per_token: Bytes = 0
+    heads: int = Field(default=0, ge=0)
+    kv_heads: int = Field(default=0, ge=0)
+    head_dim: int = Field(default=0, ge=0)
+    hidden: int = Field(default=0, ge=0)
+    notes: str = ""
+
+
+class CatalogueFile(BaseModel):
+    """A catalogue YAML file."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    models: list[ModelEntry]
+
+
+def _llama(entry: ModelEntry, s: LlamaShape) -> ModelSpec:
+    db = entry.dtype_bytes
+    kv_heads = s.kv_heads or s.heads
+    if s.hidden % s.heads:
+        raise ValueError(f"hidden {s.hidden} is not divisible by heads {s.heads}")
+    hd = s.hidden // s.heads
+    attn = s.hidden * s.heads * hd * 2 + s.hidden * kv_heads * hd * 2  # q, o + k, v
+    mlp = 3 * s.hidden * s.ffn
+    block_params = attn + mlp + 2 * s.hidden  # two RMSNorm weights
+    layers = [LayerSpec(name="embedding", param_bytes=s.vocab * s.hidden * db)]
+    layers += [
+        LayerSpec(
+            name=f"block{i}",
+            param_bytes=block_params * db,
+            flops_per_token=2.0 * (attn + mlp),
+            attention=True,
+        )
+        for i in range(s.n_layers)
+    ]
+    head_params = s.hidden + (0 if s.tie_embeddings else s.vocab * s.hidden)  # final norm + head
+    layers.append(
+        LayerSpec(
+            name="lm_head", param_bytes=head_params * db, flops_per_token=2.0 * s.vocab * s.hidden
+        )
+    )
+    return ModelSpec(
+        name=entry.name,
+        kind="decoder",
+        layers=layers,
+        kv_bytes_per_token=2 * s.n_layers * kv_heads * hd * db,
+        heads=s.heads,
+        kv_heads=kv_heads,
+        head_dim=hd,
+        hidden=s.hidden,
+        dtype_bytes=db,
+    )
+
+
+def _resnet(entry: ModelEntry, s: ResNetShape) -> ModelSpec:
+    db = entry.dtype_bytes
+    if len(s.widths) != len(s.blocks):
+        raise ValueError(f"widths has {len(s.widths)} entries but blocks has {len(s.blocks)}")
+    expansion = 4 if s.bottleneck else 1
+
+    def conv(k: int, cin: int, cout: int, hw: int) -> tuple[int, int]:
+        params = k * k * cin * cout
+        return params + 2 * cout, params * hw * hw  # (params incl. batch norm, MACs)
+
+    hw = math.ceil(s.image / 2)  # stem conv, stride 2
+    p, m = conv(7, 3, s.widths[0], hw)
+    layers = [LayerSpec(name="stem", param_bytes=p * db, flops_per_sample=2.0 * m)]
+    hw = math.ceil(hw / 2)  # max-pool, stride 2
+    per_layer = math.ceil(sum(s.blocks) / (s.max_layers - 2))
+    cin = s.widths[0]
+    for stage, (n_blocks, width) in enumerate(zip(s.blocks, s.widths, strict=True)):
+        group_p, group_m, group_first = 0, 0, 0
+        for b in range(n_blocks):
+            stride = 2 if (stage > 0 and b == 0) else 1
+            out_hw = math.ceil(hw / stride)
+            cout = width * expansion
+            if s.bottleneck:
+                parts = [conv(1, cin, width, hw), conv(3, width, width, out_hw)]
+                parts.append(conv(1, width, cout, out_hw))
+            else:
+                parts = [conv(3, cin, width, out_hw), conv(3, width, width, out_hw)]
+            if stride != 1 or cin != cout:
+                parts.append(conv(1, cin, cout, out_hw))  # downsample shortcut
+            group_p += sum(q for q, _ in parts)
+            group_m += sum(q for _, q in parts)
+            cin, hw = cout, out_hw
+            if (b + 1) % per_layer == 0 or b == n_blocks - 1:
+                layers.append(
+                    LayerSpec(
+                        name=f"stage{stage + 1}.blocks{group_first}-{b}",
+                        param_bytes=group_p * db,
+                        flops_per_sample=2.0 * group_m,
+                    )
+                )
+                group_p, group_m, group_first = 0, 0, b + 1
+    fc = cin * s.num_classes
+    layers.append(
+        LayerSpec(name="fc", param_bytes=(fc + s.num_classes) * db, flops_per_sample=2.0 * fc)
+    )
+    return ModelSpec(name=entry.name, kind="cnn", layers=layers, dtype_bytes=db)
+
+
+def build_model(entry: ModelEntry) -> ModelSpec:
+    """Expand one catalogue entry into a :class:`ModelSpec` (``ValueError`` if inconsistent)."""
+    if (entry.shape is None) == (entry.layers is None):
+        raise ValueError("give exactly one of 'shape' or 'layers'")
+    if isinstance(entry.shape, LlamaShape):
+        if entry.kind != "decoder":
+            raise ValueError("a llama shape needs kind: decoder")
+        return _llama(entry, entry.shape)
+    if isinstance(entry.shape, ResNetShape):
+        if entry.kind != "cnn":
+            raise ValueError("a resnet shape needs kind: cnn")
+        return _resnet(entry, entry.shape)
+    assert entry.layers is not None
+    return ModelSpec(
+        name=entry.name,
+        kind=entry.kind,
+        layers=entry.layers,
+        kv_bytes_per_token=entry.kv_bytes_per_token if entry.kind == "decoder" else 0,
+        heads=entry.heads,
+        kv_heads=entry.kv_heads,
+        head_dim=entry.head_dim,
+        hidden=entry.hidden,
+        dtype_bytes=entry.dtype_bytes,
+    )
+
+
+def _loc(parts: tuple[int | str, ...]) -> str:
+    out = ""
+    prev: int | str | None = None
+    for part in parts:
+        if prev == "shape" and part in ("llama", "resnet"):
+            prev = part
+            continue  # pydantic's discriminator tag, not a key the user wrote
+        prev = part
+        if isinstance(part, int):
+            out += f"[{part}]"
+        else:
+            out += f".{part}" if out else str(part)
+    return out
+
+
+def parse_catalogue(text: str, source: str) -> dict[str, ModelSpec]:
+    """Parse catalogue YAML ``text`` (from ``source``, used in messages) into model specs.
+
+    Raises :class:`InputError` naming ``source`` and the field path on any problem.
+    """
+    try:
+        raw = yaml.safe_load(text)
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None)
+        where = f"line {mark.line + 1}" if mark is not None else None
+        raise InputError(f"not valid YAML: {err}", source=source, where=where) from None
+    try:
+        parsed = CatalogueFile.model_validate(raw)
+    except ValidationError as err:
+        first = err.errors()[0]
+        loc = _loc(
+            tuple(p for p in first["loc"] if not str(p).startswith(("function-", "tagged-")))
+        )
+        allowed = ""
+        if first["type"] == "extra_forbidden":
+            allowed = " (unknown key; check the spelling)"
+        msg = f"{first['msg']}{allowed}; got {first.get('input')!r}"
+        raise InputError(msg, source=source, where=loc or "<top level>") from None
+    out: dict[str, ModelSpec] = {}
+    for i, entry in enumerate(parsed.models):
+        if entry.name in out:
+            raise InputError(
+                f"duplicate model name {entry.name!r}", source=source, where=f"models[{i}].name"
+            )
+        try:
+            out[entry.name] = build_model(entry)
+        except (ValueError, ValidationError) as err:
+            raise InputError(str(err), source=source, where=f"models[{i}]") from None
+    return out
+
+
+def load_catalogue(extra_path: str | Path | None = None) -> dict[str, ModelSpec]:
+    """The shipped catalogue, plus the models of ``extra_path`` if given (same schema; a model
+    of the same name replaces the shipped one). Raises :class:`InputError` on a bad file."""
+    shipped = resources.files("sim").joinpath("data/models.yaml").read_text(encoding="utf-8")
+    out = parse_catalogue(shipped, "sim/data/models.yaml")
+    if extra_path is not None:
+        path = Path(extra_path)
+        try:
+            text = path.read_text(encoding="utf-8")
+        except OSError as err:
+            raise InputError(
+                f"cannot read model catalogue: {err.strerror}", source=str(path)
+            ) from None
+        out.update(parse_catalogue(text, str(path)))
+    return out

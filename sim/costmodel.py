@@ -1,0 +1,310 @@
+"""Hardware profiles and the roofline cost model the simulator charges for compute and copies.
+
+A :class:`Profile` is the JSON schema shared with hwbench calibration: datasheet profiles ship in
+``sim/data/profiles/`` (``source: "datasheet"``), calibration writes ``source: "measured"``.
+Unknown keys are errors; sizes and rates may be numbers (bytes, bytes/s, seconds) or strings in
+human units (``"80GB"``, ``"2TB/s"``, ``"10us"``).
+
+:class:`CostModel` turns a profile and a :class:`sim.models.ModelSpec` into times, using tables
+precomputed in the constructor (no model objects touched per call):
+
+* ``layer_time(layer, tokens)`` -- roofline: ``max(flops / (peak * efficiency), bytes /
+  hbm_bandwidth) + per_layer_overhead_s``, where bytes = the layer's weights (read once per
+  call) and, for a decoder layer without FLOPs (an embedding table), only the looked-up rows.
+* ``prefill_time(tokens, sq_tokens=None)`` -- all layers over ``tokens`` prompt tokens, plus
+  causal attention ``2 * sq_tokens * heads * head_dim`` FLOPs per attention layer
+  (``sq_tokens`` = sum of squared prompt lengths; default ``tokens**2``, one prompt) and the KV
+  written, plus one ``kernel_launch_s``.
+* ``decode_step_time(batch, total_context_tokens)`` -- one token for each of ``batch``
+  sequences: weights read once per step, the whole batch's KV (``total_context_tokens``) read
+  once, weight FLOPs for ``batch`` tokens plus ``4 * heads * head_dim`` FLOPs per context
+  token per attention layer; plus one ``kernel_launch_s``.
+* ``cnn_batch_time(batch)`` -- all layers for ``batch`` samples.
+* ``transfer_time(nbytes, link)`` -- ``latency + nbytes / bandwidth`` for a profile link
+  (``pcie``, ``nvlink``, ``rdma``, ``nvme``, ``object_store``) or ``hbm`` / ``dram``.
+
+Peak FLOP/s is ``flops_fp16`` for models with ``dtype_bytes <= 2`` and ``flops_fp32`` otherwise.
+Activations are not charged separately (they are small next to weights and KV at the batch
+sizes simulated); calibration folds them into ``compute_efficiency`` and the overheads.
+"""
+
+from __future__ import annotations
+
+import json
+from importlib import resources
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import numpy as np
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
+
+from engine.errors import InputError
+from engine.units import parse_duration, parse_rate, parse_size
+from sim.models import ModelSpec
+
+Size = Annotated[int, BeforeValidator(parse_size), Field(ge=0)]
+Rate = Annotated[float, BeforeValidator(parse_rate), Field(gt=0)]
+Seconds = Annotated[float, BeforeValidator(parse_duration), Field(ge=0)]
+
+SHIPPED_PROFILES: tuple[str, ...] = ("a100-80gb", "h100-sxm", "h200-sxm")
+LINK_NAMES: tuple[str, ...] = ("pcie", "nvlink", "rdma", "nvme", "object_store")
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class LinkProfile(_Strict):
+    """A link's sustained bandwidth (bytes/s) and first-byte latency (s)."""
+
+    bandwidth: Rate
+    latency: Seconds
+
+
+class GpuProfile(_Strict):
+    """One accelerator."""
+
+    hbm_bytes: Size
+    hbm_bandwidth: Rate
+    flops_fp16: float = Field(gt=0)  # dense FLOP/s
+    flops_fp32: float = Field(gt=0)
+    compute_efficiency: float = Field(gt=0, le=1)  # achieved / peak for large matmuls
+    kernel_launch_s: Seconds
+    per_layer_overhead_s: Seconds
+
+
+class HostProfile(_Strict):
+    """The host's DRAM (pinned host memory tier)."""
+
+    dram_bytes: Size
+    dram_bandwidth: Rate
+
+
+class LinksProfile(_Strict):
+    """The links a node uses, one profile each."""
+
+    pcie: LinkProfile
+    nvlink: LinkProfile
+    rdma: LinkProfile
+    nvme: LinkProfile
+    object_store: LinkProfile
+
+
+class Profile(_Strict):
+    """A calibration profile (datasheet or measured). ``hostname`` names the machine measured;
+    ``host`` is its DRAM. ``fitted`` holds optional fitted tables (rows of numbers by table
+    name, e.g. ``{"matmul": [{"m": 4096, "n": 4096, "k": 4096, "flops_per_s": 6.1e14}]}``)."""
+
+    name: str
+    source: Literal["datasheet", "measured"]
+    measured_at: str | None = None
+    hostname: str | None = None
+    notes: str = ""
+    gpu: GpuProfile
+    host: HostProfile
+    links: LinksProfile
+    fitted: dict[str, list[dict[str, float]]] = Field(default_factory=dict)
+
+
+def _loc(parts: tuple[int | str, ...]) -> str:
+    out = ""
+    for part in parts:
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+    return out
+
+
+def parse_profile(text: str, source: str) -> Profile:
+    """Parse profile JSON ``text``; :class:`InputError` naming ``source`` and the field."""
+    try:
+        raw = json.loads(text)
+    except json.JSONDecodeError as err:
+        raise InputError(
+            f"not valid JSON: {err.msg}", source=source, where=f"line {err.lineno}"
+        ) from None
+    try:
+        return Profile.model_validate(raw)
+    except ValidationError as err:
+        first = err.errors()[0]
+        hint = " (unknown key; check the spelling)" if first["type"] == "extra_forbidden" else ""
+        msg = f"{first['msg']}{hint}; got {first.get('input')!r}"
+        raise InputError(
+            msg, source=source, where=_loc(tuple(first["loc"])) or "<top level>"
+        ) from None
+
+
+def load_profile(name_or_path: str | Path) -> Profile:
+    """A shipped profile by name (``a100-80gb``, ``h100-sxm``, ``h200-sxm``) or a JSON file."""
+    name = str(name_or_path)
+    if name in SHIPPED_PROFILES:
+        text = resources.files("sim").joinpath(f"data/profiles/{name}.json").read_text("utf-8")
+        return parse_profile(text, f"sim/data/profiles/{name}.json")
+    path = Path(name_or_path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as err:
+        raise InputError(
+            f"cannot read profile ({err.strerror}); shipped profiles: {', '.join(SHIPPED_PROFILES)}",
+            source=str(path),
+        ) from None
+    return parse_profile(text, str(path))
+
+
+class CostModel:
+    """Times for one model on one profile's hardware; see the module docstring."""
+
+    def __init__(self, profile: Profile, model: ModelSpec) -> None:
+        self.profile = profile
+        self.model = model
+        gpu = profile.gpu
+        peak = gpu.flops_fp16 if model.dtype_bytes <= 2 else gpu.flops_fp32
+        self.flop_rate = peak * gpu.compute_efficiency  # achieved FLOP/s
+        self.hbm_bandwidth = gpu.hbm_bandwidth
+        self.overhead = gpu.per_layer_overhead_s
+        self.launch = gpu.kernel_launch_s
+        is_cnn = model.kind == "cnn"
+        n = model.n_layers
+        # Per-layer tables, indexed by layer number.
+        self.layer_flops = np.array(
+            [ly.flops_per_sample if is_cnn else ly.flops_per_token for ly in model.layers]
+        )
+        self.layer_bytes = np.array([ly.param_bytes for ly in model.layers], dtype=np.float64)
+        self.layer_attention = np.array([ly.attention for ly in model.layers], dtype=bool)
+        # A decoder layer without FLOPs is a lookup table: a token reads one row of it.
+        self.layer_lookup = (self.layer_flops == 0) & (not is_cnn)
+        row = model.hidden * model.dtype_bytes
+        self.layer_row_bytes = np.where(self.layer_lookup, float(row), 0.0)
+        n_attn = max(1, model.n_attention_layers)
+        self.kv_bytes_per_token_layer = model.kv_bytes_per_token / n_attn
+        self.attn_flops_per_ctx = 4.0 * model.heads * model.head_dim  # per attention layer
+        # Distinct layer kinds with multiplicities, for the scalar fast paths.
+        groups: dict[tuple[float, float, bool, bool], int] = {}
+        for i in range(n):
+            sig = (
+                float(self.layer_flops[i]),
+                float(self.layer_bytes[i]),
+                bool(self.layer_attention[i]),
+                bool(self.layer_lookup[i]),
+            )
+            groups[sig] = groups.get(sig, 0) + 1
+        self._groups = [(*sig, count) for sig, count in groups.items()]
+        self._links: dict[str, tuple[float, float]] = {
+            name: (getattr(profile.links, name).latency, getattr(profile.links, name).bandwidth)
+            for name in LINK_NAMES
+        }
+        self._links["hbm"] = (0.0, gpu.hbm_bandwidth)
+        self._links["dram"] = (0.0, profile.host.dram_bandwidth)
+
+    # -- per layer ------------------------------------------------------------------------------
+    def layer_time(self, layer: int, tokens: int) -> float:
+        """Seconds for ``layer`` over ``tokens`` tokens (samples for a CNN), no attention."""
+        flops = self.layer_flops[layer] * tokens
+        if self.layer_lookup[layer]:
+            nbytes = min(self.layer_bytes[layer], self.layer_row_bytes[layer] * tokens)
+        else:
+            nbytes = self.layer_bytes[layer]
+        return float(max(flops / self.flop_rate, nbytes / self.hbm_bandwidth) + self.overhead)
+
+    def layer_times(self, tokens: int) -> np.ndarray:
+        """Vector of :meth:`layer_time` for every layer."""
+        nbytes = np.where(
+            self.layer_lookup,
+            np.minimum(self.layer_bytes, self.layer_row_bytes * tokens),
+            self.layer_bytes,
+        )
+        return (
+            np.maximum(self.layer_flops * tokens / self.flop_rate, nbytes / self.hbm_bandwidth)
+            + self.overhead
+        )
+
+    # -- whole passes ---------------------------------------------------------------------------
+    def _pass(self, tokens: float, ctx_flops: float, ctx_bytes: float) -> float:
+        """Sum over layer groups of max(compute, memory) time; attention layers add
+        ``ctx_flops`` FLOPs and ``ctx_bytes`` bytes each."""
+        total = 0.0
+        rate, bw = self.flop_rate, self.hbm_bandwidth
+        for flops, nbytes, attention, lookup, count in self._groups:
+            f = flops * tokens
+            b = (
+                min(nbytes, tokens * self.model.hidden * self.model.dtype_bytes)
+                if lookup
+                else nbytes
+            )
+            if attention:
+                f += ctx_flops
+                b += ctx_bytes
+            total += count * (max(f / rate, b / bw) + self.overhead)
+        return total + self.launch
+
+    def prefill_time(self, tokens: int, sq_tokens: int | None = None) -> float:
+        """Seconds to prefill ``tokens`` prompt tokens (``sq_tokens``: sum of squared prompt
+        lengths when several prompts are batched; default one prompt)."""
+        if tokens < 0:
+            raise ValueError(f"tokens must be >= 0, got {tokens}")
+        sq = float(tokens) ** 2 if sq_tokens is None else float(sq_tokens)
+        attn_flops = 0.5 * self.attn_flops_per_ctx * sq  # causal: half the score matrix
+        kv_written = self.kv_bytes_per_token_layer * tokens
+        return self._pass(float(tokens), attn_flops, kv_written)
+
+    def decode_step_time(self, batch: int, total_context_tokens: int) -> float:
+        """Seconds for one decode step of ``batch`` sequences holding ``total_context_tokens``
+        tokens of KV in all. Increases with both arguments."""
+        if batch < 0 or total_context_tokens < 0:
+            raise ValueError("batch and total_context_tokens must be >= 0")
+        ctx = float(total_context_tokens)
+        return self._pass(
+            float(batch), self.attn_flops_per_ctx * ctx, self.kv_bytes_per_token_layer * ctx
+        )
+
+    def decode_step_times(self, batch: np.ndarray, total_context_tokens: np.ndarray) -> np.ndarray:
+        """Vectorised :meth:`decode_step_time` over arrays of equal shape."""
+        b = np.asarray(batch, dtype=np.float64)
+        ctx = np.asarray(total_context_tokens, dtype=np.float64)
+        total = np.zeros(np.broadcast(b, ctx).shape)
+        for flops, nbytes, attention, lookup, count in self._groups:
+            f = flops * b
+            row = self.model.hidden * self.model.dtype_bytes
+            by = np.minimum(nbytes, b * row) if lookup else np.full_like(b, nbytes)
+            if attention:
+                f = f + self.attn_flops_per_ctx * ctx
+                by = by + self.kv_bytes_per_token_layer * ctx
+            total += count * (
+                np.maximum(f / self.flop_rate, by / self.hbm_bandwidth) + self.overhead
+            )
+        return total + self.launch
+
+    def cnn_batch_time(self, batch: int) -> float:
+        """Seconds for a forward pass of ``batch`` samples through a CNN."""
+        if self.model.kind != "cnn":
+            raise ValueError(f"{self.model.name} is a {self.model.kind}, not a cnn")
+        if batch < 0:
+            raise ValueError(f"batch must be >= 0, got {batch}")
+        return self._pass(float(batch), 0.0, 0.0)
+
+    # -- copies ---------------------------------------------------------------------------------
+    def transfer_time(self, nbytes: int, link_name: str) -> float:
+        """``latency + nbytes / bandwidth`` over a profile link, without contention."""
+        try:
+            latency, bandwidth = self._links[link_name]
+        except KeyError:
+            allowed = ", ".join(self._links)
+            raise ValueError(f"unknown link {link_name!r}; allowed: {allowed}") from None
+        return latency + nbytes / bandwidth
+
+    def link(self, link_name: str) -> tuple[float, float]:
+        """``(latency_s, bandwidth_Bps)`` of a link (see :meth:`transfer_time` for names)."""
+        self.transfer_time(0, link_name)
+        return self._links[link_name]
+
+    def weights_fit(self, fraction: float = 1.0) -> bool:
+        """Whether ``fraction`` of the model's weights fit in one GPU's HBM."""
+        return self.model.param_bytes * fraction <= self.profile.gpu.hbm_bytes
+
+    def summary(self) -> dict[str, Any]:
+        """A few headline numbers (for logs and sanity checks)."""
+        return {
+            "profile": self.profile.name,
+            "model": self.model.name,
+            "flop_rate": self.flop_rate,
+            "hbm_bandwidth": self.hbm_bandwidth,
+            "weights_read_s": self.model.param_bytes / self.hbm_bandwidth,
+        }

@@ -1,0 +1,153 @@
+"""End-to-end tests of ``pdsim cache replay`` through typer's CliRunner."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+import pytest
+from typer.testing import CliRunner
+
+from engine.errors import InputError
+from engine.policy import policy_names
+from sim.cli import app
+from sim.cli.cache import parse_cache_sizes
+
+runner = CliRunner()
+POLICIES = [p for p in policy_names() if p != "none"]
+
+
+def run(*args: str) -> tuple[int, str]:
+    result = runner.invoke(app, ["cache", "replay", *args])
+    return result.exit_code, result.output
+
+
+def test_default_run_uses_the_shipped_trace(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    code, out = run()
+    assert code == 0, out
+    assert "shipped example trace" in out and "mooncake_slice.jsonl" in out
+    (folder,) = (tmp_path / "runs").iterdir()
+    assert folder.name.startswith("cache-replay-")
+    assert (folder / "mrc.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    df = pd.read_csv(folder / "replay.csv")
+    assert len(df) == 6 * len(POLICIES)
+    assert sorted(df["policy"].unique()) == sorted(POLICIES)
+    assert (df["requests"] == 23_787).all()
+    assert (df["hits"] + df["misses"] == df["requests"]).all()
+    assert sorted(df["cache_fraction"].round(6).unique()) == [0.01, 0.02, 0.05, 0.1, 0.2, 0.5]
+
+
+def test_csv_trace_with_options(tmp_path: Path) -> None:
+    trace = tmp_path / "t.csv"
+    trace.write_text("time,key,size\n0,a,10\n1,b,20\n2,a,10\n3,c,30\n4,b,20\n")
+    out = tmp_path / "out"
+    code, text = run(str(trace), "-p", "lru", "-s", "30,20", "-o", str(out))
+    assert code == 0, text
+    df = pd.read_csv(out / "replay.csv")
+    assert df[["cache_bytes", "hits", "misses"]].values.tolist() == [[20, 0, 5], [30, 1, 4]]
+    assert "byte miss ratio" in text
+
+
+def test_same_inputs_reuse_the_default_folder(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "t.csv").write_text("0,a,10\n1,b,20\n2,a,10\n")
+    assert run("t.csv", "-p", "lru", "-s", "10,30", "-q")[0] == 0
+    (first,) = (tmp_path / "runs").iterdir()
+    code, text = run("t.csv", "-p", "lru", "-s", "30,10", "-q")  # same sizes, other order
+    assert code == 0
+    assert text.strip() == str(Path("runs") / first.name)
+    assert [p.name for p in (tmp_path / "runs").iterdir()] == [first.name]
+    assert run("t.csv", "-p", "lru", "-s", "20", "-q")[0] == 0  # other inputs: a new folder
+    assert len(list((tmp_path / "runs").iterdir())) == 2
+
+
+def test_limit_and_unit_sizes(tmp_path: Path) -> None:
+    out = tmp_path / "o"
+    code, text = run("-p", "lru", "-n", "500", "--unit-sizes", "-s", "10,100", "-o", str(out))
+    assert code == 0, text
+    df = pd.read_csv(out / "replay.csv")
+    assert (df["requests"] == 500).all()
+    assert df["cache_bytes"].tolist() == [10, 100]
+    assert (df["bytes_requested"] == 500).all()  # unit sizes: one byte per block
+
+
+def test_corrupt_trace_exits_2_with_line_and_writes_nothing(tmp_path: Path) -> None:
+    trace = tmp_path / "bad.jsonl"
+    trace.write_text(
+        '{"timestamp": 0, "hash_ids": [1, 2]}\n{"timestamp": 1, "hash_ids": [3]}\n{oops\n'
+    )
+    out = tmp_path / "runs" / "out"
+    code, text = run(str(trace), "-o", str(out))
+    assert code == 2
+    assert "line 3" in text and str(trace) in text
+    assert not (tmp_path / "runs").exists()
+
+
+def test_corrupt_trace_with_default_out_creates_no_folder(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "bad.csv").write_text("0,a,1\n1,b,2\n2,c,x\n")
+    code, text = run("bad.csv")
+    assert code == 2
+    assert "line 3" in text
+    assert not (tmp_path / "runs").exists()
+
+
+def test_unknown_policy_exits_2_listing_allowed(tmp_path: Path) -> None:
+    code, text = run("-p", "lru,belady2", "-o", str(tmp_path / "o"))
+    assert code == 2
+    assert "belady2" in text
+    assert "allowed: " + ", ".join(sorted(policy_names())) in text
+    assert not (tmp_path / "o").exists()
+
+
+@pytest.mark.parametrize(
+    ("args", "words"),
+    [
+        (["-s", "5x"], "--sizes: '5x'"),
+        (["-s", "0"], "not >= 1 byte"),
+        (["-f", "parquet"], "allowed: auto, csv, oracle, mooncake"),
+        (["--param", "lru-k"], "POLICY.NAME=VALUE"),
+        (["--kv-bytes-per-token", "lots"], "--kv-bytes-per-token"),
+        (["--limit", "0"], "limit"),
+        (["missing.jsonl"], "missing.jsonl"),
+    ],
+)
+def test_bad_options_exit_2(tmp_path: Path, args: list[str], words: str) -> None:
+    code, text = run(*args, "-o", str(tmp_path / "o"))
+    assert code == 2, text
+    assert words in text
+    assert not (tmp_path / "o").exists()
+
+
+def test_parse_cache_sizes() -> None:
+    assert parse_cache_sizes("10%, 0.5, 64KiB, 1kB, 1000", 2000) == [200, 1000, 65536]
+    assert parse_cache_sizes("1%", 10) == [1]  # never below one byte
+    with pytest.raises(InputError):
+        parse_cache_sizes(" , ", 100)
+    with pytest.raises(InputError):
+        parse_cache_sizes("-5%", 100)
+
+
+def test_help_documents_every_option() -> None:
+    result = runner.invoke(app, ["cache", "replay", "--help"], terminal_width=200)
+    assert result.exit_code == 0
+    for opt in (
+        "--format",
+        "--policy",
+        "--sizes",
+        "--block-tokens",
+        "--kv-bytes-per-token",
+        "--unit-sizes",
+        "--param",
+        "--out",
+        "--limit",
+        "--quiet",
+    ):
+        assert opt in result.output

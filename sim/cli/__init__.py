@@ -11,6 +11,7 @@ from importlib.metadata import PackageNotFoundError, version
 import typer
 
 from sim.cli import cache as _cache
+from sim.cli import run as _run
 
 app = typer.Typer(
     name="pdsim",
@@ -23,6 +24,7 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 app.add_typer(_cache.app, name="cache")
+app.command("run")(_run.run)
 
 
 def _version_callback(value: bool) -> None:

@@ -1,0 +1,337 @@
+"""Assembly of one simulated cluster from a validated scenario, and its run loop.
+
+:func:`check_feasible` rejects impossible configurations before anything runs or is written
+(unknown model or policy, a chunk size out of range, a model larger than the whole cluster,
+a coupled node that cannot hold its weights, ...). :func:`build` wires the components:
+workload -> scheduler -> compute nodes (weights in tiered caches, KV accounting) <-> network
+<-> parameter servers (directory on a consistent-hash ring) <-> object store.
+:meth:`Cluster.run` advances simulated time in slices (for a progress callback) until every
+request is final or the time cap is hit.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import simpy
+
+from engine.chunks import chunk_model
+from engine.errors import InputError
+from engine.kv.chunks import AttentionMemoryModel
+from engine.policy.registry import policy_class
+from sim.context import ModelRt, SimContext
+from sim.metrics import EV_REJECT, REJECTED, Metrics, TraceRecorder
+from sim.network import Network
+from sim.node import ComputeNode
+from sim.paramserver import MetadataDirectory, ParamServer
+from sim.rng import RngStreams
+from sim.scenario import Scenario
+from sim.scheduler import Scheduler
+from sim.weights import WeightStore
+from sim.workload import Workload, make_workload
+
+
+class CountingEnvironment(simpy.Environment):
+    """A SimPy environment that counts processed events (``steps``)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.steps = 0
+
+    def step(self) -> None:
+        self.steps += 1
+        super().step()
+
+
+def _node_sizes(sc: Scenario, profile: Any) -> tuple[int, int]:
+    n = sc.cluster.node
+    return (n.hbm or int(profile.gpu.hbm_bytes), n.host or int(profile.host.dram_bytes))
+
+
+def check_feasible(sc: Scenario, catalogue: dict[str, Any], profile: Any) -> None:
+    """Raise :class:`InputError` (naming the scenario file and field) for impossible configs."""
+    src = sc.source
+    for i, d in enumerate(sc.deployments):
+        if d.model not in catalogue:
+            raise InputError(
+                f"unknown model {d.model!r}; allowed: {', '.join(sorted(catalogue))}",
+                source=src,
+                where=f"deployments[{i}].model",
+            )
+    for field in ("hbm_policy", "host_policy", "nvme_policy"):
+        try:
+            policy_class(getattr(sc.cache, field))
+        except InputError as err:
+            raise InputError(str(err), source=src, where=f"cache.{field}") from None
+    names = [c.name for c in sc.workload.classes]
+    for p in sc.degradation.protected:
+        if p not in names:
+            raise InputError(
+                f"{p!r} is not a workload class; classes: {', '.join(names)}",
+                source=src,
+                where="degradation.protected",
+            )
+    hbm, host = _node_sizes(sc, profile)
+    c = sc.cluster
+    specs = [catalogue[d.model] for d in sc.deployments]
+    total = sum(s.param_bytes for s in specs)
+    cluster_bytes = c.nodes * (hbm + host + c.node.nvme) + c.param_servers * (c.ps.dram + c.ps.ssd)
+    if total > cluster_bytes:
+        raise InputError(
+            f"the models need {total / 2**30:.1f} GiB of weights but the whole cluster holds "
+            f"{cluster_bytes / 2**30:.1f} GiB in all tiers; add nodes/servers or memory",
+            source=src,
+            where="deployments",
+        )
+    largest_layer = max(max(s.layer_bytes()) for s in specs)
+    if sc.mode == "coupled":
+        if total >= hbm:
+            raise InputError(
+                f"coupled mode keeps every weight in HBM: {total / 2**30:.1f} GiB of weights "
+                f"do not fit {hbm / 2**30:.1f} GiB of HBM per node (use mode: pd)",
+                source=src,
+                where="mode",
+            )
+    elif hbm * c.node.weight_cache_fraction < 2 * largest_layer:
+        raise InputError(
+            f"the HBM weight cache ({hbm * c.node.weight_cache_fraction / 2**30:.2f} GiB) must hold "
+            f"two of the largest layer ({largest_layer / 2**20:.0f} MiB) to pipeline",
+            source=src,
+            where="cluster.node.weight_cache_fraction",
+        )
+    if sc.workload.kind == "trace" and not sc.workload.trace:
+        raise InputError("a trace workload needs a trace file", source=src, where="workload.trace")
+    try:
+        chunk_model("probe", [1], sc.chunks.size)
+    except ValueError as err:
+        raise InputError(str(err), source=src, where="chunks.size") from None
+
+
+def _model_rt(
+    i: int, spec: Any, sc: Scenario, profile: Any, cost_cls: Any, kv_budget: int
+) -> ModelRt:
+    table = chunk_model(
+        spec.name,
+        spec.layer_bytes(),
+        sc.chunks.size,
+        sc.deployments[i].version,
+        sc.chunks.sharding,
+        heads=max(spec.heads, 1),
+    )
+    cost = cost_cls(profile, spec)
+    starts = np.zeros(table.n_layers + 1, dtype=np.int64)
+    for layer in range(table.n_layers):
+        starts[layer + 1] = table.layer_slice(layer).stop
+    lt = np.array([float(cost.layer_time(layer, 1)) for layer in range(len(spec.layers))])
+    frac = lt / lt.sum() if lt.sum() > 0 else np.full(len(lt), 1.0 / len(lt))
+    max_ctx = 1 << 30
+    if spec.kind == "decoder":
+        att = AttentionMemoryModel(
+            kv_bytes_per_token=int(spec.kv_bytes_per_token),
+            gather_bytes_per_token=2 * max(spec.kv_heads, 1) * max(spec.head_dim, 1) * 4,
+            score_bytes_per_pair=max(spec.heads, 1) * 4,
+            block_tokens=sc.kv.block_tokens,
+            chunk_tokens=sc.kv.chunk_tokens,
+        )
+        max_ctx = att.max_context(kv_budget, chunked=sc.kv.attention == "chunked")
+    return ModelRt(
+        idx=i,
+        name=spec.name,
+        is_cnn=spec.kind == "cnn",
+        cost=cost,
+        layer_start=starts,
+        chunk_size=table.size.astype(np.int64),
+        layer_frac=frac,
+        kv_bytes_per_token=int(spec.kv_bytes_per_token),
+        total_bytes=table.total_bytes,
+        max_context=max_ctx,
+    )
+
+
+class Cluster:
+    """A built cluster; use :func:`build`. ``run`` may be called once."""
+
+    def __init__(self, ctx: SimContext, wl: Workload, scheduler: Scheduler, horizon: float) -> None:
+        self.ctx, self.wl, self.scheduler, self.horizon = ctx, wl, scheduler, horizon
+        self.env: CountingEnvironment = ctx.env  # type: ignore[assignment]
+        self._next = 0
+
+    # -- arrivals ------------------------------------------------------------------------------
+    def _reject_or_dispatch(self, rid: int) -> None:
+        ctx = self.ctx
+        m = ctx.models[int(self.wl.model[rid])]
+        tokens = int(self.wl.inp[rid]) + int(self.wl.out[rid])
+        kv_need = ctx.nodes[0].kv.size(tokens, m.kv_bytes_per_token)[0]
+        if tokens > m.max_context or kv_need > ctx.nodes[0].kv.capacity:
+            met = ctx.metrics
+            met.arrival[rid] = ctx.env.now
+            met.n_arrived += 1
+            met.finish(rid, REJECTED)
+            ctx.trace.rec(ctx.env.now, EV_REJECT, rid, 0)
+            if ctx.on_complete is not None:
+                ctx.on_complete(rid)
+            return
+        self.scheduler.dispatch(rid)
+
+    def _open_loop(self) -> Any:
+        env, arr, n = self.env, self.wl.arrival, self.wl.n
+        i = 0
+        while i < n:
+            dt = float(arr[i]) - env.now
+            if dt > 0:
+                yield env.timeout(dt)
+            self._reject_or_dispatch(i)
+            i += 1
+
+    def _closed_next(self, rid: int) -> None:
+        if self._next >= self.wl.n:
+            return
+        nxt = self._next
+        self._next += 1
+        assert self.wl.think is not None
+        ev = self.env.timeout(float(self.wl.think[nxt]))
+        ev.callbacks.append(lambda _e: self._reject_or_dispatch(nxt))
+
+    def _sampler(self, interval: float) -> Any:
+        env, ctx = self.env, self.ctx
+        met = ctx.metrics
+        while True:
+            nodes = ctx.nodes
+            met.samples.append(
+                (
+                    env.now,
+                    met.n_arrived,
+                    met.n_final,
+                    sum(n.qlen for n in nodes),
+                    sum(n.running for n in nodes),
+                    *met.tier_hits.tolist(),
+                    *met.tier_bytes.tolist(),
+                    sum(n.ws.hbm.used for n in nodes),
+                    sum(n.kv.reserved for n in nodes),
+                    float(np.mean([n.kv.fragmentation() for n in nodes])),
+                )
+            )
+            yield env.timeout(interval)
+
+    # -- run ----------------------------------------------------------------------------------------
+    def run(self, progress: Callable[[float, float], None] | None = None) -> float:
+        """Simulate until every request is final (or the time cap); returns the end time."""
+        ctx, env = self.ctx, self.env
+        sc = ctx.sc
+        for node in ctx.nodes:
+            node.start()
+        if self.wl.closed_loop:
+            ctx.on_complete = self._closed_next
+            for _ in range(min(self.wl.clients, self.wl.n)):
+                self._closed_next(-1)
+        else:
+            env.process(self._open_loop())
+        interval = sc.metrics.interval or max(self.horizon / 200.0, 1e-3)
+        env.process(self._sampler(interval))
+        if sc.hot_shards.enabled:
+            env.process(ctx.directory.hot_shard_process())
+        cap = sc.duration if sc.duration > 0 else self.horizon * 50 + 600.0
+        step = max(self.horizon / 100.0, 1e-3)
+        n = self.wl.n
+        met = ctx.metrics
+        while met.n_final < n and env.now < cap:
+            target = min(env.now + step, cap)
+            env.run(until=target)
+            if progress is not None:
+                progress(met.n_final / n, env.now)
+        return self._end_time()
+
+    def _end_time(self) -> float:
+        met = self.ctx.metrics
+        ends = met.end[~np.isnan(met.end)]
+        last = float(ends.max()) if ends.size else float(self.env.now)
+        return min(last, float(self.env.now)) if met.n_final == self.wl.n else float(self.env.now)
+
+
+def build(
+    sc: Scenario,
+    seed: int,
+    catalogue: dict[str, Any],
+    profile: Any,
+    cost_cls: Any,
+    base_dir: Path | None = None,
+) -> Cluster:
+    """Wire a cluster for ``sc`` (validated and feasible) with root seed ``seed``."""
+    check_feasible(sc, catalogue, profile)
+    env = CountingEnvironment()
+    rngs = RngStreams(seed)
+    shares = [d.share for d in sc.deployments]
+    wl = make_workload(sc.workload, shares, rngs.get("workload"), base_dir)
+    specs = [catalogue[d.model] for d in sc.deployments]
+    hbm, host = _node_sizes(sc, profile)
+    total = sum(s.param_bytes for s in specs)
+    c = sc.cluster
+    if sc.mode == "coupled":
+        weight_cap = total + max(sc.chunks.size, 1) * len(specs)
+    else:
+        weight_cap = int(hbm * c.node.weight_cache_fraction)
+    kv_bytes = max(hbm - weight_cap, 1)
+    models = [_model_rt(i, s, sc, profile, cost_cls, kv_bytes) for i, s in enumerate(specs)]
+    names = [cl.name for cl in sc.workload.classes]
+    protected = [n in sc.degradation.protected for n in names]
+    order = [i for i in range(len(names)) if protected[i]] + [
+        i for i in range(len(names)) if not protected[i]
+    ]
+    net = Network(env, rng=rngs.get("network"))
+    ctx = SimContext(
+        env=env,
+        sc=sc,
+        models=models,
+        network=net,
+        metrics=Metrics(wl.n),
+        trace=TraceRecorder(),
+        rngs=rngs,
+        class_order=order,
+        protected=protected,
+    )
+    L = profile.links
+    rdma_bw = c.network.rdma or L.rdma.bandwidth
+    rdma_lat = c.network.rdma_latency if c.network.rdma_latency is not None else L.rdma.latency
+    obj_bw = c.network.object_store or L.object_store.bandwidth
+    obj_lat = (
+        c.network.object_store_latency
+        if c.network.object_store_latency is not None
+        else L.object_store.latency
+    )
+    for p in range(c.param_servers):
+        name = f"ps{p}"
+        links = {
+            "nic": net.add_link(f"{name}.nic", c.ps.nic, rdma_lat),
+            "ssd": net.add_link(f"{name}.ssd", c.ps.ssd_bandwidth, L.nvme.latency),
+            "object": net.add_link(f"{name}.object", obj_bw, obj_lat),
+        }
+        ctx.servers.append(ParamServer(ctx, p, name, links))
+    ctx.directory = MetadataDirectory(ctx)
+    if sc.warmup.enabled:
+        ctx.directory.warm_up(shares, sc.warmup.ps_fraction, 0.0)
+    for i in range(c.nodes):
+        name = f"node{i}"
+        links = {
+            "pcie": net.add_link(f"{name}.pcie", L.pcie.bandwidth, L.pcie.latency),
+            "nic": net.add_link(f"{name}.nic", rdma_bw, 0.0),
+            "nvme": net.add_link(f"{name}.nvme", L.nvme.bandwidth, L.nvme.latency),
+            "object": net.add_link(f"{name}.object", obj_bw, obj_lat),
+        }
+        ws = WeightStore(ctx, i, name, weight_cap, host, c.node.nvme, links)
+        if sc.mode == "coupled" or sc.warmup.node_hbm:
+            for m in sorted(range(len(models)), key=lambda j: (-shares[j], j)):
+                if not ws.preload(m, 0.0) and sc.mode == "coupled":
+                    raise InputError(
+                        "coupled mode: weights do not fit HBM", source=sc.source, where="mode"
+                    )
+        ws.fetches_after_warmup = 0
+        ctx.nodes.append(ComputeNode(ctx, i, name, ws, kv_bytes, wl))
+    if sc.metrics.check_invariants:
+        ctx.metrics.layer_log = []
+    horizon = float(wl.arrival[-1]) if not wl.closed_loop and wl.n else 1.0
+    if wl.closed_loop:
+        horizon = max(wl.n / max(wl.clients, 1) * (sc.workload.think_time + 0.5), 1.0)
+    return Cluster(ctx, wl, Scheduler(ctx, rngs.get("scheduler")), max(horizon, 1e-3))

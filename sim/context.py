@@ -1,0 +1,88 @@
+"""Shared run state handed to every simulator component (no behaviour of its own).
+
+:class:`ModelRt` is one deployed model prepared for the hot loop: its chunk table as plain
+arrays, per-layer chunk ranges, the share of an iteration's compute each layer takes, and
+cost-model closures. Chunk keys inside the simulator are ints ``model_index << 32 | chunk_id``
+(compact and cheap to hash; equivalent to the tuple ``(model, chunk_id)``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import simpy
+
+from sim.metrics import Metrics, TraceRecorder
+from sim.scenario import Scenario
+
+
+@dataclass
+class ModelRt:
+    """One deployed model, prepared for the hot loop (see the module docstring)."""
+
+    idx: int
+    name: str
+    is_cnn: bool
+    cost: Any  # sim.costmodel.CostModel
+    layer_start: np.ndarray  # chunk ids of layer l: [layer_start[l], layer_start[l + 1])
+    chunk_size: np.ndarray  # int64 bytes per chunk id
+    layer_frac: np.ndarray  # share of an iteration's compute spent in layer l (sums to 1)
+    kv_bytes_per_token: int
+    total_bytes: int
+    max_context: int = 1 << 30  # longest sequence one node can hold (KV + attention scratch)
+    n_layers: int = field(init=False)
+    n_chunks: int = field(init=False)
+    nonempty_layers: int = field(init=False)
+    base: int = field(init=False)
+    layer_chunks: list[int] = field(init=False)
+    layer_bytes: list[int] = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.n_layers = int(self.layer_start.shape[0] - 1)
+        self.n_chunks = int(self.chunk_size.shape[0])
+        counts = np.diff(self.layer_start)
+        self.layer_chunks = [int(c) for c in counts]
+        self.nonempty_layers = int((counts > 0).sum())
+        self.base = self.idx << 32
+        cs = np.concatenate([[0], np.cumsum(self.chunk_size)])
+        self.layer_bytes = [
+            int(cs[self.layer_start[i + 1]] - cs[self.layer_start[i]]) for i in range(self.n_layers)
+        ]
+
+    def key(self, chunk_id: int) -> int:
+        return self.base | chunk_id
+
+    def iter_time(self, prefill_tokens: int, n_new: int, n_dec: int, ctx: float) -> float:
+        """Compute seconds of one iteration: prefill of ``prefill_tokens`` (``n_new`` requests)
+        plus one decode step of ``n_dec`` sequences holding ``ctx`` context tokens in total.
+        CNN models run one forward pass over ``n_new`` samples."""
+        if self.is_cnn:
+            return float(self.cost.cnn_batch_time(max(n_new, 1)))
+        t = 0.0
+        if prefill_tokens > 0:
+            t += float(self.cost.prefill_time(int(prefill_tokens)))
+        if n_dec > 0:
+            t += float(self.cost.decode_step_time(int(n_dec), int(ctx)))
+        return t
+
+
+@dataclass
+class SimContext:
+    """Everything a component needs: environment, config, models, network, recorders."""
+
+    env: simpy.Environment
+    sc: Scenario
+    models: list[ModelRt]
+    network: Any  # sim.network.Network
+    metrics: Metrics
+    trace: TraceRecorder
+    rngs: Any  # sim.rng.RngStreams
+    class_order: list[int]  # class indices, protected classes first
+    protected: list[bool]  # per class index
+    nodes: list[Any] = field(default_factory=list)
+    servers: list[Any] = field(default_factory=list)
+    directory: Any = None
+    heat: Any = None
+    on_complete: Any = None  # callback(rid) set by the cluster (closed loop)

@@ -1,0 +1,356 @@
+"""A compute node: ONE long-lived SimPy process doing continuous batching, layer by layer.
+
+Per model the node keeps one running batch. Batch state is O(1) to advance: ``off`` counts the
+decode steps the batch has taken; a request whose first token came at step ``a`` finishes at
+step ``a + out - 1`` (a min-heap of those targets), and the batch's total context is
+``base + n * off``. One *iteration* = prefill of newly admitted requests plus one decode step
+of the others. When no request was admitted and every weight of the model is resident in HBM,
+nothing can change until the next completion, so the node runs ``k`` decode steps as ONE
+timeout (``k`` = steps to the next completion, capped by ``max_steps_per_turn`` when other
+models wait) using the mean context over the ``k`` steps. An arrival that could join the node
+interrupts that timeout; the node then finishes the step in progress and re-plans.
+
+Otherwise the iteration runs layer by layer (:meth:`ComputeNode._layers`): a layer computes
+only once all its chunks are resident in HBM (invariant; pinned while it computes), missing
+chunks are fetched as one aggregated transfer per source, and the next ``window`` layers are
+prefetched while the current one computes (R7/R21/R27), wrapping into the next iteration.
+
+KV accounting is :class:`KvAccount` (block counts in bytes, reserved for the whole sequence
+at admission so a running request never stalls). It is an adapter: the KV core's allocator
+can replace it without touching the node.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections import deque
+from collections.abc import Generator
+from typing import Any
+
+import numpy as np
+import simpy
+
+from sim.context import SimContext
+from sim.metrics import DONE, EV_ADMIT, EV_DONE, N_ACC, TIERS
+from sim.weights import WeightStore
+
+_NT = len(TIERS)
+
+
+class KvAccount:
+    """KV cache accounting of one node: bytes reserved in whole blocks of ``block_tokens``.
+
+    Invariant: ``0 <= reserved <= capacity``; ``needed <= reserved`` (tokens actually held).
+    """
+
+    def __init__(self, capacity: int, block_tokens: int) -> None:
+        self.capacity = capacity
+        self.block_tokens = block_tokens
+        self.reserved = 0
+        self.needed = 0
+
+    def size(self, tokens: int, bytes_per_token: int) -> tuple[int, int]:
+        """(reserved bytes in whole blocks, exact bytes) for a ``tokens``-token sequence."""
+        bt = self.block_tokens
+        return -(-tokens // bt) * bt * bytes_per_token, tokens * bytes_per_token
+
+    def can(self, nbytes: int) -> bool:
+        return self.reserved + nbytes <= self.capacity
+
+    def take(self, nbytes: int, exact: int) -> None:
+        self.reserved += nbytes
+        self.needed += exact
+
+    def give(self, nbytes: int, exact: int) -> None:
+        self.reserved -= nbytes
+        self.needed -= exact
+
+    def fragmentation(self) -> float:
+        """Internal fragmentation of the reserved blocks (0 when nothing is reserved)."""
+        return 1.0 - self.needed / self.reserved if self.reserved else 0.0
+
+
+class ComputeNode:
+    """One GPU node; see the module docstring. ``submit`` hands it a request id."""
+
+    def __init__(
+        self, ctx: SimContext, idx: int, name: str, weights: WeightStore, kv_bytes: int, wl: Any
+    ) -> None:
+        sc = ctx.sc
+        self.ctx, self.env, self.idx, self.name, self.ws, self.wl = (
+            ctx,
+            ctx.env,
+            idx,
+            name,
+            weights,
+            wl,
+        )
+        nm = len(ctx.models)
+        nc = len(sc.workload.classes)
+        self.max_batch = sc.cluster.node.max_batch
+        self.max_tokens = sc.cluster.node.max_batch_tokens
+        self.max_steps = sc.cluster.node.max_steps_per_turn
+        self.queues: list[list[deque[int]]] = [[deque() for _ in range(nc)] for _ in range(nm)]
+        self.qlen = 0
+        self.running = 0
+        self.b_n = [0] * nm
+        self.b_off = [0] * nm
+        self.b_base = [0.0] * nm
+        self.b_heap: list[list[tuple[int, int]]] = [[] for _ in range(nm)]
+        self.cum = [np.zeros(N_ACC) for _ in range(nm)]
+        self.kv = KvAccount(kv_bytes, sc.kv.block_tokens)
+        self._kv_of: dict[int, tuple[int, int]] = {}
+        self.wake: simpy.Event | None = None
+        self.seg_model = -1
+        self.up = True
+        self.busy = 0.0
+        self.proc: simpy.Process | None = None
+        self._rr = 0
+        self._window = sc.prefetch.window_batches if sc.prefetch.enabled else 0
+        self._inp = wl.inp
+        self._out = wl.out
+        self._model = wl.model
+        self._cls = wl.cls
+
+    # -- control ------------------------------------------------------------------------------
+    def start(self) -> None:
+        """Start (or restart) the node's process."""
+        self.up = True
+        if self.proc is None or not self.proc.is_alive:
+            self.proc = self.env.process(self._run())
+
+    def stop(self) -> None:
+        """Mark the node down: the scheduler stops sending it work (faults, issue 5)."""
+        self.up = False
+
+    @property
+    def load(self) -> int:
+        return self.qlen + self.running
+
+    def oldest_wait(self, now: float) -> float:
+        """How long the longest-waiting queued request has waited."""
+        arr = self.ctx.metrics.arrival
+        heads = [q[0] for per in self.queues for q in per if q]
+        return now - float(min(arr[r] for r in heads)) if heads else 0.0
+
+    def submit(self, rid: int) -> None:
+        """Queue request ``rid``; wake the process or cut a fast segment short if it could join."""
+        m = int(self._model[rid])
+        self.queues[m][int(self._cls[rid])].append(rid)
+        self.qlen += 1
+        if self.wake is not None:
+            if not self.wake.triggered:
+                self.wake.succeed()
+        elif self.seg_model >= 0 and (self.seg_model != m or self.b_n[m] < self.max_batch):
+            self.seg_model = -1
+            assert self.proc is not None
+            self.proc.interrupt()
+
+    # -- the process ------------------------------------------------------------------------
+    def _run(self) -> Generator[simpy.Event, Any, None]:
+        while True:
+            m = self._pick()
+            if m < 0:
+                self.wake = self.env.event()
+                yield self.wake
+                self.wake = None
+                continue
+            yield from self._turn(m)
+
+    def _head(self, m: int) -> int:
+        for c in self.ctx.class_order:
+            q = self.queues[m][c]
+            if q:
+                return q[0]
+        return -1
+
+    def _kv_need(self, rid: int) -> tuple[int, int]:
+        mr = self.ctx.models[int(self._model[rid])]
+        return self.kv.size(int(self._inp[rid]) + int(self._out[rid]), mr.kv_bytes_per_token)
+
+    def _pick(self) -> int:
+        nm = len(self.b_n)
+        for i in range(nm):
+            m = (self._rr + i) % nm
+            if self.b_n[m]:
+                self._rr = m + 1
+                return m
+            h = self._head(m)
+            if h >= 0 and self.kv.can(self._kv_need(h)[0]):
+                self._rr = m + 1
+                return m
+        return -1
+
+    def _admit(self, m: int) -> list[int]:
+        new: list[int] = []
+        tokens = 0
+        now = self.env.now
+        met = self.ctx.metrics
+        room = self.max_batch - self.b_n[m]
+        for c in self.ctx.class_order:
+            q = self.queues[m][c]
+            while q and len(new) < room:
+                rid = q[0]
+                need, exact = self._kv_need(rid)
+                t = int(self._inp[rid])
+                if not self.kv.can(need) or (new and tokens + t > self.max_tokens):
+                    return new  # head-of-line: never let a lower class overtake
+                q.popleft()
+                self.kv.take(need, exact)
+                self._kv_of[rid] = (need, exact)
+                tokens += t
+                new.append(rid)
+                met.start[rid] = now
+                met.acc[rid] -= self.cum[m]
+                self.ctx.trace.rec(now, EV_ADMIT, rid, self.idx)
+        return new
+
+    def _turn(self, m: int) -> Generator[simpy.Event, Any, None]:
+        env, mr = self.env, self.ctx.models[m]
+        new = self._admit(m)
+        self.qlen -= len(new)
+        self.running += len(new)
+        used = self.ws.hbm.used + self.kv.reserved
+        if used > self.ctx.metrics.peak_hbm:
+            self.ctx.metrics.peak_hbm = used
+        n = self.b_n[m]
+        off = self.b_off[m]
+        if new or mr.is_cnn or not self.ws.all_resident(m):
+            ptok = int(self._inp[new].sum()) if new else 0
+            t = mr.iter_time(ptok, len(new), n, self.b_base[m] + n * off)
+            yield from self._execute(m, t, n + len(new))
+            off += 1
+            self.b_off[m] = off
+            now = env.now
+            met, heap = self.ctx.metrics, self.b_heap[m]
+            for rid in new:
+                met.first[rid] = now
+                heapq.heappush(heap, (off + int(self._out[rid]) - 1, rid))
+                self.b_base[m] += int(self._inp[rid]) + 1 - off
+            self.b_n[m] = n + len(new)
+        else:
+            k = self.b_heap[m][0][0] - off
+            if self.qlen or self._others_running(m):
+                k = min(k, self.max_steps)
+            t_step = mr.iter_time(0, 0, n, self.b_base[m] + n * (off + (k - 1) / 2.0))
+            t0 = env.now
+            self.seg_model = m
+            try:
+                yield env.timeout(k * t_step)
+                steps = k
+            except simpy.Interrupt:
+                steps = min(k, int((env.now - t0) / t_step) + 1)
+                yield env.timeout(max(t0 + steps * t_step - env.now, 0.0))
+            self.seg_model = -1
+            self.b_off[m] = off = off + steps
+            self.busy += steps * t_step
+            self.ctx.metrics.busy += steps * t_step
+            self._hbm_hits(m, mr.n_chunks * steps)
+            self.ws.touch(m, env.now)
+        self._complete(m, off)
+
+    def _others_running(self, m: int) -> bool:
+        return any(b for i, b in enumerate(self.b_n) if i != m)
+
+    def _hbm_hits(self, m: int, count: int) -> None:
+        self.ctx.metrics.tier_hits[0] += count
+        self.cum[m][1] += count
+
+    def _complete(self, m: int, off: int) -> None:
+        heap = self.b_heap[m]
+        if not heap or heap[0][0] > off:
+            return
+        now = self.env.now
+        ctx = self.ctx
+        met = ctx.metrics
+        mr = ctx.models[m]
+        cum = self.cum[m]
+        while heap and heap[0][0] <= off:
+            _, rid = heapq.heappop(heap)
+            need, exact = self._kv_of.pop(rid)
+            self.kv.give(need, exact)
+            self.b_n[m] -= 1
+            self.running -= 1
+            self.b_base[m] -= int(self._inp[rid]) + 1 - (off - int(self._out[rid]) + 1)
+            met.end[rid] = now
+            met.acc[rid] += cum
+            met.finish(rid, DONE)
+            ctx.trace.rec(now, EV_DONE, rid, self.idx)
+            if ctx.on_complete is not None:
+                ctx.on_complete(rid)
+        if self.b_n[m] == 0:
+            self.b_base[m] = 0.0
+        del mr
+
+    # -- one iteration ---------------------------------------------------------------------------
+    def _execute(self, m: int, t: float, nb: int) -> Generator[simpy.Event, Any, None]:
+        if self.ws.all_resident(m):
+            yield self.env.timeout(t)
+            self.busy += t
+            self.ctx.metrics.busy += t
+            self._hbm_hits(m, self.ctx.models[m].n_chunks)
+            self.ws.touch(m, self.env.now)
+        else:
+            yield from self._layers(m, t, nb)
+
+    def _layers(self, m: int, t_total: float, nb: int) -> Generator[simpy.Event, Any, None]:
+        env, ws, mr = self.env, self.ws, self.ctx.models[m]
+        met = self.ctx.metrics
+        cum = self.cum[m]
+        share = 1.0 / max(nb, 1)
+
+        def charge(tier: int, count: int, nbytes: int) -> None:
+            met.tier_hits[tier] += count
+            met.tier_bytes[tier] += nbytes
+            cum[1 + tier] += count
+            cum[1 + _NT + tier] += nbytes * share
+
+        self._hbm_hits(m, sum(ws.counts[m]))
+        t_start = env.now
+        wait = 0.0
+        log = met.layer_log
+        for layer in range(mr.n_layers):
+            dt = t_total * float(mr.layer_frac[layer])
+            if mr.layer_chunks[layer]:
+                if self._window:
+                    self._prefetch(m, layer, charge)
+                while not ws.layer_resident(m, layer):
+                    ev = ws.fetch(m, layer, ws.missing(m, layer), 0, charge)
+                    if ev is None:  # cannot happen: a missing chunk is in HBM or in flight
+                        raise AssertionError(
+                            f"layer {layer} of model {m} neither resident nor in flight"
+                        )
+                    t0 = env.now
+                    yield ev
+                    wait += env.now - t0
+                if log is not None:
+                    mr_ = self.ctx.models[m]
+                    arrived = max(
+                        (
+                            ws.arrived_at.get(mr_.base | c, -1.0)
+                            for c in range(
+                                int(mr_.layer_start[layer]), int(mr_.layer_start[layer + 1])
+                            )
+                        ),
+                        default=-1.0,
+                    )
+                    log.append((env.now, self.idx, m, layer, arrived))
+                ws.pin_layer(m, layer, True)
+                yield env.timeout(dt)
+                ws.pin_layer(m, layer, False)
+            elif dt > 0:
+                yield env.timeout(dt)
+        spent = env.now - t_start
+        self.busy += spent
+        met.busy += spent
+        met.param_wait += wait
+        cum[0] += wait
+
+    def _prefetch(self, m: int, layer: int, charge: Any) -> None:
+        ws, mr = self.ws, self.ctx.models[m]
+        for d in range(1, self._window + 1):
+            j = (layer + d) % mr.n_layers
+            if mr.layer_chunks[j] and not ws.inflight.get((m, j)):
+                cids = ws.missing(m, j)
+                if cids:
+                    ws.fetch(m, j, cids, d, charge)

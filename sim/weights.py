@@ -1,0 +1,266 @@
+"""A compute node's parameter store: HBM / pinned host / NVMe tiers and the fetch path.
+
+Each tier is an :class:`engine.cache.TierCache` over the configured eviction policy (colour =
+model name, for ``color-lru``). An HBM eviction demotes the chunk to host memory, a host
+eviction to NVMe (inclusive staging: a chunk fetched from host stays there too).
+
+Invariants kept here:
+
+* ``counts[m][l]`` == number of chunks of layer ``l`` of model ``m`` resident in HBM, and
+  ``full[m]`` == number of non-empty layers with every chunk resident, so "is model ``m``
+  fully resident" is O(1) (updated on every admission and eviction callback);
+* a chunk is in ``inflight_keys`` exactly while a transfer carrying it to this node runs.
+
+Recency approximation: while a model is fully resident, iterations do not touch its chunks one
+by one (that would cost O(chunks) per step). The node records the time of the model's last
+use in ``pending_touch``; right before the next HBM admission (the only moment an eviction
+decision can be made) the store replays one touch per resident chunk of those models, oldest
+model first, at the recorded time. Policies thus see the correct *last* use of every chunk, but
+not the count of uses in between (LRU-K sees at most one reference per flush).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import simpy
+
+from engine.cache import TierCache
+from sim.context import SimContext
+from sim.metrics import EV_FETCH
+
+HOST, NVME, REMOTE, OBJECT = 1, 2, 3, 4
+
+
+class WeightStore:
+    """Weights of every model on one node; see the module docstring."""
+
+    def __init__(
+        self,
+        ctx: SimContext,
+        node_idx: int,
+        name: str,
+        hbm_bytes: int,
+        host_bytes: int,
+        nvme_bytes: int,
+        links: dict[str, Any],
+    ) -> None:
+        self.ctx = ctx
+        self.env = ctx.env
+        self.idx = node_idx
+        self.name = name
+        self.links = links
+        c = ctx.sc.cache
+        self.hbm = TierCache(
+            hbm_bytes,
+            policy=c.hbm_policy,
+            policy_params=dict(c.params),
+            high_watermark=c.high_watermark,
+            low_watermark=min(c.low_watermark, c.high_watermark),
+            on_evict=self._hbm_evicted,
+            name=f"{name}.hbm",
+        )
+        self.host = (
+            TierCache(
+                host_bytes,
+                policy=c.host_policy,
+                high_watermark=1.0,
+                low_watermark=1.0,
+                on_evict=self._host_evicted,
+                name=f"{name}.host",
+            )
+            if host_bytes > 0
+            else None
+        )
+        self.nvme = (
+            TierCache(
+                nvme_bytes,
+                policy=c.nvme_policy,
+                high_watermark=1.0,
+                low_watermark=1.0,
+                name=f"{name}.nvme",
+            )
+            if nvme_bytes > 0
+            else None
+        )
+        n = len(ctx.models)
+        self.counts: list[list[int]] = [[0] * m.n_layers for m in ctx.models]
+        self.full: list[int] = [0] * n
+        self.resident_bytes: list[int] = [0] * n
+        self.chunk_layer = [np.repeat(np.arange(m.n_layers), m.layer_chunks) for m in ctx.models]
+        self.inflight: dict[tuple[int, int], list[simpy.Event]] = {}
+        self.inflight_keys: set[int] = set()
+        self.pending_touch: dict[int, float] = {}
+        self.track_arrival = ctx.sc.metrics.check_invariants
+        self.arrived_at: dict[int, float] = {}
+        self.fetches_after_warmup = 0
+        self._colors = [m.name for m in ctx.models]
+
+    # -- residency -------------------------------------------------------------------------
+    def all_resident(self, m: int) -> bool:
+        return self.full[m] == self.ctx.models[m].nonempty_layers
+
+    def layer_resident(self, m: int, layer: int) -> bool:
+        return self.counts[m][layer] == self.ctx.models[m].layer_chunks[layer]
+
+    def affinity(self, m: int) -> float:
+        """Share of model ``m``'s bytes resident in HBM (shard affinity, R2)."""
+        return self.resident_bytes[m] / max(self.ctx.models[m].total_bytes, 1)
+
+    def preload(self, m: int, now: float) -> bool:
+        """Make every chunk of model ``m`` resident (warm-up / coupled mode; no traffic
+        counted). Returns False if HBM ran out of room."""
+        mr = self.ctx.models[m]
+        sizes = mr.chunk_size
+        return all(self._admit(m, cid, int(sizes[cid]), now) for cid in range(mr.n_chunks))
+
+    def touch(self, m: int, now: float) -> None:
+        """Model ``m`` was used at ``now`` while fully resident (see the recency note)."""
+        self.pending_touch[m] = now
+
+    def _flush_touches(self) -> None:
+        if not self.pending_touch:
+            return
+        items = sorted(self.pending_touch.items(), key=lambda kv: (kv[1], kv[0]))
+        self.pending_touch.clear()
+        hbm = self.hbm
+        for m, t in items:
+            base = self.ctx.models[m].base
+            for cid in range(self.ctx.models[m].n_chunks):
+                key = base | cid
+                if key in hbm:
+                    hbm.lookup(key, t)
+
+    def _admit(self, m: int, cid: int, size: int, now: float) -> bool:
+        key = self.ctx.models[m].base | cid
+        if key in self.hbm:
+            return True
+        if not self.hbm.admit(key, size, now, color=self._colors[m]):
+            return False
+        layer = int(self.chunk_layer[m][cid])
+        c = self.counts[m]
+        c[layer] += 1
+        self.resident_bytes[m] += size
+        if c[layer] == self.ctx.models[m].layer_chunks[layer]:
+            self.full[m] += 1
+        return True
+
+    def _hbm_evicted(self, key: Any, size: int, color: str | None) -> None:
+        m, cid = key >> 32, key & 0xFFFFFFFF
+        layer = int(self.chunk_layer[m][cid])
+        c = self.counts[m]
+        if c[layer] == self.ctx.models[m].layer_chunks[layer]:
+            self.full[m] -= 1
+        c[layer] -= 1
+        self.resident_bytes[m] -= size
+        if self.host is not None and key not in self.host:
+            self.host.admit(key, size, self.env.now, color=color)
+
+    def _host_evicted(self, key: Any, size: int, color: str | None) -> None:
+        if self.nvme is not None and key not in self.nvme and size <= self.nvme.capacity:
+            self.nvme.admit(key, size, self.env.now, color=color)
+
+    # -- fetching ----------------------------------------------------------------------------
+    def missing(self, m: int, layer: int) -> list[int]:
+        """Chunk ids of ``layer`` neither resident in HBM nor in flight."""
+        mr = self.ctx.models[m]
+        base, hbm, fl = mr.base, self.hbm, self.inflight_keys
+        return [
+            cid
+            for cid in range(int(mr.layer_start[layer]), int(mr.layer_start[layer + 1]))
+            if (base | cid) not in hbm and (base | cid) not in fl
+        ]
+
+    def fetch(
+        self,
+        m: int,
+        layer: int,
+        cids: list[int],
+        priority: int,
+        charge: Callable[[int, int, int], None],
+    ) -> simpy.Event | None:
+        """Start ONE aggregated transfer per source for chunks ``cids`` of ``layer`` (R21/R27:
+        ``priority`` 0 = needed now). ``charge(tier, chunks, bytes)`` accounts the traffic.
+        Returns the event that fires when all of them are resident, or ``None`` if none."""
+        if not cids:
+            pending = self.inflight.get((m, layer))
+            return pending[-1] if pending else None
+        mr = self.ctx.models[m]
+        env, now = self.env, self.env.now
+        groups: dict[tuple[int, int, int], int] = {}
+        counts = [0] * 5
+        nbytes = [0] * 5
+        host, nvme = self.host, self.nvme
+        for cid in cids:
+            key = mr.base | cid
+            size = int(mr.chunk_size[cid])
+            if host is not None and host.lookup(key, now):
+                g, tier = (HOST, 0, 0), HOST
+            elif nvme is not None and nvme.lookup(key, now):
+                g, tier = (NVME, 0, 0), NVME
+            else:
+                ps, ps_tier = self.ctx.directory.serve(m, cid, key, size, now)
+                tier = OBJECT if ps_tier == OBJECT else REMOTE
+                g = (REMOTE, ps, ps_tier)
+            groups[g] = groups.get(g, 0) + size
+            counts[tier] += 1
+            nbytes[tier] += size
+            self.inflight_keys.add(key)
+        for tier in range(1, 5):
+            if counts[tier]:
+                charge(tier, counts[tier], nbytes[tier])
+        events = [
+            self.ctx.network.transfer(self._path(g), size, priority)
+            for g, size in sorted(groups.items())
+        ]
+        ev = events[0] if len(events) == 1 else simpy.AllOf(env, events)
+        done = env.event()
+        self.inflight.setdefault((m, layer), []).append(done)
+        self.fetches_after_warmup += 1
+        self.ctx.trace.rec(now, EV_FETCH, self.idx, (m << 20) | layer)
+        ev.callbacks.append(lambda e: self._arrived(e, m, layer, cids, now, done))
+        return done
+
+    def _path(self, g: tuple[int, int, int]) -> list[Any]:
+        lk = self.links
+        if g[0] == HOST:
+            return [lk["pcie"]]
+        if g[0] == NVME:
+            return [lk["nvme"], lk["pcie"]]
+        ps = g[1]
+        if ps < 0:  # no live replica: straight from the object store
+            return [lk["object"], lk["pcie"]]
+        return [*self.ctx.servers[ps].path_out(g[2]), lk["nic"], lk["pcie"]]
+
+    def _arrived(
+        self, ev: simpy.Event, m: int, layer: int, cids: list[int], t0: float, done: simpy.Event
+    ) -> None:
+        now = self.env.now
+        mr = self.ctx.models[m]
+        for cid in cids:
+            self.inflight_keys.discard(mr.base | cid)
+        pending = self.inflight.get((m, layer))
+        if pending is not None:
+            pending.remove(done)
+            if not pending:
+                del self.inflight[(m, layer)]
+        if not ev.ok:  # a link dropped (faults): the caller finds the chunks missing and retries
+            ev.defused = True
+            done.succeed(False)
+            return
+        self._flush_touches()
+        self.ctx.metrics.fetch_lat.append(now - t0)
+        for cid in cids:
+            self._admit(m, cid, int(mr.chunk_size[cid]), now)
+            if self.track_arrival:
+                self.arrived_at[mr.base | cid] = now
+        done.succeed(True)
+
+    def pin_layer(self, m: int, layer: int, pin: bool) -> None:
+        """Pin (or unpin) every chunk of a fully resident layer while it computes."""
+        mr = self.ctx.models[m]
+        f = self.hbm.pin if pin else self.hbm.unpin
+        for cid in range(int(mr.layer_start[layer]), int(mr.layer_start[layer + 1])):
+            f(mr.base | cid)

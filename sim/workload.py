@@ -1,0 +1,199 @@
+"""Request workloads: arrival times and per-request attributes, generated vectorised.
+
+A :class:`Workload` is a set of numpy arrays indexed by request id (ids are arrival order):
+``arrival`` (s), ``model`` (deployment index), ``cls`` (class index), ``inp``/``out`` (tokens).
+Open-loop kinds (poisson, step, diurnal, trace) fix every arrival up front; ``closed-loop``
+fixes only the attributes and the think times: the cluster issues request ``i + clients``
+when a client's previous request completes (see :mod:`sim.cluster`).
+
+Non-homogeneous arrivals (step, diurnal) invert the cumulative intensity Lambda(t) of a unit-
+rate Poisson process: t_i = Lambda^-1(E_1 + ... + E_i), exact for piecewise-constant rates.
+All draws come from the generator passed in (the runner gives the ``workload`` stream).
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import numpy.typing as npt
+
+from engine.errors import InputError
+from sim.scenario import TokenDist, WorkloadCfg
+
+F64 = npt.NDArray[np.float64]
+I32 = npt.NDArray[np.int32]
+
+
+@dataclass
+class Workload:
+    """Per-request arrays (length ``n``); ``arrival`` is non-decreasing for open loops."""
+
+    arrival: F64
+    model: I32
+    cls: I32
+    inp: I32
+    out: I32
+    closed_loop: bool = False
+    clients: int = 0
+    think: F64 | None = None
+
+    @property
+    def n(self) -> int:
+        return int(self.arrival.shape[0])
+
+
+def draw_tokens(dist: TokenDist, n: int, rng: np.random.Generator) -> I32:
+    """``n`` token counts from ``dist``, clipped to ``[max(low, 1), high]``."""
+    lo = max(dist.low, 1)
+    if dist.dist == "fixed":
+        vals = np.full(n, dist.mean)
+    elif dist.dist == "uniform":
+        vals = rng.integers(lo, dist.high + 1, size=n)
+    else:
+        mu = np.log(dist.mean) - dist.sigma**2 / 2.0  # so that E[X] = mean before clipping
+        vals = rng.lognormal(mu, dist.sigma, size=n)
+    return np.clip(np.rint(vals), lo, max(dist.high, lo)).astype(np.int32)
+
+
+def _invert(breaks_t: F64, breaks_cum: F64, last_rate: float, targets: F64) -> F64:
+    """Invert a piecewise-linear cumulative intensity at ``targets``."""
+    out = np.interp(targets, breaks_cum, breaks_t)
+    beyond = targets > breaks_cum[-1]
+    out[beyond] = breaks_t[-1] + (targets[beyond] - breaks_cum[-1]) / last_rate
+    return out
+
+
+def step_arrivals(cfg: WorkloadCfg, n: int, rng: np.random.Generator) -> F64:
+    """Arrivals of a piecewise-constant rate: ``cfg.rate`` until the first step, then each
+    step's rate from its ``at`` time on."""
+    steps = sorted(cfg.steps, key=lambda s: s.at)
+    ts = [0.0] + [s.at for s in steps if s.at > 0]
+    rates = [cfg.rate] + [s.rate for s in steps if s.at > 0]
+    if steps and steps[0].at == 0:
+        rates[0] = steps[0].rate
+    t = np.asarray(ts, dtype=np.float64)
+    cum = np.concatenate([[0.0], np.cumsum(np.diff(t) * np.asarray(rates[:-1]))])
+    targets = np.cumsum(rng.exponential(1.0, size=n))
+    return _invert(t, cum, float(rates[-1]), targets)
+
+
+def diurnal_arrivals(cfg: WorkloadCfg, n: int, rng: np.random.Generator) -> F64:
+    """Arrivals of rate ``rate * (1 + amplitude * sin(2 pi t / period))``."""
+    targets = np.cumsum(rng.exponential(1.0, size=n))
+    horizon = targets[-1] / (cfg.rate * (1 - cfg.amplitude)) + cfg.period
+    grid = np.linspace(0.0, horizon, max(4096, int(horizon / cfg.period * 512)))
+    w = 2 * np.pi / cfg.period
+    cum = cfg.rate * (grid + cfg.amplitude / w * (1 - np.cos(w * grid)))
+    return _invert(grid, cum, cfg.rate, targets)
+
+
+def read_mooncake(path: Path, limit: int) -> tuple[F64, I32, I32]:
+    """(arrival s, input, output) of the first ``limit`` records of a Mooncake JSONL trace
+    (``timestamp`` in ms). ``InputError`` names the line of a bad record."""
+    ts: list[float] = []
+    ins: list[int] = []
+    outs: list[int] = []
+    with path.open(encoding="utf-8") as fh:
+        for lineno, line in enumerate(fh, 1):
+            if len(ts) >= limit:
+                break
+            if not line.strip():
+                continue
+            try:
+                rec = json.loads(line)
+                ts.append(float(rec["timestamp"]) / 1000.0)
+                ins.append(int(rec["input_length"]))
+                outs.append(int(rec["output_length"]))
+            except (ValueError, KeyError, TypeError) as err:
+                raise InputError(
+                    f"bad Mooncake record ({err}); need timestamp, input_length, output_length",
+                    source=str(path),
+                    where=f"line {lineno}",
+                ) from None
+    return np.asarray(ts), np.asarray(ins, dtype=np.int32), np.asarray(outs, dtype=np.int32)
+
+
+def read_request_csv(path: Path, limit: int) -> tuple[F64, I32, I32]:
+    """(arrival s, input, output) from a CSV with columns ``time,input_tokens,output_tokens``."""
+    ts: list[float] = []
+    ins: list[int] = []
+    outs: list[int] = []
+    with path.open(encoding="utf-8", newline="") as fh:
+        reader = csv.DictReader(fh)
+        need = {"time", "input_tokens", "output_tokens"}
+        if not need <= set(reader.fieldnames or []):
+            raise InputError(
+                f"CSV header must contain {sorted(need)}", source=str(path), where="line 1"
+            )
+        for lineno, row in enumerate(reader, 2):
+            if len(ts) >= limit:
+                break
+            try:
+                ts.append(float(row["time"]))
+                ins.append(int(row["input_tokens"]))
+                outs.append(int(row["output_tokens"]))
+            except (ValueError, TypeError) as err:
+                raise InputError(
+                    f"bad record ({err})", source=str(path), where=f"line {lineno}"
+                ) from None
+    return np.asarray(ts), np.asarray(ins, dtype=np.int32), np.asarray(outs, dtype=np.int32)
+
+
+def _categorical(shares: list[float], n: int, rng: np.random.Generator) -> I32:
+    p = np.asarray(shares, dtype=np.float64)
+    return rng.choice(len(p), size=n, p=p / p.sum()).astype(np.int32)
+
+
+def make_workload(
+    cfg: WorkloadCfg,
+    model_shares: list[float],
+    rng: np.random.Generator,
+    base_dir: Path | None = None,
+) -> Workload:
+    """Generate the workload ``cfg`` for deployments with traffic ``model_shares``."""
+    n = cfg.requests
+    think = None
+    if cfg.kind == "trace":
+        if not cfg.trace:
+            raise InputError("workload.trace: a trace workload needs a trace file path")
+        p = Path(cfg.trace)
+        if not p.is_absolute() and base_dir is not None and not p.exists():
+            p = base_dir / p
+        if not p.is_file():
+            raise InputError(f"no such trace file: {cfg.trace}", where="workload.trace")
+        reader = read_mooncake if cfg.trace_format == "mooncake" else read_request_csv
+        arrival, inp, out = reader(p, n)
+        if arrival.size == 0:
+            raise InputError("trace has no records", source=str(p))
+        order = np.argsort(arrival, kind="stable")
+        arrival = (arrival[order] - arrival[order][0]) * cfg.trace_time_scale
+        inp, out = np.maximum(inp[order], 1), np.maximum(out[order], 1)
+        n = int(arrival.size)
+    else:
+        if cfg.kind == "poisson":
+            arrival = np.cumsum(rng.exponential(1.0 / cfg.rate, size=n))
+        elif cfg.kind == "step":
+            arrival = step_arrivals(cfg, n, rng)
+        elif cfg.kind == "diurnal":
+            arrival = diurnal_arrivals(cfg, n, rng)
+        else:  # closed-loop: the first `clients` requests start at once, the rest on completion
+            arrival = np.zeros(n)
+            think = rng.exponential(cfg.think_time, size=n) if cfg.think_time > 0 else np.zeros(n)
+        inp = draw_tokens(cfg.input_tokens, n, rng)
+        out = draw_tokens(cfg.output_tokens, n, rng)
+    model = _categorical(model_shares, n, rng)
+    cls = _categorical([c.share for c in cfg.classes], n, rng)
+    return Workload(
+        arrival=arrival.astype(np.float64),
+        model=model,
+        cls=cls,
+        inp=inp.astype(np.int32),
+        out=out.astype(np.int32),
+        closed_loop=cfg.kind == "closed-loop",
+        clients=cfg.clients if cfg.kind == "closed-loop" else 0,
+        think=think,
+    )

@@ -194,7 +194,7 @@ class TierCache:
             return True
         self._count(False, size, color, key)
         if size > self.capacity or not self._make_room(size, now):
-            self.stats.refused += 1
+            self._refuse(color)
             return False
         self._insert(key, size, now, color, cost)
         return False
@@ -224,7 +224,7 @@ class TierCache:
         entry = self._entries.get(key)
         if entry is None:
             if not self._make_room(size, now):
-                self.stats.refused += 1
+                self._refuse(color)
                 return False
             self._insert(key, size, now, color, cost)
         if pin:
@@ -322,7 +322,22 @@ class TierCache:
             self._colour(color).bytes_in += size
         self._policy.insert(key, size, now, color, cost)
         if self.used > self._high:
-            self.evict_to(self._low, now)
+            # The object just admitted is no candidate for the watermark eviction it caused
+            # (else an admission could evict itself, and admit(pin=True) would then fail).
+            pinned = self._pinned
+            pinned[key] = pinned.get(key, 0) + 1
+            try:
+                self.evict_to(self._low, now)
+            finally:
+                if pinned[key] == 1:
+                    del pinned[key]
+                else:
+                    pinned[key] -= 1
+
+    def _refuse(self, color: str | None) -> None:
+        self.stats.refused += 1
+        if color is not None:
+            self._colour(color).refused += 1
 
     def _evict_one(self, now: float) -> Key | None:
         key = self._policy.victim(now, self._pinned)

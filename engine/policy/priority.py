@@ -1,0 +1,186 @@
+"""Priority-score eviction (R24): evict the object with the lowest score.
+
+``score(now) = w_f * log(freq + 1) - w_s * staleness - w_c * transfer_cost`` where
+
+* ``freq`` -- references to the object *during its current residency*, the admitting one
+  included (a freshly inserted object has ``freq == 1``). No history is kept for evicted
+  objects: an object that comes back starts again at 1, so memory stays bounded by the
+  resident set;
+* ``staleness = (now - last_reference) / staleness_unit`` -- seconds divided by the
+  ``staleness_unit`` knob (default 1 s, so staleness is in seconds);
+* ``transfer_cost`` -- seconds to fetch the object again: the ``cost`` argument of
+  ``insert``; when that is 0 and the ``bandwidth`` knob (bytes/s) is set, ``size / bandwidth``.
+
+Defaults are the article's weights ``w_f=0.6, w_s=0.3, w_c=0.1``; each is a knob (>= 0).
+Ties break by older last reference, then by earlier insertion.
+
+Exact and fast: with ``a = w_s / staleness_unit``,
+``score(now) = [w_f*log(f+1) + a*last - w_c*cost] - a*now``. The bracket (the *key*) does
+not depend on ``now`` and the ``- a*now`` term is common to every object, so ranking by key
+at any ``now`` is exactly ranking by score. Keys live in a min-heap; a reference pushes a new
+entry and leaves the old one behind (lazy invalidation), and the heap is rebuilt when stale
+entries outnumber live ones. ``hit`` is O(log n); ``victim`` is O(log n) amortised plus the
+pinned objects it skips.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from collections.abc import Container, Iterator
+from typing import Any
+
+from engine.policy.base import EvictionPolicy, Key
+from engine.policy.registry import register
+
+# heap entry: (rank key, last reference, insertion number, entry number, key)
+_Entry = tuple[float, float, int, int, Key]
+# fields of a per-key record
+_FREQ, _COST, _INS, _LIVE, _LAST = range(5)
+
+
+def _check_knob(name: str, value: float, *, positive: bool = False) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ValueError(f"{name} must be a number, got {value!r}")
+    v = float(value)
+    if not math.isfinite(v) or v < 0 or (positive and v == 0):
+        allowed = "> 0" if positive else ">= 0"
+        raise ValueError(f"{name} must be a finite number {allowed}, got {value!r}")
+    return v
+
+
+@register("priority")
+class PriorityPolicy(EvictionPolicy):
+    """Lowest-score-first eviction; see the module docstring for the score and its units.
+
+    Per resident key ``k`` the policy keeps ``self._rec[k] = [freq, w_c * transfer_cost,
+    insertion number, live entry number, last reference]``.
+
+    Invariants kept here:
+
+    * ``self._rec[k][_LIVE]`` is the entry number of the one valid heap entry of resident
+      ``k``; every other heap entry of ``k`` (and every entry of a removed key) is stale;
+    * the valid entry of ``k`` carries ``k``'s current rank key, last reference and insertion
+      number, so the heap minimum among valid unpinned entries is the victim.
+    """
+
+    def __init__(
+        self,
+        w_f: float = 0.6,
+        w_s: float = 0.3,
+        w_c: float = 0.1,
+        staleness_unit: float = 1.0,
+        bandwidth: float | None = None,
+    ) -> None:
+        self.w_f = _check_knob("w_f", w_f)
+        self.w_s = _check_knob("w_s", w_s)
+        self.w_c = _check_knob("w_c", w_c)
+        self.staleness_unit = _check_knob("staleness_unit", staleness_unit, positive=True)
+        self.bandwidth = (
+            None if bandwidth is None else _check_knob("bandwidth", bandwidth, positive=True)
+        )
+        self._a = self.w_s / self.staleness_unit
+        self._heap: list[_Entry] = []
+        self._rec: dict[Key, list[Any]] = {}
+        self._n_ins = 0
+        self._n_entries = 0
+        # Times enter rank keys relative to the first one seen, to keep a*last small and precise.
+        self._t0 = 0.0
+
+    # -- score helpers -----------------------------------------------------------------------
+    def transfer_cost(self, size: int, cost: float) -> float:
+        """Transfer cost in seconds used for an object of ``size`` bytes given ``cost``."""
+        if cost == 0 and self.bandwidth is not None:
+            return size / self.bandwidth
+        return float(cost)
+
+    def score(self, key: Key, now: float) -> float:
+        """The score of resident ``key`` at ``now`` (the formula, for inspection and tests)."""
+        r = self._rec[key]
+        return (
+            self.w_f * math.log(r[_FREQ] + 1)
+            - self.w_s * (now - r[_LAST]) / self.staleness_unit
+            - r[_COST]
+        )
+
+    def frequency(self, key: Key) -> int:
+        """References to resident ``key`` during its current residency (insert included)."""
+        return int(self._rec[key][_FREQ])
+
+    def _push(self, key: Key, r: list[Any], now: float) -> None:
+        # time-and-cost part first, then the frequency term: objects with equal frequency
+        # then compare exactly when their (last, cost) terms tie.
+        rank = self.w_f * math.log(r[_FREQ] + 1) + (self._a * (now - self._t0) - r[_COST])
+        self._n_entries = n = self._n_entries + 1
+        r[_LIVE] = n
+        r[_LAST] = now
+        heap = self._heap
+        heapq.heappush(heap, (rank, now, r[_INS], n, key))
+        if len(heap) > 2 * len(self._rec) + 64:
+            self._compact()
+
+    def _valid(self, e: _Entry) -> bool:
+        r = self._rec.get(e[4])
+        return r is not None and r[_LIVE] == e[3]
+
+    def _compact(self) -> None:
+        self._heap = [e for e in self._heap if self._valid(e)]
+        heapq.heapify(self._heap)
+
+    # -- the policy protocol ---------------------------------------------------------------
+    def insert(
+        self, key: Key, size: int, now: float, color: str | None = None, cost: float = 0.0
+    ) -> None:
+        if self._n_ins == 0:
+            self._t0 = now
+        self._n_ins += 1
+        r = [1, self.w_c * self.transfer_cost(size, cost), self._n_ins, 0, now]
+        self._rec[key] = r
+        self._push(key, r, now)
+
+    def hit(self, key: Key, now: float) -> None:
+        r = self._rec[key]
+        r[_FREQ] += 1
+        self._push(key, r, now)
+
+    def victim(self, now: float, pinned: Container[Key] = ()) -> Key | None:
+        heap = self._heap
+        valid = self._valid
+        # Drop stale entries from the top; they can never be valid again.
+        while heap and not valid(heap[0]):
+            heapq.heappop(heap)
+        if not heap:
+            return None
+        top = heap[0][4]
+        if top not in pinned:
+            return top
+        # Pinned objects are at the top: pop valid entries aside until an unpinned one shows,
+        # then put them back (heap order is unchanged as a multiset).
+        aside: list[_Entry] = []
+        found: Key | None = None
+        while heap:
+            e = heapq.heappop(heap)
+            if not valid(e):
+                continue
+            aside.append(e)
+            if e[4] not in pinned:
+                found = e[4]
+                break
+        for e in aside:
+            heapq.heappush(heap, e)
+        return found
+
+    def remove(self, key: Key, now: float, evicted: bool) -> None:
+        del self._rec[key]
+        if not self._rec:
+            self._heap.clear()
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._rec
+
+    def __len__(self) -> int:
+        return len(self._rec)
+
+    def __iter__(self) -> Iterator[Key]:
+        """Resident keys in eviction order (lowest score first)."""
+        return iter(e[4] for e in sorted(self._heap) if self._valid(e))

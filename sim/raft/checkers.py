@@ -1,0 +1,238 @@
+"""Online checkers for Raft's safety properties (Ongaro & Ousterhout 2014, figure 3).
+
+The replicas call the :class:`SafetyChecker` hooks as things happen; each hook is O(1) except
+:meth:`on_leader` (O(committed prefix), once per election). A violation is recorded as a
+:class:`Violation` naming the time, property, nodes, terms and indices; with ``strict=True`` it
+is also raised as :class:`SafetyViolation`, which stops the simulation.
+
+Properties and how each is checked:
+
+* Election Safety -- at most one leader per term: a ``term -> leader`` map.
+* Leader Append-Only -- a leader never overwrites or deletes entries: any truncation by a
+  node while it is leader is a violation.
+* Log Matching -- if two logs hold an entry with the same index and term, the logs are
+  identical up to it: for every ``(index, term)`` ever stored by any replica, the command and
+  the previous entry's term must be the same everywhere (by induction on the index this
+  implies the whole prefixes are equal).
+* Leader Completeness -- a committed entry is in the log of every later leader: each
+  committed index's term is recorded when any replica first commits it; a new leader's log must
+  carry the recorded term at every committed index.
+* State Machine Safety -- no two replicas apply different commands at one index.
+* No acknowledged write lost -- an acknowledgement names the index its command was applied
+  at; that index must hold that command on every replica that ever applies it (checked on ack
+  and on every later apply), and :meth:`check_acked_present` checks a final state.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from sim.raft.log import RaftLog
+from sim.raft.messages import Command, Entry
+
+
+@dataclass(frozen=True, slots=True)
+class Violation:
+    """One broken safety property."""
+
+    time: float
+    prop: str
+    detail: str
+    nodes: tuple[int, ...] = ()
+    terms: tuple[int, ...] = ()
+    indices: tuple[int, ...] = ()
+
+    def __str__(self) -> str:
+        return (
+            f"t={self.time:.6f} {self.prop}: {self.detail} "
+            f"(nodes={list(self.nodes)}, terms={list(self.terms)}, indices={list(self.indices)})"
+        )
+
+
+class SafetyViolation(AssertionError):
+    """Raised by a strict checker on the first violation."""
+
+    def __init__(self, violation: Violation) -> None:
+        super().__init__(str(violation))
+        self.violation = violation
+
+
+@dataclass
+class SafetyChecker:
+    """Receives hooks from every replica of one group; see the module docstring."""
+
+    strict: bool = False
+    violations: list[Violation] = field(default_factory=list)
+    leaders: dict[int, int] = field(default_factory=dict)
+    #: committed_terms[i-1] is the term of the committed entry at index i
+    committed_terms: list[int] = field(default_factory=list)
+    applied: dict[int, Command] = field(default_factory=dict)
+    acked: dict[int, Command] = field(default_factory=dict)
+    _seen: dict[tuple[int, int], tuple[Command, int]] = field(default_factory=dict)
+
+    def _report(self, v: Violation) -> None:
+        self.violations.append(v)
+        if self.strict:
+            raise SafetyViolation(v)
+
+    @property
+    def ok(self) -> bool:
+        """True while no violation has been recorded."""
+        return not self.violations
+
+    # -- hooks ---------------------------------------------------------------------------
+    def on_leader(self, now: float, node: int, term: int, log: RaftLog) -> None:
+        """``node`` became leader of ``term`` holding ``log``."""
+        other = self.leaders.get(term)
+        if other is not None and other != node:
+            self._report(
+                Violation(now, "Election Safety", "two leaders in one term", (other, node), (term,))
+            )
+        self.leaders.setdefault(term, node)
+        for i, t in enumerate(self.committed_terms, start=1):
+            have = log.term_at(i) if i <= log.last_index else None
+            if have != t:
+                self._report(
+                    Violation(
+                        now,
+                        "Leader Completeness",
+                        f"new leader lacks committed entry (has term {have}, committed term {t})",
+                        (node,),
+                        (term, t),
+                        (i,),
+                    )
+                )
+                break
+
+    def on_truncate(
+        self, now: float, node: int, is_leader: bool, term: int, index: int, commit_index: int
+    ) -> None:
+        """``node`` deletes its entries from ``index`` on (its commit index: ``commit_index``)."""
+        if index <= commit_index:
+            self._report(
+                Violation(
+                    now,
+                    "State Machine Safety",
+                    f"committed entry truncated (commit index {commit_index})",
+                    (node,),
+                    (term,),
+                    (index,),
+                )
+            )
+        if is_leader:
+            self._report(
+                Violation(
+                    now,
+                    "Leader Append-Only",
+                    "leader truncated its log",
+                    (node,),
+                    (term,),
+                    (index,),
+                )
+            )
+
+    def on_store(self, now: float, node: int, index: int, entry: Entry, prev_term: int) -> None:
+        """``node`` stored ``entry`` at ``index`` after an entry of term ``prev_term``."""
+        key = (index, entry.term)
+        seen = self._seen.get(key)
+        if seen is None:
+            self._seen[key] = (entry.command, prev_term)
+        elif seen != (entry.command, prev_term):
+            self._report(
+                Violation(
+                    now,
+                    "Log Matching",
+                    "same index and term but different entry or prefix",
+                    (node,),
+                    (entry.term, prev_term, seen[1]),
+                    (index,),
+                )
+            )
+
+    def on_commit(self, now: float, node: int, log: RaftLog, old: int, new: int) -> None:
+        """``node`` advanced its commit index from ``old`` to ``new``."""
+        ct = self.committed_terms
+        for i in range(old + 1, new + 1):
+            t = log.term_at(i)
+            if i <= len(ct):
+                if ct[i - 1] != t:
+                    self._report(
+                        Violation(
+                            now,
+                            "State Machine Safety",
+                            "different entries committed at one index",
+                            (node,),
+                            (ct[i - 1], t),
+                            (i,),
+                        )
+                    )
+            elif i == len(ct) + 1:
+                ct.append(t)
+
+    def on_apply(self, now: float, node: int, index: int, cmd: Command) -> None:
+        """``node`` applied ``cmd`` at ``index``."""
+        prev = self.applied.setdefault(index, cmd)
+        if prev != cmd:
+            self._report(
+                Violation(
+                    now,
+                    "State Machine Safety",
+                    f"applied {_short(cmd)} where another replica applied {_short(prev)}",
+                    (node,),
+                    (),
+                    (index,),
+                )
+            )
+        acked = self.acked.get(index)
+        if acked is not None and acked != cmd:
+            self._report(
+                Violation(
+                    now,
+                    "Acknowledged write lost",
+                    f"acked {_short(acked)} replaced by {_short(cmd)}",
+                    (node,),
+                    (),
+                    (index,),
+                )
+            )
+
+    def on_ack(self, now: float, node: int, index: int, cmd: Command) -> None:
+        """Leader ``node`` acknowledged ``cmd`` to its client as applied at ``index``."""
+        self.acked.setdefault(index, cmd)
+        if self.applied.get(index) != cmd:
+            self._report(
+                Violation(
+                    now,
+                    "Acknowledged write lost",
+                    "ack for an unapplied entry",
+                    (node,),
+                    (),
+                    (index,),
+                )
+            )
+
+    def check_acked_present(self, now: float, node: int, commands: Sequence[Command]) -> None:
+        """Final check: every acknowledged command is at its index in ``commands`` (the
+        applied sequence of a replica that has caught up)."""
+        for index, cmd in sorted(self.acked.items()):
+            have = commands[index - 1] if index <= len(commands) else None
+            if have != cmd:
+                self._report(
+                    Violation(
+                        now,
+                        "Acknowledged write lost",
+                        f"acked {_short(cmd)} missing at final state (found {have and _short(have)})",
+                        (node,),
+                        (),
+                        (index,),
+                    )
+                )
+                return
+
+
+def _short(cmd: Any) -> str:
+    if isinstance(cmd, Command):
+        return f"{cmd.op}({cmd.key}={cmd.value!r}) c{cmd.client}#{cmd.seq}"
+    return repr(cmd)

@@ -131,19 +131,22 @@ def _one(
         name=f"{name}@{capacity}B",
     )
     access = cache.access
-    step = PROGRESS_EVERY
-    done = 0
     m = len(keys)
+    step = PROGRESS_EVERY if progress is not None else max(m, 1)  # no callback: one pass
+    done = 0
     # The hot loop: bound method, zip over plain lists, one slice of PROGRESS_EVERY at a time.
     while done < m:
         end = min(done + step, m)
+        whole = done == 0 and end == m  # skip copying slices when there is only one
+        ks = keys if whole else keys[done:end]
+        ss = sizes if whole else sizes[done:end]
+        ts = times if whole else times[done:end]
         if colors is None:
-            for k, s, t in zip(keys[done:end], sizes[done:end], times[done:end], strict=True):
+            for k, s, t in zip(ks, ss, ts, strict=True):
                 access(k, s, t)
         else:
-            for k, s, t, c in zip(
-                keys[done:end], sizes[done:end], times[done:end], colors[done:end], strict=True
-            ):
+            cs = colors if whole else colors[done:end]
+            for k, s, t, c in zip(ks, ss, ts, cs, strict=True):
                 access(k, s, t, c)
         if progress is not None:
             progress(end - done)

@@ -30,6 +30,7 @@ credited with exactly ``nbytes`` for it (up to float rounding).
 
 from __future__ import annotations
 
+import heapq
 import math
 from collections.abc import Sequence
 from functools import partial
@@ -372,25 +373,48 @@ class Network:
     @staticmethod
     def _fill(flows: list[_Flow], residual: dict[Link, float]) -> None:
         """Progressive filling: raise all unfrozen flows' rates in proportion to their
-        weights until a link saturates; freeze the flows crossing it; repeat."""
-        unfrozen = list(flows)
-        while unfrozen:
-            weight_on: dict[Link, float] = {}
-            for flow in unfrozen:
-                for link in flow.path:
-                    weight_on[link] = weight_on.get(link, 0.0) + flow.weight
-            share = min(max(0.0, residual[lk]) / w for lk, w in weight_on.items())
-            tight = {
-                lk
-                for lk, w in weight_on.items()
-                if max(0.0, residual[lk]) / w <= share * (1 + _RATE_TOL)
-            }
-            still: list[_Flow] = []
-            for flow in unfrozen:
-                if any(lk in tight for lk in flow.path):
-                    flow.rate = flow.weight * share
-                    for link in flow.path:
-                        residual[link] -= flow.rate
-                else:
-                    still.append(flow)
-            unfrozen = still
+        weights until a link saturates; freeze the flows crossing it; repeat.
+
+        Links wait in a heap keyed by their fair share per unit weight (residual / unfrozen
+        weight), updated lazily as flows freeze: cost O((flows x path length) log links).
+        Freezing flows at the current minimum share never lowers another link's share below
+        it, so the popped minimum is final.
+        """
+        weight_on: dict[Link, float] = {}  # unfrozen weight per link
+        count_on: dict[Link, int] = {}  # unfrozen flows per link; the link is done at 0
+        members: dict[Link, list[_Flow]] = {}
+        for flow in flows:
+            for link in flow.path:
+                weight_on[link] = weight_on.get(link, 0.0) + flow.weight
+                count_on[link] = count_on.get(link, 0) + 1
+                members.setdefault(link, []).append(flow)
+        version: dict[Link, int] = dict.fromkeys(weight_on, 0)
+        heap: list[tuple[float, int, int, Link]] = []  # (share, seq, version, link)
+        seq = 0
+        for link, w in weight_on.items():
+            heap.append((max(0.0, residual[link]) / w, seq, 0, link))
+            seq += 1
+        heapq.heapify(heap)
+        frozen: set[int] = set()  # flow ids; membership only
+        while heap:
+            share, _, ver, link = heapq.heappop(heap)
+            if link not in count_on or ver != version[link]:
+                continue  # stale entry, or every flow on the link already frozen
+            for flow in members[link]:
+                if flow.fid in frozen:
+                    continue
+                frozen.add(flow.fid)
+                flow.rate = flow.weight * share
+                for lk in flow.path:
+                    residual[lk] -= flow.rate
+                    left = count_on[lk] - 1
+                    if left == 0:
+                        del count_on[lk]
+                        continue
+                    count_on[lk] = left
+                    weight_on[lk] -= flow.weight
+                    if lk is not link:
+                        version[lk] += 1
+                        entry = (max(0.0, residual[lk]) / weight_on[lk], seq, version[lk], lk)
+                        heapq.heappush(heap, entry)
+                        seq += 1

@@ -253,3 +253,42 @@ def test_single_link_is_work_conserving(sizes) -> None:
     order = sorted(log, key=lambda r: r[1])
     assert [v for _, _, v in order] == sorted(sizes)
     assert link.busy_time == pytest.approx(sum(sizes) / 250.0)
+
+
+@given(
+    paths=st.lists(
+        st.tuples(
+            st.lists(st.integers(0, 4), min_size=1, max_size=3, unique=True), st.integers(0, 2)
+        ),
+        min_size=1,
+        max_size=15,
+    ),
+    bandwidths=st.lists(st.floats(1.0, 100.0), min_size=5, max_size=5),
+    down=st.one_of(st.none(), st.integers(0, 4)),
+)
+def test_rates_are_weighted_max_min_fair(paths, bandwidths, down) -> None:
+    """Certificate of weighted max-min fairness: every flow crosses a saturated link on which
+    its rate per unit weight is the largest (its bottleneck); flows over a held link get 0."""
+    env = simpy.Environment()
+    net = Network(env, priority_weight=3.0)
+    links = [net.add_link(f"l{i}", bw, 0.0) for i, bw in enumerate(bandwidths)]
+    if down is not None:
+        links[down].set_down("hold")
+    for idx, prio in paths:
+        net.transfer([links[i] for i in idx], 10**9, prio)
+    env.run(until=1e-9)
+    flows = list(net._flows.values())
+    assert len(flows) == len(paths)
+    for flow in flows:
+        if down is not None and links[down] in flow.path:
+            assert flow.rate == 0.0
+            continue
+        assert flow.rate > 0
+        bottleneck = False
+        for link in flow.path:
+            saturated = link.rate >= link.bandwidth * (1 - 1e-9)
+            on_link = [f for f in flows if link in f.path]
+            top = max(f.rate / f.weight for f in on_link)
+            if saturated and flow.rate / flow.weight >= top * (1 - 1e-9):
+                bottleneck = True
+        assert bottleneck

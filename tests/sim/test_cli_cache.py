@@ -10,6 +10,7 @@ from typer.testing import CliRunner
 
 from engine.errors import InputError
 from engine.policy import policy_names
+from engine.traces import write_oracle
 from sim.cli import app
 from sim.cli.cache import parse_cache_sizes
 
@@ -64,6 +65,17 @@ def test_same_inputs_reuse_the_default_folder(
     assert [p.name for p in (tmp_path / "runs").iterdir()] == [first.name]
     assert run("t.csv", "-p", "lru", "-s", "20", "-q")[0] == 0  # other inputs: a new folder
     assert len(list((tmp_path / "runs").iterdir())) == 2
+
+
+def test_oracle_binary_trace_is_detected(tmp_path: Path) -> None:
+    trace = tmp_path / "t.oracleGeneral"
+    write_oracle(trace, [0, 1, 2, 3], [70, 80, 70, 90], [100, 100, 100, 100])
+    out = tmp_path / "o"
+    code, text = run(str(trace), "-p", "lru", "-s", "100%", "-o", str(out))
+    assert code == 0, text
+    assert "oracle, 4 accesses, 3 objects" in text
+    df = pd.read_csv(out / "replay.csv")
+    assert df[["cache_bytes", "hits", "misses"]].values.tolist() == [[300, 1, 3]]
 
 
 def test_limit_and_unit_sizes(tmp_path: Path) -> None:

@@ -122,7 +122,7 @@ class KVBlockAllocator:
         chain_hash_ids: bool = False,
         policy_params: dict[str, object] | None = None,
     ) -> None:
-        if isinstance(block_tokens, bool) or block_tokens not in ALLOWED_BLOCK_TOKENS:
+        if type(block_tokens) is not int or block_tokens not in ALLOWED_BLOCK_TOKENS:
             allowed = ", ".join(map(str, ALLOWED_BLOCK_TOKENS))
             raise InputError(
                 f"block_tokens={block_tokens!r} is not allowed; allowed: {allowed}",
@@ -260,6 +260,7 @@ class KVBlockAllocator:
         if not keys and nb <= len(free):  # fast path: nothing to share, enough free blocks
             table = free[len(free) - nb :]
             del free[len(free) - nb :]
+            table.reverse()  # top of the stack first: ascending ids from a fresh pool
             ref = self._ref
             for b in table:
                 ref[b] = 1

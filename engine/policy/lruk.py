@@ -178,10 +178,11 @@ class LRUKPolicy(EvictionPolicy):
         found: Key | None = None
         while heap:
             hk, h1, seq, key = heap[0]
-            page = pages.get(key)
-            if page is None or page.seq != seq:
+            entry_page = pages.get(key)
+            if entry_page is None or entry_page.seq != seq:
                 heappop(heap)  # stale: the page left (or came back under a new seq)
                 continue
+            page = entry_page
             hist = page.hist
             if hk != hist[-1] or h1 != hist[0]:
                 heapq.heapreplace(heap, (hist[-1], hist[0], seq, key))  # refresh

@@ -52,11 +52,20 @@ class Violation:
 
 
 class SafetyViolation(AssertionError):
-    """Raised by a strict checker on the first violation."""
+    """Raised by a strict checker on the first violation. The :class:`Violation` is the
+    only argument (SimPy re-creates exceptions from ``args`` when they leave a process)."""
 
     def __init__(self, violation: Violation) -> None:
-        super().__init__(str(violation))
-        self.violation = violation
+        super().__init__(violation)
+
+    @property
+    def violation(self) -> Violation:
+        v = self.args[0]
+        assert isinstance(v, Violation)
+        return v
+
+    def __str__(self) -> str:
+        return str(self.args[0])
 
 
 @dataclass

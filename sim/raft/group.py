@@ -17,7 +17,7 @@ Randomness: one Generator in; each replica and the transport get their own child
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import numpy as np
 import simpy
@@ -91,10 +91,12 @@ class RaftGroup:
         ]
         self.clients: list[RaftClient] = []
 
-    def start(self) -> None:
-        """Boot every replica."""
+    def start(self, nodes: Sequence[int] | None = None) -> None:
+        """Boot every replica, or only those listed (the others stay down until
+        :meth:`restart`)."""
         for n in self.nodes:
-            n.start()
+            if nodes is None or n.id in nodes:
+                n.start()
 
     def client(self, **kwargs: float) -> RaftClient:
         """A new client endpoint (ids 1000, 1001, ...); kwargs go to :class:`RaftClient`."""

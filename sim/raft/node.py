@@ -116,12 +116,28 @@ class RaftNode:
         self._pending: dict[int, int] = {}  # log index -> client endpoint awaiting the reply
         self._flush = False
 
+    def load_state(self, term: int, voted_for: int | None, entries: Sequence[Entry]) -> None:
+        """Set the persistent state as if read from disk (tests, replays). Only while down."""
+        if self.alive:
+            raise RuntimeError(f"replica {self.id} is running; crash it before load_state")
+        self.current_term = term
+        self.voted_for = voted_for
+        self.log = RaftLog(entries)
+
     def start(self) -> None:
-        """Bring the replica up (first boot). Registers it on the transport."""
-        self.transport.register(self.id, self.deliver)
+        """Bring the replica up (first boot)."""
         self._boot()
 
+    def timeout_now(self) -> None:
+        """Let the election timer expire now (Raft's TimeoutNow): a live follower or
+        candidate starts an election at once; no effect on a leader or a recovering one."""
+        if self.alive and self.role is not Role.LEADER:
+            self._deadline = self.env.now
+            if self._wake is not None and not self._wake.triggered:
+                self._wake.succeed()
+
     def _boot(self) -> None:
+        self.transport.register(self.id, self.deliver)
         self.alive = True
         self._epoch += 1
         self._inbox.clear()

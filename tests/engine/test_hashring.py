@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import math
+import os
 import subprocess
 import sys
 from collections import Counter
+from pathlib import Path
 
 import pytest
 from hypothesis import given
@@ -132,7 +134,8 @@ def test_hash_is_stable_across_processes() -> None:
             capture_output=True,
             text=True,
             check=True,
-            env={"PYTHONHASHSEED": seed, "PATH": ""},
+            env={**os.environ, "PYTHONHASHSEED": seed},
+            cwd=Path(__file__).parents[2],
         )
         assert out.stdout.strip() == expected
 

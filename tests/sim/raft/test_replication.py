@@ -167,7 +167,7 @@ def _figure8(unsafe: bool, leader_writes: bool) -> Any:
 
 
 def test_figure8_old_term_entry_not_committed_by_counting() -> None:
-    env, g, e2, e3 = _figure8(unsafe=False, leader_writes=False)
+    env, g, _, e3 = _figure8(unsafe=False, leader_writes=False)
     assert all(x.commit_index == 0 for x in g.nodes)  # counting alone commits nothing
     # (d) S1 crashes, S5 comes back and wins (its last term 3 beats term 2), overwriting
     # index 2 -- legal, because index 2 was never committed
@@ -198,8 +198,8 @@ def test_figure8_current_term_entry_commits_old_one_for_good() -> None:
 def test_figure8_planted_bug_is_caught(strict: bool) -> None:
     env, g, e2, e3 = _figure8(unsafe=True, leader_writes=False)
     g.checker.strict = strict
-    # the bug: S1 committed term-2 index 2 by counting replicas
-    assert g.nodes[0].commit_index == 2
+    # the bug: S1 committed (and applied) term-2 index 2 by counting replicas
+    assert g.nodes[0].commit_index == 2 and g.nodes[0].applied[1] == e2.command
     g.crash(0)
     g.restart(4)
     try:
@@ -213,3 +213,7 @@ def test_figure8_planted_bug_is_caught(strict: bool) -> None:
     assert "Leader Completeness" in props, g.checker.violations
     v = next(v for v in g.checker.violations if v.prop == "Leader Completeness")
     assert v.nodes == (4,) and v.indices == (2,)
+    # and once S5 overwrites index 2, replicas apply different commands there
+    env.run(until=env.now + 0.5)
+    assert any(x.log.last_index >= 2 and x.log.entry(2) == e3 for x in g.nodes[1:4])
+    assert "State Machine Safety" in {v.prop for v in g.checker.violations}

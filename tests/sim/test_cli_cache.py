@@ -39,6 +39,10 @@ def test_default_run_uses_the_shipped_trace(
     assert (df["requests"] == 23_787).all()
     assert (df["hits"] + df["misses"] == df["requests"]).all()
     assert sorted(df["cache_fraction"].round(6).unique()) == [0.01, 0.02, 0.05, 0.1, 0.2, 0.5]
+    if "opt" in POLICIES:  # uniform block sizes: Belady is optimal at every size
+        best = df.groupby("cache_bytes")["misses"].min()
+        opt = df[df["policy"] == "opt"].set_index("cache_bytes")["misses"]
+        assert (opt == best.loc[opt.index]).all()
 
 
 def test_csv_trace_with_options(tmp_path: Path) -> None:

@@ -3,7 +3,7 @@
 * ``time`` -- seconds (int or float), finite and non-decreasing down the file;
 * ``key`` -- any text (numbers are read as text too); renumbered densely in first-seen order;
 * ``size`` -- a whole number of bytes >= 0;
-* ``color`` -- optional text (model / tenant); an empty field means no colour.
+* ``color`` -- optional text (model / tenant); an empty or missing last field: no colour.
 
 A header is detected when the first field of the first non-empty line is not a number. With a
 header the columns are found by name (``time``, ``key``, ``size`` required, ``color``
@@ -61,16 +61,19 @@ def read_csv(path: str | Path) -> Trace:
         and bool(np.isfinite(time_s.to_numpy(dtype=np.float64)).all())
         and bool((size_s.to_numpy() >= 0).all())
     )
+    key_s = df["key"]
+    ok = ok and not bool((key_s.isna() | (key_s.astype(str).str.strip() == "")).any())
     time = time_s.to_numpy(dtype=np.float64) if ok else np.zeros(0)
     if not ok or first_decrease(time) >= 0:
         _diagnose(path, header_line, columns)
         raise InputError(f"unexpected content; {_EXPECT}", source=src)
-    codes, _ = pd.factorize(df["key"], sort=False)  # codes in first-seen order
+    codes, _ = pd.factorize(key_s, sort=False)  # codes in first-seen order
     color = None
     names: tuple[str, ...] = ()
     if "color" in columns:
-        col = df["color"].astype(str)
-        ccodes, uniq = pd.factorize(col.where(col != "", None), sort=False)
+        col = df["color"]
+        blank = col.isna() | (col.astype(str) == "")  # a missing last field: no colour
+        ccodes, uniq = pd.factorize(col.astype(str).where(~blank, None), sort=False)
         color = np.where(ccodes < 0, NO_COLOR, ccodes).astype(np.int32)
         names = tuple(str(u) for u in uniq)
     return Trace(
@@ -122,13 +125,17 @@ def _diagnose(path: Path, header_line: int, columns: tuple[str, ...]) -> None:
                 if lineno <= header_line or not row or all(not f.strip() for f in row):
                     continue
                 where = f"line {lineno}"
-                if len(row) != len(columns):
+                if len(row) != len(columns) and not (
+                    len(columns) == 4 and len(row) == 3 and columns[3] == "color"
+                ):
                     raise InputError(
                         f"{len(row)} fields, expected {len(columns)} ({','.join(columns)})",
                         source=src,
                         where=where,
                     )
-                rec = dict(zip(columns, row, strict=True))
+                rec = dict(zip(columns, row, strict=False))
+                if not rec["key"].strip():
+                    raise InputError("key is empty", source=src, where=where)
                 t = _float(rec["time"])
                 if t is None or not math.isfinite(t):
                     raise InputError(

@@ -66,6 +66,11 @@ def test_header_any_column_order(tmp_path: Path) -> None:
     assert tr.color_names == ("red",)
 
 
+def test_missing_last_colour_field_means_no_colour(tmp_path: Path) -> None:
+    tr = read_csv(write(tmp_path / "t.csv", "time,key,size,color\n0,a,1,red\n1,b,2\n2,a,1,\n"))
+    assert tr.colors() == ["red", None, None]
+
+
 def test_blank_lines_are_skipped(tmp_path: Path) -> None:
     tr = read_csv(write(tmp_path / "t.csv", "0,a,1\n\n1,b,2\n\n"))
     assert tr.key.tolist() == [0, 1]
@@ -84,6 +89,7 @@ def test_blank_lines_are_skipped(tmp_path: Path) -> None:
         ("time,key,size\n0,a,1\n1,b,x\n", 3, "size 'x'"),
         ("0,a\n", 1, "2 fields"),
         ("time,key,bytes\n0,a,1\n", 1, "columns must be"),
+        ("0,a,1\n1, ,2\n", 2, "key is empty"),
     ],
 )
 def test_bad_record_names_file_and_line(tmp_path: Path, text: str, line: int, words: str) -> None:

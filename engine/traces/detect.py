@@ -26,11 +26,18 @@ _BY_SUFFIX = {
     ".bin": "oracle",
     ".oraclegeneral": "oracle",
 }
+_COMPRESSED = (".zst", ".gz", ".bz2", ".xz", ".lz4")
 
 
 def detect_format(path: str | Path) -> str:
     """The concrete format of ``path`` (``csv``, ``oracle`` or ``mooncake``)."""
     path = Path(path)
+    if path.suffix.lower() in _COMPRESSED:
+        raise InputError(
+            f"compressed traces ({path.suffix}) are not read directly; decompress first "
+            "(e.g. zstd -d / gunzip)",
+            source=str(path),
+        )
     fmt = _BY_SUFFIX.get(path.suffix.lower())
     if fmt is not None:
         return fmt

@@ -282,7 +282,7 @@ def _progress(total: int, quiet: bool) -> Iterator[Any]:
         yield None
         return
     bar = Progress(
-        TextColumn("replaying"),
+        TextColumn("replaying accesses"),
         BarColumn(),
         MofNCompleteColumn(),
         TimeRemainingColumn(),

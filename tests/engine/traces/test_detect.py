@@ -70,3 +70,7 @@ def test_errors(tmp_path: Path) -> None:
     empty.write_bytes(b"")
     with pytest.raises(InputError, match="empty file"):
         read_trace(empty)
+    zst = tmp_path / "t.oracleGeneral.zst"
+    zst.write_bytes(b"\x28\xb5\x2f\xfd" + b"\x00" * 20)
+    with pytest.raises(InputError, match="decompress first"):
+        read_trace(zst)

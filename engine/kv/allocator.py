@@ -28,12 +28,15 @@ Running out of blocks: take a free block; else grow the pool (geometric, up to t
 else evict a cached block (to the offload tiers if any); else ``on_full``: ``"fail"`` raises
 :class:`KVOutOfBlocks` and changes nothing, ``"preempt"`` frees the most recently started
 sequences (vLLM-style recompute preemption) until the request fits and reports them.
+A preempted sequence is released like ``free``: its keyed blocks become cached, so under
+further pressure they are evicted to the offload tiers and can be loaded back when the
+sequence is resubmitted; its unkeyed (decoded) blocks are recomputed.
 """
 
 from __future__ import annotations
 
 from collections.abc import Hashable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Literal, NamedTuple
 
 import numpy as np
@@ -44,6 +47,7 @@ from engine.kv.chunks import DEFAULT_CHUNK_TOKENS, split_chunks, validate_chunk_
 from engine.kv.offload import OffloadChain
 from engine.kv.pool import UNBOUNDED, BlockPool
 from engine.kv.prefix import BlockKey, id_block_keys, token_block_keys
+from engine.kv.snapshot import check_allocator_invariants, fragmentation_snapshot
 from engine.policy import EvictionPolicy, make_policy
 from engine.units import parse_size
 
@@ -64,7 +68,11 @@ class KVOutOfBlocks(RuntimeError):
 
 
 class Allocation(NamedTuple):
-    """What ``allocate`` did: prefix tokens found in the pool / loaded back, and preemptions."""
+    """What ``allocate`` did: prefix tokens found in the pool / loaded back, and preemptions.
+
+    ``hit_tokens + loaded_tokens`` may equal the whole prompt; whether to recompute the last
+    token anyway (for its logits) is the caller's choice.
+    """
 
     hit_tokens: int
     loaded_tokens: int
@@ -499,79 +507,9 @@ class KVBlockAllocator:
 
     # -- reporting ----------------------------------------------------------------------------
     def snapshot(self) -> dict[str, float]:
-        """Fragmentation and traffic figures (R10, R20) plus the :class:`KVStats` counters.
-
-        ``slot_waste_tokens``: token slots of used blocks that hold no token (a shared block
-        counts once, filled as far as its fullest holder); ``slot_waste_fraction`` = that over
-        all slots of used blocks; ``pool_free_fraction`` = free / pool blocks;
-        ``pool_reclaimable_fraction`` = (free + cached) / pool blocks;
-        ``largest_contiguous_free_run`` in block ids; ``cap_blocks`` is 0 when unbounded.
-        Per offload tier ``<name>_bytes_in/_bytes_out/_bytes_loaded_back/_bytes_dropped/
-        _resident_bytes``.
-        """
-        bt = self.block_tokens
-        fill: dict[int, int] = {}
-        for seq, table in self._tables.items():
-            n = self._ntok[seq]
-            for i, b in enumerate(table):
-                f = min(bt, n - i * bt)
-                if f > fill.get(b, -1):
-                    fill[b] = f
-        used = self.num_used_blocks
-        waste = sum(bt - f for f in fill.values())
-        pool = self._pool.size
-        cached = len(self._policy)
-        out: dict[str, float] = {
-            "pool_blocks": pool,
-            "cap_blocks": 0 if self._pool.cap_blocks == UNBOUNDED else self._pool.cap_blocks,
-            "used_blocks": used,
-            "free_blocks": len(self._free),
-            "cached_blocks": cached,
-            "sequences": len(self._tables),
-            "growth_events": self._pool.growth_events,
-            "slot_waste_tokens": waste,
-            "slot_waste_fraction": waste / (used * bt) if used else 0.0,
-            "pool_free_fraction": len(self._free) / pool,
-            "pool_reclaimable_fraction": (len(self._free) + cached) / pool,
-            "largest_contiguous_free_run": self._pool.largest_free_run(),
-            "block_bytes": self.block_bytes,
-            "pool_bytes": pool * self.block_bytes,
-            "used_bytes": used * self.block_bytes,
-            "cached_bytes": cached * self.block_bytes,
-            "prefix_hit_rate": self.stats.prefix_hit_rate,
-        }
-        out.update(asdict(self.stats))
-        if self._offload is not None:
-            resident = self._offload.resident_bytes()
-            for name, counters in self._offload.moved.items():
-                for k, v in counters.items():
-                    out[f"{name}_{k}"] = v
-                out[f"{name}_resident_bytes"] = resident[name]
-        return out
+        """Fragmentation and traffic figures (R10, R20); see :mod:`engine.kv.snapshot`."""
+        return fragmentation_snapshot(self)
 
     def check_invariants(self) -> None:
         """Raise ``AssertionError`` if any documented invariant fails (O(pool); for tests)."""
-        ref, bkey, size = self._ref, self._bkey, self._pool.size
-        assert len(ref) == size == len(bkey) <= self._pool.cap_blocks
-        holders = [0] * size
-        for seq, table in self._tables.items():
-            assert len(table) == -(-self._ntok[seq] // self.block_tokens), seq
-            assert len(set(table)) == len(table), f"{seq!r} holds a block twice"
-            for b in table:
-                holders[b] += 1
-        assert holders == ref, "refcount != number of holding sequences"
-        free = set(self._free)
-        assert len(free) == len(self._free), "a block is on the free list twice"
-        for b in range(size):
-            key = bkey[b]
-            if key is not None:
-                assert self._kblock.get(key) == b, f"key map broken at block {b}"
-            if ref[b] > 0:
-                assert b not in free and not (key is not None and key in self._policy), b
-            elif key is None:
-                assert b in free, f"unkeyed idle block {b} is not free"
-            else:
-                assert key in self._policy and b not in free, f"keyed idle block {b} not cached"
-        assert len(self._kblock) == sum(k is not None for k in bkey)
-        assert self.num_used_blocks + len(self._free) + len(self._policy) == size
-        assert self.num_used_blocks == sum(r > 0 for r in ref)
+        check_allocator_invariants(self)

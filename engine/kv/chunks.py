@@ -20,6 +20,9 @@ tokens and one layer at a time (layers run one after another and reuse the buffe
 ``peak = resident KV + working``; :meth:`AttentionMemoryModel.max_context` is the largest ``L``
 whose peak fits a byte budget. Unchunked prefill is quadratic in ``L``, so it caps context early
 (the "2K" of R12); chunked, context grows until the KV itself fills the budget ("16K+").
+Example: a 7B-class model (32 layers, 32 heads of 128, fp16 KV = 512 KiB/token, fp32 scores
+and gather) with a 10 GiB budget holds 7,232 tokens unchunked and 20,352 chunked (512-token
+chunks, 64-token blocks).
 """
 
 from __future__ import annotations

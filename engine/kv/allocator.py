@@ -22,7 +22,8 @@ is a *load-back* (a fresh block, the tier's copy is taken), and the first key fo
 ends the shared prefix. The remaining blocks are fresh and their keys are registered at once
 (a sequence that reuses them is assumed to wait for, or to be scheduled after, their prefill).
 A partial last block may be shared too; a sequence appending into a *shared* partial last
-block gets a private copy first (copy-on-write, reported by :meth:`take_copies`).
+block gets a private copy first (copy-on-write, reported by :meth:`take_copies`). A key vouches
+only for the tokens it covers, so the sole holder of a keyed partial block appends in place.
 
 Running out of blocks: take a free block; else grow the pool (geometric, up to the byte cap);
 else evict a cached block (to the offload tiers if any); else ``on_full``: ``"fail"`` raises
@@ -113,6 +114,8 @@ class KVBlockAllocator:
     cached blocks (sizes given to it are ``block_bytes``). ``offload_tiers`` are lower tiers,
     highest first (see :mod:`engine.kv.offload`). ``chain_hash_ids``: see
     :func:`engine.kv.prefix.id_block_keys`. ``chunk_tokens`` is the chunk of :meth:`chunks`.
+    ``record_moves`` logs copy-on-write copies and offload/load-back moves for the real engine
+    (:meth:`take_copies`, :meth:`take_transfers`); the simulator leaves it off (no log grows).
     The constructor does no I/O.
     """
 
@@ -129,6 +132,7 @@ class KVBlockAllocator:
         chunk_tokens: int = DEFAULT_CHUNK_TOKENS,
         chain_hash_ids: bool = False,
         policy_params: dict[str, object] | None = None,
+        record_moves: bool = False,
     ) -> None:
         if type(block_tokens) is not int or block_tokens not in ALLOWED_BLOCK_TOKENS:
             allowed = ", ".join(map(str, ALLOWED_BLOCK_TOKENS))
@@ -161,6 +165,7 @@ class KVBlockAllocator:
         self.on_full: OnFull = on_full
         self.chunk_tokens = validate_chunk_tokens(chunk_tokens, block_tokens)
         self.chain_hash_ids = chain_hash_ids
+        self.record_moves = record_moves
         self._pool = BlockPool(initial_blocks, growth, cap_blocks)
         self._policy: EvictionPolicy = make_policy(cached_policy, **(policy_params or {}))
         bounded_bytes = cap_blocks * self.block_bytes if cap_blocks < UNBOUNDED else UNBOUNDED
@@ -174,6 +179,7 @@ class KVBlockAllocator:
         self._tables: dict[SeqId, list[int]] = {}  # insertion order = start order
         self._ntok: dict[SeqId, int] = {}
         self._copies: list[tuple[int, int]] = []
+        self._transfers: list[tuple[str, BlockKey, int, str]] = []
         self.stats = KVStats()
 
     # -- queries ------------------------------------------------------------------------------
@@ -234,6 +240,17 @@ class KVBlockAllocator:
         out, self._copies = self._copies, []
         return out
 
+    def take_transfers(self) -> list[tuple[str, BlockKey, int, str]]:
+        """Device<->offload moves since the last call, in order, for the engine to carry out.
+
+        ``("offload", key, block, tier)``: copy block ``block`` out to ``tier`` under ``key``
+        (before the block is rewritten: it is free again). ``("load", key, block, tier)``: copy
+        ``key`` from ``tier`` into block ``block``. Moves between lower tiers are the tiers'
+        own business (their ``TierCache`` evictions).
+        """
+        out, self._transfers = self._transfers, []
+        return out
+
     # -- allocation ---------------------------------------------------------------------------
     def allocate(
         self,
@@ -246,6 +263,7 @@ class KVBlockAllocator:
 
         ``tokens`` is the prompt's token ids (keys are chained hashes of them) or just its
         length (then only ``hash_ids`` give keys; with neither, nothing is shared).
+        When both are given, ``hash_ids`` give the keys.
         Raises :class:`KVOutOfBlocks` (state unchanged) when it cannot fit under
         ``on_full="fail"``, or when the prompt alone exceeds the pool cap.
         """
@@ -332,6 +350,7 @@ class KVBlockAllocator:
         table: list[int] = []
         hit_tokens = loaded_tokens = hit_blocks = loaded_blocks = 0
         loads: list[int] = []
+        load_tiers: list[str] = []
         for i, b in enumerate(plan):
             covered = min(bt, n - i * bt)
             if b >= 0:
@@ -342,15 +361,19 @@ class KVBlockAllocator:
                 hit_blocks += 1
             else:
                 assert self._offload is not None
-                self._offload.take(keys[i], now)  # before any eviction can push it out
+                tier = self._offload.take(keys[i], now)  # before any eviction can push it out
+                assert tier is not None
                 loads.append(i)
+                load_tiers.append(self._offload.tiers[tier].name)
                 loaded_tokens += covered
                 loaded_blocks += 1
             table.append(b)
-        for i in loads:
+        for i, tier_name in zip(loads, load_tiers, strict=True):
             table[i] = self._take_block(now)
             ref[table[i]] = 1
             self._register(table[i], keys[i], now)
+            if self.record_moves:
+                self._transfers.append(("load", keys[i], table[i], tier_name))
         for i in range(len(plan), nb):
             b = self._take_block(now)
             ref[b] = 1
@@ -418,7 +441,8 @@ class KVBlockAllocator:
             ref[dst] = 1
             ref[src] -= 1  # still > 0: another sequence holds it
             table[-1] = dst
-            self._copies.append((src, dst))
+            if self.record_moves:
+                self._copies.append((src, dst))
             self.stats.cow_copies += 1
         for _ in range(grow_by):
             b = self._take_block(now)
@@ -475,7 +499,9 @@ class KVBlockAllocator:
         self._free.append(b)
         self.stats.evictions += 1
         if self._offload is not None:
-            self._offload.offer(key, self.block_bytes, now)
+            tier = self._offload.offer(key, self.block_bytes, now)
+            if tier is not None and self.record_moves:
+                self._transfers.append(("offload", key, b, self._offload.tiers[tier].name))
 
     def _register(self, b: int, key: BlockKey, now: float) -> None:
         """Give used block ``b`` the content ``key`` (any offloaded copy is now stale)."""

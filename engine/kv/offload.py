@@ -66,7 +66,7 @@ class OffloadChain:
 
         return on_evict
 
-    def _admit(self, i: int, key: BlockKey, size: int, now: float) -> bool:
+    def _admit(self, i: int, key: BlockKey, size: int, now: float) -> int | None:
         tier = self.tiers[i]
         try:
             ok = tier.admit(key, size, now)
@@ -74,14 +74,15 @@ class OffloadChain:
             ok = False
         if ok:
             self.moved[tier.name]["bytes_in"] += size
-        elif i + 1 < len(self.tiers):  # does not fit here: try the next tier down
+            return i
+        if i + 1 < len(self.tiers):  # does not fit here: try the next tier down
             return self._admit(i + 1, key, size, now)
-        return ok
+        return None
 
-    def offer(self, key: BlockKey, size: int, now: float) -> bool:
-        """Store an evicted block's ``key`` in the first tier that takes it; False if none."""
+    def offer(self, key: BlockKey, size: int, now: float) -> int | None:
+        """Store an evicted block's ``key`` in the first tier that takes it; its index or None."""
         if not self.tiers:
-            return False
+            return None
         self.discard(key, now)
         self._now = now
         return self._admit(0, key, size, now)

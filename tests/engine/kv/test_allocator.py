@@ -146,7 +146,7 @@ def test_chained_hash_ids_only_match_the_same_chain() -> None:
 
 
 def test_append_into_shared_partial_block_copies_on_write() -> None:
-    a = KVBlockAllocator(block_tokens=8)
+    a = KVBlockAllocator(block_tokens=8, record_moves=True)
     p = list(range(12))
     a.allocate("a", p)
     a.allocate("b", p)
@@ -239,10 +239,16 @@ def test_offload_round_trip_counts_bytes_per_tier() -> None:
     bb = 8 * 4  # block bytes
     tiers = make_offload_tiers(host_bytes=2 * bb, ssd_bytes=4 * bb)
     a = KVBlockAllocator(
-        block_tokens=8, bytes_per_token=4, initial_blocks=3, max_bytes=3 * bb, offload_tiers=tiers
+        block_tokens=8,
+        bytes_per_token=4,
+        initial_blocks=3,
+        max_bytes=3 * bb,
+        offload_tiers=tiers,
+        record_moves=True,
     )
     p = list(range(24))
     a.allocate("a", p)
+    a_table, a_keys = a.block_table("a"), [a.key_of(b) for b in a.block_table("a")]
     a.free("a")  # 3 cached blocks
     a.allocate("b", [1000 + t for t in range(24)])  # evicts all 3 to host, host spills 1 to ssd
     s = a.snapshot()
@@ -253,9 +259,15 @@ def test_offload_round_trip_counts_bytes_per_tier() -> None:
         2 * bb,
     )
     assert (s["ssd_bytes_in"], s["ssd_resident_bytes"]) == (bb, bb)
+    # the engine is told to copy each evicted block out before it is rewritten (tail first)
+    assert a.take_transfers() == [("offload", a_keys[i], a_table[i], "host") for i in (2, 1, 0)]
     a.free("b")
     r = a.allocate("c", p)  # the prefix comes back from host and ssd, not recomputed
     assert (r.hit_tokens, r.loaded_tokens) == (0, 24)
+    moves = a.take_transfers()
+    loads = [m for m in moves if m[0] == "load"]
+    assert [(m[1], m[2]) for m in loads] == list(zip(a_keys, a.block_table("c"), strict=True))
+    assert sorted(m[3] for m in loads) == ["host", "host", "ssd"]
     s = a.snapshot()
     assert s["loaded_blocks"] == 3
     assert s["host_bytes_loaded_back"] + s["ssd_bytes_loaded_back"] == 3 * bb

@@ -46,6 +46,8 @@ def full_state(a: KVBlockAllocator) -> tuple[Any, ...]:
         a.pool_blocks,
         asdict(a.stats),
         tiers,
+        list(a._copies),
+        list(a._transfers),
     )
 
 
@@ -65,6 +67,7 @@ class AllocatorMachine(RuleBasedStateMachine):
             on_full=self.on_full,  # type: ignore[arg-type]
             offload_tiers=tiers,
             chunk_tokens=2 * BT,
+            record_moves=True,
         )
         self.model: dict[int, list[int]] = {}  # live sequences in start order -> tokens
         self.prompts: dict[int, tuple[int, ...]] = {}

@@ -27,12 +27,13 @@ _NEG_INF = float("-inf")
 class _Page:
     """History of one page. ``hist[i]`` is the paper's ``HIST(p, i+1)``."""
 
-    __slots__ = ("hist", "last", "seq")
+    __slots__ = ("hist", "last", "ref", "seq")
 
-    def __init__(self, hist: list[float], last: float, seq: int) -> None:
+    def __init__(self, hist: list[float], last: float, ref: int, seq: int) -> None:
         self.hist = hist
         self.last = last
-        self.seq = seq  # insertion order of the current residency: the final tie-break
+        self.ref = ref  # number of the last uncorrelated reference (global, increasing)
+        self.seq = seq  # number of the insertion that began the current residency
 
 
 @register("lru-k")
@@ -44,7 +45,10 @@ class LRUKPolicy(EvictionPolicy):
     k:
         history depth K (integer >= 1; default 2). ``k=1, crp=0`` is plain LRU.
     crp:
-        correlated reference period in seconds (>= 0; default 0).
+        correlated reference period in seconds (>= 0; default 0). ``crp=0`` makes every
+        reference uncorrelated and every page eligible, also for several references at the
+        same ``now`` (the paper counts time in references, where ``t - LAST(p) > 0`` always
+        holds).
     rip:
         retained information period in seconds (>= 0), or ``None`` (default) to keep the
         history of evicted pages forever. With ``None`` the history grows with the number of
@@ -57,10 +61,12 @@ class LRUKPolicy(EvictionPolicy):
     shifts it down (``HIST(p,i) = HIST(p,i-1)``, no correlation adjustment), any other page
     starts with ``HIST(p,2..K) = -inf``; then ``HIST(p,1) = LAST(p) = t``.
 
-    Victim at time ``t``: among resident, unpinned pages *eligible* (``t - LAST(p) > crp``),
+    Victim at time ``t``: among resident, unpinned pages *eligible* (``t - LAST(p) > crp``;
+    every page when ``crp = 0``),
     the one with the largest backward K-distance, i.e. the smallest ``HIST(p,K)``. Pages with
     fewer than K references come first, least recent ``HIST(p,1)`` first; ties among equal
-    ``HIST(p,K)`` break by older ``HIST(p,1)``, then by earlier insertion.
+    ``HIST(p,K)`` break by older ``HIST(p,1)``, then by the order of the pages' last
+    uncorrelated references (so equal times still break as LRU would).
 
     **Fallback** when no unpinned resident page is eligible (every one was referenced within
     CRP of ``t``): evict the unpinned page with the oldest ``LAST(p)`` (ties: earlier
@@ -85,19 +91,21 @@ class LRUKPolicy(EvictionPolicy):
         self.crp = float(crp)
         self.rip = None if rip is None else float(rip)
         # Invariants: every resident page is in ``_pages`` and in exactly one of
-        #   ``_young`` -- HIST(p,K) == -inf -- ordered by HIST(p,1) ascending, or
-        #   ``_heap`` -- exactly one live entry (hk, h1, seq, key) with ``seq == page.seq``,
-        #   where (hk, h1) <= the page's current (HIST(p,K), HIST(p,1)). While a page is
-        #   resident its HIST(p,K) and HIST(p,1) never decrease (correl >= 0), so the entry is
-        #   a lower bound; ``victim`` refreshes an outdated entry when it reaches the top.
-        #   Entries of pages no longer resident (or resident again under a new seq) are stale.
-        # ``seq`` values are unique, so heap tuples never compare keys.
+        #   ``_young`` -- HIST(p,K) == -inf -- ordered by (HIST(p,1), ref) ascending, or
+        #   ``_heap`` -- exactly one live entry (hk, h1, ref, seq, key) with
+        #   ``seq == page.seq`` and (hk, h1, ref) <= the page's current
+        #   (HIST(p,K), HIST(p,1), ref). While a page is resident these never decrease
+        #   (correl >= 0), so the entry is a lower bound; ``victim`` refreshes an outdated
+        #   entry (``ref != page.ref``) when it reaches the top. Entries of pages no longer
+        #   resident (or resident again under a new seq) are stale.
+        # ``ref`` values are unique, so heap tuples never compare keys.
         self._pages: dict[Key, _Page] = {}
         self._young: OrderedDict[Key, _Page] = OrderedDict()
-        self._heap: list[tuple[float, float, int, Key]] = []
+        self._heap: list[tuple[float, float, int, int, Key]] = []
         # History of evicted pages, in eviction order (for lazy purging).
         self._retained: OrderedDict[Key, _Page] = OrderedDict()
         self._seq = 0
+        self._refs = 0
         self._compact_at = 64  # heap length that triggers dropping stale entries
 
     # -- introspection -------------------------------------------------------------------
@@ -128,15 +136,17 @@ class LRUKPolicy(EvictionPolicy):
             self._purge(now)
         page = self._retained.pop(key, None)
         self._seq += 1
+        self._refs += 1
         if page is not None and (self.rip is None or now - page.last <= self.rip):
             hist = page.hist
             hist.pop()  # HIST(p,i) = HIST(p,i-1) for i = K..2
             hist.insert(0, now)
             page.last = now
+            page.ref = self._refs
             page.seq = self._seq
         else:
             hist = [now] + [_NEG_INF] * (self.k - 1)
-            page = _Page(hist, now, self._seq)
+            page = _Page(hist, now, self._refs, self._seq)
         self._pages[key] = page
         if hist[-1] == _NEG_INF:
             self._young[key] = page
@@ -147,8 +157,9 @@ class LRUKPolicy(EvictionPolicy):
         page = self._pages[key]
         last = page.last
         page.last = now
-        if now - last <= self.crp:
+        if self.crp and now - last <= self.crp:
             return  # correlated: only LAST changes, HIST (hence the order) does not
+        self._refs = page.ref = self._refs + 1
         hist = page.hist
         was_young = hist[-1] == _NEG_INF
         correl = last - hist[0]
@@ -168,26 +179,28 @@ class LRUKPolicy(EvictionPolicy):
 
     def victim(self, now: float, pinned: Container[Key] = ()) -> Key | None:
         crp = self.crp
+        # With crp == 0 every page is eligible: (now - LAST > -1) always holds.
+        limit = crp if crp else -1.0
         for key, page in self._young.items():
-            if now - page.last > crp and key not in pinned:
+            if now - page.last > limit and key not in pinned:
                 return key
         heap = self._heap
         pages = self._pages
         heappop = heapq.heappop
-        skipped: list[tuple[float, float, int, Key]] = []
+        skipped: list[tuple[float, float, int, int, Key]] = []
         found: Key | None = None
         while heap:
-            hk, h1, seq, key = heap[0]
+            _, _, ref, seq, key = heap[0]
             entry_page = pages.get(key)
             if entry_page is None or entry_page.seq != seq:
                 heappop(heap)  # stale: the page left (or came back under a new seq)
                 continue
             page = entry_page
-            hist = page.hist
-            if hk != hist[-1] or h1 != hist[0]:
-                heapq.heapreplace(heap, (hist[-1], hist[0], seq, key))  # refresh
+            if ref != page.ref:  # outdated lower bound: re-rank with the current history
+                hist = page.hist
+                heapq.heapreplace(heap, (hist[-1], hist[0], page.ref, seq, key))
                 continue
-            if now - page.last > crp and key not in pinned:
+            if now - page.last > limit and key not in pinned:
                 found = key
                 break
             skipped.append(heappop(heap))
@@ -218,7 +231,7 @@ class LRUKPolicy(EvictionPolicy):
         """
         young = list(self._young)
         old = [
-            (p.hist[-1], p.hist[0], p.seq, k)
+            (p.hist[-1], p.hist[0], p.ref, k)
             for k, p in self._pages.items()
             if k not in self._young
         ]
@@ -227,7 +240,7 @@ class LRUKPolicy(EvictionPolicy):
 
     # -- internals -----------------------------------------------------------------------
     def _push(self, key: Key, page: _Page) -> None:
-        heapq.heappush(self._heap, (page.hist[-1], page.hist[0], page.seq, key))
+        heapq.heappush(self._heap, (page.hist[-1], page.hist[0], page.ref, page.seq, key))
         if len(self._heap) > self._compact_at:
             self._compact()
 
@@ -236,8 +249,8 @@ class LRUKPolicy(EvictionPolicy):
         pages = self._pages
         heap = []
         for entry in self._heap:
-            page = pages.get(entry[3])
-            if page is not None and page.seq == entry[2]:
+            page = pages.get(entry[4])
+            if page is not None and page.seq == entry[3]:
                 heap.append(entry)
         heapq.heapify(heap)
         self._heap = heap

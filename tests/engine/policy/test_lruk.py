@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 
 import hypothesis.strategies as st
+import numpy as np
 import pytest
 from hypothesis import settings
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
@@ -25,13 +26,24 @@ def brute_force_victim(
     """Max backward K-distance over the raw reference string; LRU among infinite ones.
 
     Backward K-distance of q at ``now`` = now - time of the K-th most recent reference to q,
-    infinite when q has fewer than K references.
+    infinite when q has fewer than K references. Ties (several references at one time) go
+    to the page whose last reference is older, then earlier in the string.
     """
+    times: dict[int, list[tuple[float, int]]] = {}
+    for index, (key, t) in enumerate(refs):
+        times.setdefault(key, []).append((t, index))
+    return victim_from_times(times, candidates, now, k)
+
+
+def victim_from_times(
+    times: dict[int, list[tuple[float, int]]], candidates: list[int], now: float, k: int
+) -> int:
+    """The same rule from each page's (time, position) reference list, oldest first."""
     best, best_rank = None, None
     for q in sorted(candidates):
-        times = [t for key, t in refs if key == q]
-        dist = now - times[-k] if len(times) >= k else INF
-        rank = (dist, now - times[-1])
+        mine = times[q]
+        dist = now - mine[-k][0] if len(mine) >= k else INF
+        rank = (dist, now - mine[-1][0], -mine[-1][1])
         if best_rank is None or rank > best_rank:
             best, best_rank = q, rank
     assert best is not None
@@ -118,9 +130,9 @@ class BruteForceMachine(_PinningMachine):
         candidates = [q for q in resident_before if q not in self.pins]
         assert key == brute_force_victim(self.refs, candidates, self.now, self.k)
 
-    @rule(key=KEYS, dt=st.sampled_from([0.25, 1.0, 3.0]))
+    @rule(key=KEYS, dt=st.sampled_from([0.0, 0.25, 1.0, 3.0]))
     def access(self, key: int, dt: float) -> None:
-        self.now += dt  # strictly increasing
+        self.now += dt  # several references at one time are allowed with CRP = 0
         self._access(key, self.sizes[key])
 
 
@@ -154,9 +166,9 @@ class LRUEquivalenceMachine(_PinningMachine):
             on_evict=lambda key, size, color: self.lruk_evicted.append(key),
         )
 
-    @rule(key=KEYS)
-    def access(self, key: int) -> None:
-        self.now += 1.0
+    @rule(key=KEYS, dt=st.sampled_from([0.0, 1.0]))
+    def access(self, key: int, dt: float) -> None:
+        self.now += dt
         expected = self.lru.access(key, self.sizes[key], self.now)
         assert self._access(key, self.sizes[key]) == expected
 
@@ -252,6 +264,40 @@ class CRPMachine(_PinningMachine):
 
 CRPMachine.TestCase.settings = settings(stateful_step_count=50)
 TestLRUKCorrelatedPeriod = CRPMachine.TestCase
+
+
+@pytest.mark.parametrize("k", [2, 3])
+def test_large_trace_victims_match_brute_force(k: int) -> None:
+    """Big enough for the heap's lazy refresh and stale-entry compaction to run."""
+    rng = np.random.default_rng(k)
+    n_keys, capacity = 600, 120
+    weights = 1.0 / np.arange(1, n_keys + 1)
+    keys = rng.choice(n_keys, size=6000, p=weights / weights.sum()).tolist()
+    steps = rng.choice([0.0, 1.0], size=len(keys), p=[0.2, 0.8]).tolist()
+    invalidate = rng.random(len(keys)) < 0.05
+    times: dict[int, list[tuple[float, int]]] = {}
+    now = 0.0
+    checked = 0
+
+    def check(key: int, size: int, color: str | None) -> None:
+        nonlocal checked
+        checked += 1
+        assert key == victim_from_times(times, [*cache, key], now, k)
+
+    pol = LRUKPolicy(k=k)
+    cache = TierCache(
+        capacity=capacity, policy=pol, high_watermark=1.0, low_watermark=1.0, on_evict=check
+    )
+    for index, (key, dt, inval) in enumerate(zip(keys, steps, invalidate, strict=True)):
+        now += dt
+        if inval and key in cache:
+            cache.remove(key, now)  # forgets the history
+            del times[key]
+            continue
+        cache.access(key, 1, now)
+        times.setdefault(key, []).append((now, index))
+    assert checked > 1000
+    assert len(pol._heap) <= 2 * len(cache) + 64 + 1  # stale entries are compacted away
 
 
 # -- hand-checked examples ---------------------------------------------------------------

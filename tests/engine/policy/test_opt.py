@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import bisect
 from functools import cache
 
 import hypothesis.strategies as st
+import numpy as np
 import pytest
 from hypothesis import given
 
@@ -13,6 +15,7 @@ from engine.errors import InputError
 from engine.policy import make_policy
 from engine.policy.opt import BeladyPolicy
 
+INF = float("inf")
 ONLINE = ["lru", "fifo", "lru-k", "arc"]
 
 
@@ -121,3 +124,41 @@ def test_lenient_mode_and_skip_account_for_refused_references() -> None:
     strict.skip()
     strict.insert("b", 1, 2.0)
     assert strict.position == 3
+
+
+def test_large_trace_victims_are_farthest_next_use() -> None:
+    """Big enough for heap compaction; victims checked against bisect over positions."""
+    rng = np.random.default_rng(5)
+    n_keys = 400
+    weights = 1.0 / np.arange(1, n_keys + 1)
+    trace = rng.choice(n_keys, size=8000, p=weights / weights.sum()).tolist()
+    positions: dict[int, list[int]] = {}
+    for i, key in enumerate(trace):
+        positions.setdefault(key, []).append(i)
+    last_ref: dict[int, int] = {}
+    pos = 0
+    checked = 0
+
+    def next_use(key: int) -> float:
+        lst = positions[key]
+        j = bisect.bisect_right(lst, pos)
+        return lst[j] if j < len(lst) else INF
+
+    def check(key: int, size: int, color: str | None) -> None:
+        nonlocal checked
+        checked += 1
+        candidates = [*cache, key]
+        best = max(candidates, key=lambda q: (next_use(q), -last_ref[q]))
+        assert key == best
+
+    cache = TierCache(
+        capacity=60,
+        policy=BeladyPolicy(trace),
+        high_watermark=1.0,
+        low_watermark=1.0,
+        on_evict=check,
+    )
+    for pos, key in enumerate(trace):
+        cache.access(key, 1, float(pos))
+        last_ref[key] = pos
+    assert checked > 1000

@@ -1,0 +1,268 @@
+"""The tier stack: caches over real bytes, fastest first, backed by an object store.
+
+``TierStack(levels, backing)`` chains cache levels -- typically device (HBM), host (pinned
+DRAM) and SSD -- above a backing store (the object store, the source of truth, never evicted).
+Each level is a :class:`engine.cache.TierCache` (the same class and policies the simulator
+uses) paired with the :class:`~engine.tiers.base.Tier` that holds the bytes.
+
+Behaviour:
+
+* **read** goes down the stack: the first level where the key is resident serves it (a hit
+  there, a miss in every level above); if none has it the backing store does. The bytes are
+  then **promoted** into every level above the one that served them (inclusive caching: the
+  lower copy stays); admission decisions are taken top-down, bytes move bottom-up. The returned array is the copy in the highest level that admitted it.
+* **eviction demotes**: when a level's cache evicts a key (``on_evict``), its bytes move to the
+  next level down if that level does not hold them yet (and admits them), then are dropped.
+  The last cache level just drops them (the backing store still has the object).
+* **verification**: levels with ``verify=True`` (by default the SSD; the backing store
+  always) have every read checked by ``validator(key, host_bytes)``. Bad bytes are never
+  returned or promoted: the bad copy is deleted from that level and the read goes on down the
+  stack; bad bytes in the backing store are re-read (``retries`` times), then taken from each
+  replica in turn, and a good replica copy repairs the backing store. If no good copy exists,
+  :class:`ObjectCorrupt`; if the object is absent everywhere, :class:`ObjectMissing`.
+
+Invariants (checked by :meth:`TierStack.check`): for every level, the names its tier holds are
+exactly the names of the keys its cache holds; bytes moved between levels are counted in
+``bytes_moved`` under ``"<from>-><to>"`` tier names.
+
+The stack never reads a clock: each call takes ``now`` and hands it to the caches.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, NamedTuple
+
+import numpy as np
+
+from engine.cache import TierCache
+from engine.errors import ObjectTooLargeError
+from engine.policy.base import Key
+from engine.tiers.base import Tier, TierMiss, as_host_bytes
+
+Validator = Callable[[Key, np.ndarray], bool]
+
+__all__ = ["Level", "ObjectCorrupt", "ObjectMissing", "ReadResult", "TierStack", "default_name"]
+
+
+class ObjectMissing(KeyError):
+    """The object is in no level, not in the backing store and not in any replica."""
+
+    def __init__(self, key: Key, name: str, searched: Sequence[str]) -> None:
+        super().__init__(f"object {name!r} (key {key!r}) not found in {', '.join(searched)}")
+        self.key, self.name, self.searched = key, name, list(searched)
+
+    def __str__(self) -> str:
+        return str(self.args[0])
+
+
+class ObjectCorrupt(RuntimeError):
+    """Every copy of the object that exists failed verification; nothing was served."""
+
+    def __init__(self, key: Key, name: str, bad: Sequence[str]) -> None:
+        super().__init__(
+            f"object {name!r} (key {key!r}) failed verification in every copy: {', '.join(bad)}"
+        )
+        self.key, self.name, self.bad = key, name, list(bad)
+
+
+def default_name(key: Key) -> str:
+    """Object name of ``key``: tuple parts joined by ``/`` (ints zero-padded), else ``str``."""
+    parts = key if isinstance(key, tuple) else (key,)
+    return "/".join(f"{p:08d}" if isinstance(p, int) else str(p) for p in parts)
+
+
+@dataclass
+class Level:
+    """One cache level: the bytes (``tier``), the decisions (``cache``), whether to verify."""
+
+    tier: Tier
+    cache: TierCache
+    verify: bool = False
+
+
+class ReadResult(NamedTuple):
+    """``data``: the bytes (1-D uint8, in the highest level that holds them); ``level``: index
+    of the level that served the read (``len(levels)`` = backing store); ``source``: its tier
+    name; ``corrupt``: bad copies found (and discarded) on the way."""
+
+    data: Any
+    level: int
+    source: str
+    corrupt: int
+
+
+class TierStack:
+    """Cache levels over a backing store; see the module docstring for the contract."""
+
+    def __init__(
+        self,
+        levels: Sequence[Level],
+        backing: Tier,
+        *,
+        replicas: Sequence[Tier] = (),
+        validator: Validator | None = None,
+        name_of: Callable[[Key], str] = default_name,
+        retries: int = 1,
+    ) -> None:
+        self.levels = list(levels)
+        self.backing = backing
+        self.replicas = list(replicas)
+        self.validator = validator
+        self.name_of = name_of
+        self.retries = retries
+        self.bytes_moved: dict[str, int] = {}
+        self.corrupt_found: dict[str, int] = {}
+        self._now = 0.0
+        for i, lvl in enumerate(self.levels):
+            if lvl.cache.on_evict is not None:
+                raise ValueError(f"level {lvl.tier.name}: its cache already has an on_evict")
+            lvl.cache.on_evict = self._demoter(i)
+
+    # -- public --------------------------------------------------------------------------
+    def read(
+        self,
+        key: Key,
+        size: int,
+        now: float,
+        color: str | None = None,
+        *,
+        count: bool = True,
+        pin: bool = False,
+    ) -> ReadResult:
+        """Return ``key``'s bytes (``size`` of them), promoting them up the stack.
+
+        ``count=False`` (prefetch) leaves hit/miss counters and recency untouched where the
+        key is already resident. ``pin=True`` pins the copy in level 0 (if it was admitted
+        there); release it with :meth:`unpin`.
+        """
+        self._now = now
+        name = self.name_of(key)
+        corrupt = 0
+        data: Any = None
+        served = len(self.levels)
+        for i, lvl in enumerate(self.levels):
+            cache = lvl.cache
+            if key in cache:
+                got = self._read_level(lvl, key, name)
+                if got is None:  # bad or vanished copy: drop it, the lookup below misses
+                    corrupt += 1
+                    cache.remove(key, now)
+                else:
+                    if count:
+                        cache.lookup(key, now, size, color)
+                    data, served = got, i
+                    break
+            if count:
+                cache.lookup(key, now, size, color)
+        if data is None:
+            data, bad = self._read_backing(key, name)
+            corrupt += bad
+        if int(data.size) != size:
+            raise ValueError(f"object {name!r}: {int(data.size)} bytes read, expected {size}")
+        # Admit top-down (the level next to compute decides first, so its victims are
+        # demoted before the lower levels choose theirs), then move the bytes bottom-up
+        # along the physical path. Invariant between the two loops: a level's cache may hold
+        # `key` before its tier does, and no eviction touches an admitted level again.
+        admitted = [self._admit(self.levels[j], key, size, now, color) for j in range(served)]
+        src = self._source_name(served)
+        for j in range(served - 1, -1, -1):
+            lvl = self.levels[j]
+            if admitted[j] and key in lvl.cache:
+                self._count_move(src, lvl.tier.name, size)
+                lvl.tier.put(name, data)
+                data, src = lvl.tier.get(name), lvl.tier.name
+        if pin and self.levels and key in self.levels[0].cache:
+            self.levels[0].cache.pin(key)
+        return ReadResult(data, served, self._source_name(served), corrupt)
+
+    def unpin(self, key: Key) -> None:
+        """Release one pin of ``key`` in level 0."""
+        self.levels[0].cache.unpin(key)
+
+    def invalidate(self, key: Key, now: float) -> None:
+        """Drop ``key`` from every cache level (e.g. a new version replaced it)."""
+        self._now = now
+        name = self.name_of(key)
+        for lvl in self.levels:
+            if lvl.cache.remove(key, now):
+                lvl.tier.delete(name)
+
+    def where(self, key: Key) -> list[str]:
+        """Names of the cache levels that hold ``key``, top first."""
+        return [lvl.tier.name for lvl in self.levels if key in lvl.cache]
+
+    def check(self) -> None:
+        """Assert the module invariants (tests call this after every step)."""
+        for lvl in self.levels:
+            cached = sorted(self.name_of(k) for k in lvl.cache)
+            stored = lvl.tier.names()
+            assert cached == stored, f"{lvl.tier.name}: cache {cached} != tier {stored}"
+
+    # -- internals -----------------------------------------------------------------------
+    def _source_name(self, i: int) -> str:
+        return self.levels[i].tier.name if i < len(self.levels) else self.backing.name
+
+    def _count_move(self, src: str, dst: str, size: int) -> None:
+        link = f"{src}->{dst}"
+        self.bytes_moved[link] = self.bytes_moved.get(link, 0) + size
+
+    def _verified(self, key: Key, tier: Tier, data: Any) -> bool:
+        if self.validator is None:
+            return True
+        if self.validator(key, as_host_bytes(data)):
+            return True
+        self.corrupt_found[tier.name] = self.corrupt_found.get(tier.name, 0) + 1
+        return False
+
+    def _read_level(self, lvl: Level, key: Key, name: str) -> Any | None:
+        try:
+            data = lvl.tier.get(name)
+        except TierMiss:
+            lvl.tier.delete(name)
+            return None
+        if lvl.verify and not self._verified(key, lvl.tier, data):
+            lvl.tier.delete(name)
+            return None
+        return data
+
+    def _read_backing(self, key: Key, name: str) -> tuple[Any, int]:
+        bad: list[str] = []
+        missing: list[str] = []
+        for store in [self.backing, *self.replicas]:
+            for _ in range(self.retries + 1):
+                try:
+                    data = store.get(name)
+                except TierMiss:
+                    missing.append(store.name)
+                    break
+                if self._verified(key, store, data):
+                    if store is not self.backing:  # repair the source of truth
+                        self.backing.put(name, data)
+                    return data, len(bad)
+                bad.append(store.name)
+        if bad:
+            raise ObjectCorrupt(key, name, bad)
+        raise ObjectMissing(key, name, [lvl.tier.name for lvl in self.levels] + missing)
+
+    def _admit(self, lvl: Level, key: Key, size: int, now: float, color: str | None) -> bool:
+        try:
+            return lvl.cache.admit(key, size, now, color)
+        except ObjectTooLargeError:
+            return False
+
+    def _demoter(self, i: int) -> Callable[[Key, int, str | None], None]:
+        def on_evict(key: Key, size: int, color: str | None) -> None:
+            lvl = self.levels[i]
+            name = self.name_of(key)
+            if i + 1 < len(self.levels):
+                nxt = self.levels[i + 1]
+                if key not in nxt.cache:
+                    data = lvl.tier.get(name)
+                    if self._admit(nxt, key, size, self._now, color):
+                        nxt.tier.put(name, data)
+                        self._count_move(lvl.tier.name, nxt.tier.name, size)
+            lvl.tier.delete(name)
+
+        return on_evict

@@ -95,6 +95,8 @@ class RaftNode:
         # liveness / incarnation
         self.alive = False
         self.recovering = False
+        #: fault-injection mark: the next restart loses the disk (set by fault schedules)
+        self.lose_disk_on_restart = False
         self._epoch = 0
         self._inbox: deque[Any] = deque()
         self._wake: simpy.Event | None = None
@@ -375,8 +377,13 @@ class RaftNode:
             if self.next_index[p] <= self.log.last_index:
                 self._send_append(p)
         else:
-            nxt = max(self.match_index[p] + 1, min(m.conflict_index, self.next_index[p]))
-            self.next_index[p] = max(1, nxt)
+            # conflict_index <= the failed request's prev_index, so next_index strictly
+            # decreases until the logs match (prev_index 0 always matches)
+            if m.conflict_index <= self.match_index[p]:
+                # the follower lost entries it had acknowledged (a restart without its disk,
+                # or a stale reply): count it as matching only what it still holds
+                self.match_index[p] = m.conflict_index - 1
+            self.next_index[p] = max(1, min(m.conflict_index, self.next_index[p]))
             self._send_append(p)
 
     def _on_client(self, m: ClientRequest) -> None:

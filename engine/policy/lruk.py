@@ -88,6 +88,7 @@ class LRUKPolicy(EvictionPolicy):
         if rip is not None and not rip >= 0:
             raise ValueError(f"rip must be a number of seconds >= 0 or None, got {rip!r}")
         self.k = k
+        self._k2 = k == 2
         self.crp = float(crp)
         self.rip = None if rip is None else float(rip)
         # Invariants: every resident page is in ``_pages`` and in exactly one of
@@ -102,8 +103,9 @@ class LRUKPolicy(EvictionPolicy):
         self._pages: dict[Key, _Page] = {}
         self._young: OrderedDict[Key, _Page] = OrderedDict()
         self._heap: list[tuple[float, float, int, int, Key]] = []
-        # History of evicted pages, in eviction order (for lazy purging).
-        self._retained: OrderedDict[Key, _Page] = OrderedDict()
+        # History of evicted pages, in eviction order (an OrderedDict for cheap purging from
+        # the front when RIP is finite; a plain dict, faster, when it is never purged).
+        self._retained: dict[Key, _Page] = OrderedDict() if rip is not None else {}
         self._seq = 0
         self._refs = 0
         self._compact_at = 64  # heap length that triggers dropping stale entries
@@ -162,11 +164,12 @@ class LRUKPolicy(EvictionPolicy):
         self._refs = page.ref = self._refs + 1
         hist = page.hist
         was_young = hist[-1] == _NEG_INF
-        correl = last - hist[0]
-        if correl == 0.0:
-            hist.pop()  # HIST(p,i) = HIST(p,i-1) + 0 for i = K..2
-            hist.insert(0, now)
+        if self._k2:
+            # K = 2: HIST(p,2) = HIST(p,1) + (LAST(p) - HIST(p,1)) = LAST(p), taken exactly.
+            hist[1] = last
+            hist[0] = now
         else:
+            correl = last - hist[0]
             for i in range(self.k - 1, 0, -1):
                 hist[i] = hist[i - 1] + correl
             hist[0] = now
@@ -179,11 +182,12 @@ class LRUKPolicy(EvictionPolicy):
 
     def victim(self, now: float, pinned: Container[Key] = ()) -> Key | None:
         crp = self.crp
-        # With crp == 0 every page is eligible: (now - LAST > -1) always holds.
-        limit = crp if crp else -1.0
-        for key, page in self._young.items():
-            if now - page.last > limit and key not in pinned:
-                return key
+        # With crp == 0 every page is eligible: now - LAST > -inf always holds.
+        limit = crp if crp else _NEG_INF
+        if self._young:
+            for key, page in self._young.items():
+                if now - page.last > limit and key not in pinned:
+                    return key
         heap = self._heap
         pages = self._pages
         heappop = heapq.heappop
@@ -273,6 +277,7 @@ class LRUKPolicy(EvictionPolicy):
         # RIP. Later expired ones stay until they reach the front; insert checks exactly.
         assert self.rip is not None
         retained = self._retained
+        assert isinstance(retained, OrderedDict)
         while retained:
             key, page = next(iter(retained.items()))
             if now - page.last <= self.rip:

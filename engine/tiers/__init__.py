@@ -12,6 +12,7 @@ from engine.tiers.stack import (
     ReadResult,
     TierStack,
     default_name,
+    make_stack,
 )
 
 __all__ = [
@@ -30,4 +31,5 @@ __all__ = [
     "as_host_bytes",
     "check_name",
     "default_name",
+    "make_stack",
 ]

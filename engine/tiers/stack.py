@@ -32,6 +32,8 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
+from types import ModuleType
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -40,10 +42,21 @@ from engine.cache import TierCache
 from engine.errors import ObjectTooLargeError
 from engine.policy.base import Key
 from engine.tiers.base import Tier, TierMiss, as_host_bytes
+from engine.tiers.device import DeviceTier
+from engine.tiers.host import HostTier
+from engine.tiers.ssd import SsdTier
 
 Validator = Callable[[Key, np.ndarray], bool]
 
-__all__ = ["Level", "ObjectCorrupt", "ObjectMissing", "ReadResult", "TierStack", "default_name"]
+__all__ = [
+    "Level",
+    "ObjectCorrupt",
+    "ObjectMissing",
+    "ReadResult",
+    "TierStack",
+    "default_name",
+    "make_stack",
+]
 
 
 class ObjectMissing(KeyError):
@@ -266,3 +279,41 @@ class TierStack:
             lvl.tier.delete(name)
 
         return on_evict
+
+
+def make_stack(
+    backing: Tier,
+    *,
+    device_bytes: int = 0,
+    host_bytes: int = 0,
+    ssd_dir: str | Path | None = None,
+    ssd_bytes: int = 0,
+    policy: str = "lru",
+    policy_params: dict[str, Any] | None = None,
+    xp: ModuleType = np,
+    replicas: Sequence[Tier] = (),
+    high_watermark: float = 1.0,
+    low_watermark: float = 1.0,
+) -> TierStack:
+    """The usual stack: device, host and SSD levels (each omitted when its capacity is 0)
+    over ``backing``, every level a TierCache with ``policy``. The SSD level is verified.
+    Watermarks default to 1.0 (evict only to make room), as in pure policy comparisons."""
+    levels = []
+    specs: list[tuple[str, int, Tier | None, bool]] = [
+        ("device", device_bytes, DeviceTier(xp=xp) if device_bytes else None, False),
+        ("host", host_bytes, HostTier(xp=xp) if host_bytes else None, False),
+        ("ssd", ssd_bytes, SsdTier(ssd_dir) if ssd_bytes and ssd_dir is not None else None, True),
+    ]
+    for name, capacity, tier, verify in specs:
+        if tier is None:
+            continue
+        cache = TierCache(
+            capacity,
+            policy,
+            dict(policy_params or {}),
+            high_watermark=high_watermark,
+            low_watermark=low_watermark,
+            name=name,
+        )
+        levels.append(Level(tier, cache, verify))
+    return TierStack(levels, backing, replicas=replicas)

@@ -11,8 +11,10 @@
 * ``transfer_cost`` -- seconds to fetch the object again: the ``cost`` argument of
   ``insert``; when that is 0 and the ``bandwidth`` knob (bytes/s) is set, ``size / bandwidth``.
 
-Defaults are the article's weights ``w_f=0.6, w_s=0.3, w_c=0.1``; each is a knob (>= 0).
-Ties break by older last reference, then by earlier insertion.
+Defaults are the article's weights ``w_f=0.6, w_s=0.3, w_c=0.1``; each is a knob (any finite
+real). Note the article's sign: with ``w_c > 0`` an object that is *more* expensive to fetch
+again scores lower and is evicted earlier; a negative ``w_c`` protects expensive objects
+instead. Ties break by older last reference, then by earlier insertion.
 
 Exact and fast: with ``a = w_s / staleness_unit``,
 ``score(now) = [w_f*log(f+1) + a*last - w_c*cost] - a*now``. The bracket (the *key*) does
@@ -40,12 +42,13 @@ _FREQ, _COST, _INS, _LIVE, _LAST = range(5)
 
 
 def _check_knob(name: str, value: float, *, positive: bool = False) -> float:
+    """``value`` as a float: finite, and > 0 when ``positive``; else a ``ValueError``."""
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise ValueError(f"{name} must be a number, got {value!r}")
     v = float(value)
-    if not math.isfinite(v) or v < 0 or (positive and v == 0):
-        allowed = "> 0" if positive else ">= 0"
-        raise ValueError(f"{name} must be a finite number {allowed}, got {value!r}")
+    if not math.isfinite(v) or (positive and v <= 0):
+        allowed = "finite number > 0" if positive else "finite number"
+        raise ValueError(f"{name} must be a {allowed}, got {value!r}")
     return v
 
 

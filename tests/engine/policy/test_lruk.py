@@ -140,6 +140,13 @@ BruteForceMachine.TestCase.settings = settings(stateful_step_count=50)
 TestLRUKBruteForce = BruteForceMachine.TestCase
 
 
+@pytest.mark.slow
+class TestLRUKBruteForceLong(BruteForceMachine.TestCase):
+    """The same check with many more and longer runs (second test tier: ``-m slow``)."""
+
+    settings = settings(max_examples=400, stateful_step_count=200, deadline=None)
+
+
 class LRUEquivalenceMachine(_PinningMachine):
     """(b) K = 1, CRP = 0 behaves exactly as `lru`: same hits, residents and evictions."""
 
@@ -264,6 +271,11 @@ class CRPMachine(_PinningMachine):
 
 CRPMachine.TestCase.settings = settings(stateful_step_count=50)
 TestLRUKCorrelatedPeriod = CRPMachine.TestCase
+
+
+@pytest.mark.slow
+class TestLRUKCorrelatedPeriodLong(CRPMachine.TestCase):
+    settings = settings(max_examples=400, stateful_step_count=200, deadline=None)
 
 
 @pytest.mark.parametrize("k", [2, 3])

@@ -62,16 +62,16 @@ class LRUKPolicy(EvictionPolicy):
     starts with ``HIST(p,2..K) = -inf``; then ``HIST(p,1) = LAST(p) = t``.
 
     Victim at time ``t``: among resident, unpinned pages *eligible* (``t - LAST(p) > crp``;
-    every page when ``crp = 0``),
-    the one with the largest backward K-distance, i.e. the smallest ``HIST(p,K)``. Pages with
-    fewer than K references come first, least recent ``HIST(p,1)`` first; ties among equal
-    ``HIST(p,K)`` break by older ``HIST(p,1)``, then by the order of the pages' last
-    uncorrelated references (so equal times still break as LRU would).
+    every page when ``crp = 0``), the one with the largest backward K-distance, i.e. the
+    smallest ``HIST(p,K)``. Pages with fewer than K references come first, least recent
+    ``HIST(p,1)`` first; ties among equal ``HIST(p,K)`` break by older ``HIST(p,1)``, then
+    by the order of the pages' last uncorrelated references (so equal times still break as
+    LRU would). For K = 2 the shift gives ``HIST(p,2) = LAST(p)``, stored exactly.
 
     **Fallback** when no unpinned resident page is eligible (every one was referenced within
-    CRP of ``t``): evict the unpinned page with the oldest ``LAST(p)`` (ties: earlier
-    insertion), ignoring CRP, so that the cache can always make room. ``None`` only when every
-    resident page is pinned.
+    CRP of ``t``; never with ``crp = 0``): evict the unpinned page with the oldest ``LAST(p)``
+    (ties: earlier insertion), ignoring CRP, so that the cache can always make room. ``None``
+    only when every resident page is pinned.
 
     ``remove(..., evicted=False)`` (an invalidation) forgets the page's history; an eviction
     keeps it for RIP. Expired history is purged lazily (checked exactly on re-insertion).

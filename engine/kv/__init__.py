@@ -7,6 +7,7 @@ from engine.kv.allocator import (
     KVOutOfBlocks,
     KVStats,
 )
+from engine.kv.attention import dense_attention, paged_decode_attention
 from engine.kv.chunks import (
     AttentionMemoryModel,
     chunk_spans,
@@ -17,25 +18,34 @@ from engine.kv.chunks import (
 from engine.kv.offload import OffloadChain, make_offload_tiers
 from engine.kv.pool import UNBOUNDED, BlockPool, growth_sequence, next_pool_size
 from engine.kv.prefix import ROOT, id_block_keys, num_blocks, token_block_keys
+from engine.kv.quant import FORMATS, GROUP_SIZES, KVFormat
+from engine.kv.storage import KVLayout, KVStorage
 
 __all__ = [
     "ALLOWED_BLOCK_TOKENS",
+    "FORMATS",
+    "GROUP_SIZES",
     "ROOT",
     "UNBOUNDED",
     "Allocation",
     "AttentionMemoryModel",
     "BlockPool",
     "KVBlockAllocator",
+    "KVFormat",
+    "KVLayout",
     "KVOutOfBlocks",
     "KVStats",
+    "KVStorage",
     "OffloadChain",
     "chunk_spans",
+    "dense_attention",
     "growth_sequence",
     "id_block_keys",
     "make_offload_tiers",
     "max_context_tokens",
     "next_pool_size",
     "num_blocks",
+    "paged_decode_attention",
     "split_chunks",
     "token_block_keys",
     "validate_chunk_tokens",

@@ -171,8 +171,8 @@ def paged_decode_attention(
     acc = xp.zeros((batch, kvh, group, dim), dtype=xp.float32)
     ctx_dev = xp.asarray(ctx)
     offsets = xp.arange(chunk, dtype=xp.int64)
-    kbuf = xp.empty((batch, bpc, bt, kvh, dim), dtype=xp.float32)
-    vbuf = xp.empty_like(kbuf)
+    # One chunk buffer, reused for K then V of every step: working memory is O(batch x chunk).
+    buf = xp.empty((batch, bpc, bt, kvh, dim), dtype=xp.float32)
 
     for c in range(n_chunks):
         lo = c * chunk
@@ -183,10 +183,7 @@ def paged_decode_attention(
         act = slice(None) if everyone else xp.asarray(act_host)
         ids = table[act, c * bpc : (c + 1) * bpc]
         n_act = int(act_host.size)
-        # Two chunk buffers reused by every step: working memory is O(batch x chunk).
-        k, v = storage.read(layer, ids, out=(kbuf[:n_act], vbuf[:n_act]))
-        k = k.reshape(n_act, chunk, kvh, dim)
-        v = v.reshape(n_act, chunk, kvh, dim)
+        k = storage.read_keys(layer, ids, out=buf[:n_act]).reshape(n_act, chunk, kvh, dim)
         scores = xp.matmul(k.transpose(0, 2, 1, 3), qt[act])  # [A, kvh, chunk, group]
         if bool((ctx[act_host] < lo + chunk).any()):
             valid = (lo + offsets)[None, :] < ctx_dev[act][:, None]  # [A, chunk]
@@ -196,6 +193,7 @@ def paged_decode_attention(
         alpha = xp.exp(m_old - m_new)
         p = xp.exp(scores - m_new[:, :, None, :])
         l_new = alpha * lsum[act] + p.sum(axis=2)
+        v = storage.read_values(layer, ids, out=buf[:n_act]).reshape(n_act, chunk, kvh, dim)
         pv = xp.matmul(p.transpose(0, 1, 3, 2), v.transpose(0, 2, 1, 3))  # [A, kvh, group, dim]
         acc_new = alpha[..., None] * acc[act] + pv
         if everyone:

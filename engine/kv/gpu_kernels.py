@@ -29,8 +29,6 @@ THREADS = 128
 MAX_DIM = 256
 
 KERNEL_SOURCE = r"""
-#include <cuda_fp16.h>
-
 #define TILE __TILE__
 #define THREADS __THREADS__
 #define MAX_DIM __MAX_DIM__
@@ -38,7 +36,13 @@ KERNEL_SOURCE = r"""
 #define NEG_INF __int_as_float(0xff800000)
 
 __device__ __forceinline__ float to_f32(float x) { return x; }
-__device__ __forceinline__ float to_f32(__half x) { return __half2float(x); }
+// fp16 arrives as raw 16-bit words; one PTX conversion, so no header is needed under NVRTC.
+__device__ __forceinline__ float to_f32(unsigned short bits)
+{
+    float f;
+    asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(bits));
+    return f;
+}
 
 template <typename KV_T>
 __device__ void paged_attn(const float* __restrict__ q,          // [B, H, D]
@@ -138,12 +142,13 @@ extern "C" __global__ void paged_attn_f32(const float* q, const float* k, const 
                       block_tokens, max_blocks, scale);
 }
 
-extern "C" __global__ void paged_attn_f16(const float* q, const __half* k, const __half* v,
+extern "C" __global__ void paged_attn_f16(const float* q, const unsigned short* k,
+                                          const unsigned short* v,
                                           const int* tables, const int* context_lens,
                                           float* out, int heads, int kv_heads, int dim,
                                           int block_tokens, int max_blocks, float scale)
 {
-    paged_attn<__half>(q, k, v, tables, context_lens, out, heads, kv_heads, dim,
+    paged_attn<unsigned short>(q, k, v, tables, context_lens, out, heads, kv_heads, dim,
                        block_tokens, max_blocks, scale);
 }
 """
@@ -166,7 +171,7 @@ def _kernel(xp: ModuleType, kv_dtype: str) -> Any:
     name = {"float32": "paged_attn_f32", "float16": "paged_attn_f16"}[kv_dtype]
     key = (xp.__name__, name)
     if key not in _CACHE:
-        _CACHE[key] = xp.RawKernel(kernel_source(), name, options=("-std=c++14",))
+        _CACHE[key] = xp.RawKernel(kernel_source(), name)
     return _CACHE[key]
 
 

@@ -367,12 +367,18 @@ class KVStorage:
         ``out``: optional ``(k_buf, v_buf)`` C-contiguous float32 arrays of that shape to fill
         and return (lets a chunked reader reuse two buffers instead of allocating per chunk).
         """
-        ids = self._ids(block_ids)
         k_out, v_out = (None, None) if out is None else out
-        return (
-            self._read(self._k[layer], ids, ids.ndim, self.layout.key_group, k_out),
-            self._read(self._v[layer], ids, -1, self.layout.value_group, v_out),
-        )
+        return self.read_keys(layer, block_ids, k_out), self.read_values(layer, block_ids, v_out)
+
+    def read_keys(self, layer: int, block_ids: Any, out: Any | None = None) -> Any:
+        """The K half of :meth:`read` (into ``out`` if given)."""
+        ids = self._ids(block_ids)
+        return self._read(self._k[layer], ids, ids.ndim, self.layout.key_group, out)
+
+    def read_values(self, layer: int, block_ids: Any, out: Any | None = None) -> Any:
+        """The V half of :meth:`read` (into ``out`` if given)."""
+        ids = self._ids(block_ids)
+        return self._read(self._v[layer], ids, -1, self.layout.value_group, out)
 
     def _read(self, t: _Tensor, ids: Any, axis: int, group: int, out: Any | None) -> Any:
         xp = self.xp

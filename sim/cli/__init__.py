@@ -11,6 +11,7 @@ from importlib.metadata import PackageNotFoundError, version
 import typer
 
 from sim.cli import cache as _cache
+from sim.cli import calibrate as _calibrate
 from sim.cli import run as _run
 
 app = typer.Typer(
@@ -25,6 +26,7 @@ app = typer.Typer(
 )
 app.add_typer(_cache.app, name="cache")
 app.command("run")(_run.run)
+app.command("calibrate")(_calibrate.calibrate)
 
 
 def _version_callback(value: bool) -> None:

@@ -1,0 +1,181 @@
+"""Fit probe measurements into the simulator's :class:`sim.costmodel.Profile` (R16).
+
+Fits (all from medians; quartiles stay in the ``fitted`` tables):
+
+* **links** -- ``time = latency + bytes / bandwidth`` by least squares over the sizes of one
+  link, each point weighted by ``1 / time`` (relative error), so the small sizes fix the
+  latency and the large ones the bandwidth. A negative latency is clamped to 0 and the
+  bandwidth refitted through the origin. Mapping onto the schema's links:
+  ``pcie`` = host->device, ``nvme`` = ssd->host, ``object_store`` = object->ssd,
+  ``nvlink`` = device->device (one device: an on-device copy), ``rdma`` = host->host
+  (no network on one machine: DRAM loopback stands in; the notes say so).
+* **hbm_bandwidth / dram_bandwidth** -- STREAM "copy" convention: a copy of ``n`` bytes moves
+  ``2n`` (read + write), so bandwidth = ``2n / time`` of the largest device->device /
+  host->host copy.
+* **flops** -- the best median matmul rate of the dtype (the largest shapes); since that is an
+  achieved rate, ``compute_efficiency`` is 1.0. On the NumPy backend fp16 is not measured
+  (the engine computes in fp32 there) and ``flops_fp16`` is the fp32 rate.
+* **kernel_launch_s** -- median of one tiny array operation; **per_layer_overhead_s** --
+  median of the tiny decoder layer (see :func:`hwbench.probes.overhead_probe`).
+* **memory sizes** -- host DRAM from the OS; device memory from CuPy on a GPU, else half the
+  DRAM (the NumPy arena that stands in for HBM shares it with the host tier).
+
+``fitted`` keeps every measurement as rows of numbers: ``copy_<link>`` (``->`` spelled ``_to_``),
+``matmul_<dtype>``, ``attention``, ``quant_<codec>``, ``overhead_<what>``, and the link fits as
+``link_fit`` rows.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import os
+import platform
+from collections.abc import Sequence
+from types import ModuleType
+
+import numpy as np
+
+from engine import backend
+from hwbench.probes import Measurement
+from sim.costmodel import (
+    GpuProfile,
+    HostProfile,
+    LinkProfile,
+    LinksProfile,
+    Profile,
+)
+
+LINK_MAP: dict[str, str] = {
+    "pcie": "host->device",
+    "nvme": "ssd->host",
+    "object_store": "object->ssd",
+    "nvlink": "device->device",
+    "rdma": "host->host",
+}
+LINK_CODES: dict[str, float] = {k: float(i) for i, k in enumerate(LINK_MAP)}
+
+__all__ = ["LINK_MAP", "fit_link", "fit_profile", "table_name"]
+
+
+def table_name(m: Measurement) -> str:
+    """Name of the ``fitted`` table a measurement goes into."""
+    label = m.label.replace("->", "_to_").replace("-", "_")
+    return f"{m.probe}_{label}" if m.probe != "attention" else "attention"
+
+
+def fit_link(sizes: Sequence[float], times: Sequence[float]) -> tuple[float, float]:
+    """``(latency_s, bandwidth_Bps)`` of ``time = latency + size / bandwidth``; see module doc.
+    Needs at least one point with ``size > 0``; the bandwidth returned is always > 0."""
+    n = np.asarray(sizes, dtype=np.float64)
+    t = np.asarray(times, dtype=np.float64)
+    if n.size == 0 or not (n > 0).any():
+        raise ValueError("fit_link needs at least one positive size")
+    w = 1.0 / np.maximum(t, 1e-12)
+    if n.size >= 2 and np.ptp(n) > 0:
+        design = np.stack([np.ones_like(n), n], axis=1) * w[:, None]
+        (a, inv_b), *_ = np.linalg.lstsq(design, t * w, rcond=None)
+    else:
+        a, inv_b = 0.0, 0.0
+    if a < 0 or inv_b <= 0:
+        a = max(0.0, float(a)) if inv_b > 0 else 0.0
+        inv_b = float(np.sum(w * w * n * (t - a)) / np.sum(w * w * n * n))
+    if inv_b <= 0:  # times do not grow with size at all: take the best observed rate
+        inv_b = float(np.min(t[n > 0] / n[n > 0]))
+    return float(a), float(1.0 / inv_b)
+
+
+def _device_bytes(xp: ModuleType, dram: int) -> int:
+    if backend.is_gpu(xp):
+        _free, total = xp.cuda.runtime.memGetInfo()
+        return int(total)
+    return dram // 2
+
+
+def _dram_bytes() -> int:
+    try:
+        return int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
+    except (ValueError, OSError, AttributeError):
+        return 16 * 1024**3
+
+
+def fit_profile(
+    measurements: Sequence[Measurement],
+    xp: ModuleType,
+    name: str,
+    *,
+    mode: str = "quick",
+    when: _dt.datetime | None = None,
+    hostname: str | None = None,
+) -> Profile:
+    """A ``source="measured"`` Profile from the probes' measurements (see module doc)."""
+    by_link: dict[str, list[Measurement]] = {}
+    for m in measurements:
+        if m.probe == "copy":
+            by_link.setdefault(m.label, []).append(m)
+    links: dict[str, LinkProfile] = {}
+    fit_rows = []
+    for schema_name, link in LINK_MAP.items():
+        ms = sorted(by_link.get(link, []), key=lambda m: m.params["bytes"])
+        if not ms:
+            raise ValueError(f"no copy measurements for link {link!r}")
+        lat, bw = fit_link([m.params["bytes"] for m in ms], [m.median_s for m in ms])
+        links[schema_name] = LinkProfile(bandwidth=bw, latency=lat)
+        fit_rows.append({"link": LINK_CODES[schema_name], "latency_s": lat, "bandwidth": bw})
+
+    def stream_bw(link: str) -> float:
+        big = max(by_link[link], key=lambda m: m.params["bytes"])
+        return 2.0 * big.params["bytes"] / big.median_s
+
+    def best_rate(probe: str, label: str) -> float | None:
+        rates = [m.rate for m in measurements if m.probe == probe and m.label == label]
+        return max(rates) if rates else None
+
+    fp32 = best_rate("matmul", "float32")
+    if fp32 is None:
+        raise ValueError("no float32 matmul measurements")
+    fp16 = best_rate("matmul", "float16") or fp32
+    overhead = {m.label: m.median_s for m in measurements if m.probe == "overhead"}
+    dram = _dram_bytes()
+    tables: dict[str, list[dict[str, float]]] = {"link_fit": fit_rows}
+    for m in measurements:
+        tables.setdefault(table_name(m), []).append(m.row())
+    when = when or _dt.datetime.now(_dt.UTC)
+    host = hostname or platform.node() or "unknown"
+    threads = {
+        k: os.environ[k] for k in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS") if k in os.environ
+    }
+    notes = (
+        f"Measured by `pdsim calibrate` ({mode}) on {host} with the {backend.name(xp)} backend; "
+        f"{platform.platform()}, {os.cpu_count()} CPUs, numpy {np.__version__}, "
+        f"BLAS threads {threads or 'default'}. "
+        "Links: pcie=host->device, nvme=ssd->host (page cache dropped where the OS allows), "
+        "object_store=object->ssd (fsspec local directory), nvlink=device->device copy, "
+        "rdma=host->host copy (no network on one machine: loopback stand-in). "
+        "hbm/dram bandwidth: 2*bytes/time of the largest copy. flops: best achieved matmul "
+        "rate (compute_efficiency 1.0)"
+        + (
+            "; fp16 not measured on NumPy, flops_fp16 = fp32 rate."
+            if not backend.is_gpu(xp)
+            else "."
+        )
+        + " Device memory on a CPU: half the DRAM (NumPy arena standing in for HBM)."
+    )
+    return Profile(
+        name=name,
+        source="measured",
+        measured_at=when.isoformat(timespec="seconds"),
+        hostname=host,
+        notes=notes,
+        gpu=GpuProfile(
+            hbm_bytes=_device_bytes(xp, dram),
+            hbm_bandwidth=stream_bw("device->device"),
+            flops_fp16=fp16,
+            flops_fp32=fp32,
+            compute_efficiency=1.0,
+            kernel_launch_s=overhead.get("op", 0.0),
+            per_layer_overhead_s=overhead.get("layer", 0.0),
+        ),
+        host=HostProfile(dram_bytes=dram, dram_bandwidth=stream_bw("host->host")),
+        links=LinksProfile(**links),
+        fitted=tables,
+    )

@@ -1,0 +1,126 @@
+"""``pdsim calibrate``: run the hardware probes and write a measured profile (R16).
+
+``pdsim calibrate [--backend cpu|gpu] [--quick|--tiny] --out profiles/NAME.json`` runs the
+probes of :mod:`hwbench.probes` with a progress bar, fits them into the simulator's profile
+schema (:func:`hwbench.profile.fit_profile`) and writes the JSON atomically (temporary file,
+then rename), so a failed run never leaves a half-written profile. The default output is
+``profiles/<backend>-<hostname>.json``. The profile is re-read through
+:func:`sim.costmodel.parse_profile` before it is written, so what lands on disk always
+validates. Probe scratch files go to a temporary directory (``--workdir`` to choose where:
+the SSD link is measured on that filesystem).
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import tempfile
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from engine.errors import InputError
+from sim.cli.common import console, err_console, user_errors
+
+BACKENDS: dict[str, str] = {"cpu": "numpy", "gpu": "cupy"}
+
+
+def _fmt_rate(v: float, unit: str) -> str:
+    for scale, prefix in ((1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k")):
+        if v >= scale:
+            return f"{v / scale:.3g} {prefix}{unit}"
+    return f"{v:.3g} {unit}"
+
+
+def calibrate(
+    backend: Annotated[
+        str, typer.Option("--backend", "-b", help="Array backend to measure: cpu or gpu.")
+    ] = "cpu",
+    quick: Annotated[
+        bool, typer.Option("--quick", help="Fewer sizes and repeats (about a minute).")
+    ] = False,
+    tiny: Annotated[
+        bool, typer.Option("--tiny", help="Smallest probe set (seconds; for tests).")
+    ] = False,
+    out: Annotated[
+        Path | None,
+        typer.Option(
+            "--out", "-o", help="Profile JSON to write. Default: profiles/<backend>-<host>.json."
+        ),
+    ] = None,
+    name: Annotated[
+        str | None, typer.Option("--name", help="Profile name. Default: the output file's stem.")
+    ] = None,
+    workdir: Annotated[
+        Path | None,
+        typer.Option("--workdir", help="Scratch directory for the SSD/object-store probes."),
+    ] = None,
+) -> None:
+    """Measure this machine and write a calibration profile for the simulator."""
+    with user_errors():
+        if backend not in BACKENDS:
+            raise InputError(f"--backend {backend!r} not allowed; allowed: {', '.join(BACKENDS)}")
+        from engine.backend import BackendUnavailable, get_backend
+        from hwbench.probes import ProbeConfig, plan
+        from hwbench.profile import fit_profile
+        from sim.costmodel import parse_profile
+
+        try:
+            xp = get_backend(BACKENDS[backend])
+        except BackendUnavailable as err:
+            raise InputError(f"--backend {backend}: {err}") from None
+        mode = "tiny" if tiny else "quick" if quick else "full"
+        cfg = {"tiny": ProbeConfig.tiny, "quick": ProbeConfig.quick, "full": ProbeConfig.full}[
+            mode
+        ]()
+        host = platform.node() or "unknown"
+        path = out if out is not None else Path("profiles") / f"{backend}-{host}.json"
+        if path.exists() and path.is_dir():
+            raise InputError("is a directory; allowed: a .json file path", source=str(path))
+        measurements = []
+        if workdir is not None:
+            workdir.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory(prefix="pdsim-calibrate-", dir=workdir) as scratch:
+            steps = plan(cfg, xp, Path(scratch))
+            columns = (
+                TextColumn("[bold]{task.description:<22}"),
+                BarColumn(),
+                MofNCompleteColumn(),
+                TimeElapsedColumn(),
+            )
+            with Progress(*columns, console=err_console, transient=True) as progress:
+                task = progress.add_task("probes", total=len(steps))
+                for step in steps:
+                    progress.update(task, description=step.name)
+                    measurements.extend(step.run())
+                    progress.advance(task)
+        profile = fit_profile(measurements, xp, name or path.stem, mode=mode)
+        text = profile.model_dump_json(indent=2) + "\n"
+        parse_profile(text, str(path))  # what is written must load
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=path.name, suffix=".tmp", dir=path.parent)
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+        os.replace(tmp, path)
+
+    table = Table(title=f"profile {profile.name} ({mode}, {backend})", header_style="bold")
+    table.add_column("quantity")
+    table.add_column("value", justify="right")
+    g, links = profile.gpu, profile.links
+    table.add_row("matmul fp32 (best)", _fmt_rate(g.flops_fp32, "FLOP/s"))
+    table.add_row("matmul fp16 (best)", _fmt_rate(g.flops_fp16, "FLOP/s"))
+    table.add_row("device memory bandwidth", _fmt_rate(g.hbm_bandwidth, "B/s"))
+    table.add_row("host memory bandwidth", _fmt_rate(profile.host.dram_bandwidth, "B/s"))
+    for link_name in ("object_store", "nvme", "pcie", "nvlink", "rdma"):
+        lp = getattr(links, link_name)
+        table.add_row(
+            f"link {link_name}",
+            f"{_fmt_rate(lp.bandwidth, 'B/s')}, {lp.latency * 1e6:.3g} us",
+        )
+    table.add_row("per-op overhead", f"{g.kernel_launch_s * 1e6:.3g} us")
+    table.add_row("per-layer overhead", f"{g.per_layer_overhead_s * 1e6:.3g} us")
+    console.print(table)
+    console.print(f"wrote {path}")

@@ -1,0 +1,102 @@
+"""Fitted profile validates and round-trips; `pdsim calibrate` writes one and refuses bad input."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from typer.testing import CliRunner
+
+from engine.backend import cupy_status
+from hwbench.probes import ProbeConfig, run_probes
+from hwbench.profile import LINK_MAP, fit_profile
+from sim.cli import app
+from sim.costmodel import CostModel, Profile, load_profile, parse_profile
+from sim.models import load_catalogue
+
+runner = CliRunner()
+
+
+@pytest.fixture(scope="module")
+def profile(tmp_path_factory: pytest.TempPathFactory) -> Profile:
+    steps: list[str] = []
+    ms = run_probes(ProbeConfig.tiny(), np, tmp_path_factory.mktemp("probes"), steps.append)
+    assert len(steps) == 10  # 6 links, matmul, attention, quantisation, overheads
+    when = dt.datetime(2026, 1, 2, 3, 4, 5, tzinfo=dt.UTC)
+    return fit_profile(ms, np, "cpu-test", mode="tiny", when=when, hostname="testhost")
+
+
+def test_profile_is_measured_and_validates(profile: Profile) -> None:
+    assert profile.source == "measured"
+    assert profile.hostname == "testhost"
+    assert profile.measured_at == "2026-01-02T03:04:05+00:00"
+    assert "numpy backend" in profile.notes and "tiny" in profile.notes
+    assert profile.gpu.flops_fp32 > 0 and profile.gpu.compute_efficiency == 1.0
+    assert profile.gpu.per_layer_overhead_s > profile.gpu.kernel_launch_s > 0
+    for name in LINK_MAP:
+        link = getattr(profile.links, name)
+        assert link.bandwidth > 0 and link.latency >= 0
+    assert len(profile.fitted["link_fit"]) == 5
+    assert len(profile.fitted["copy_host_to_device"]) == len(ProbeConfig.tiny().copy_sizes)
+    assert {"batch", "context", "median_s"} <= set(profile.fitted["attention"][0])
+
+
+def test_profile_round_trips_through_json(profile: Profile, tmp_path: Path) -> None:
+    text = profile.model_dump_json(indent=2)
+    assert parse_profile(text, "mem") == profile
+    path = tmp_path / "p.json"
+    path.write_text(text)
+    assert load_profile(path) == profile
+    json.loads(text)  # plain JSON, no NaN/inf
+    assert "NaN" not in text and "Infinity" not in text
+
+
+def test_simulator_cost_model_accepts_the_profile(profile: Profile) -> None:
+    model = load_catalogue()["llama-2-7b"]
+    cm = CostModel(profile, model)
+    assert 0 < cm.decode_step_time(1, 100) < cm.decode_step_time(8, 8000)
+    assert cm.transfer_time(2**20, "nvme") > cm.transfer_time(0, "nvme")
+
+
+def test_cli_calibrate_tiny_writes_a_valid_profile(tmp_path: Path) -> None:
+    out = tmp_path / "profiles" / "mine.json"
+    res = runner.invoke(app, ["calibrate", "--tiny", "--out", str(out)])
+    assert res.exit_code == 0, res.output
+    p = load_profile(out)
+    assert p.name == "mine" and p.source == "measured" and p.hostname
+    assert "wrote" in res.output and not list(out.parent.glob("*.tmp"))
+
+
+def test_cli_bad_backend_exits_2(tmp_path: Path) -> None:
+    out = tmp_path / "x.json"
+    res = runner.invoke(app, ["calibrate", "--backend", "tpu", "--tiny", "--out", str(out)])
+    assert res.exit_code == 2
+    assert "allowed: cpu, gpu" in res.output
+    assert not out.exists()
+
+
+@pytest.mark.skipif(cupy_status()[0] is not None, reason="a GPU is present here")
+def test_cli_gpu_without_gpu_exits_2(tmp_path: Path) -> None:
+    res = runner.invoke(
+        app, ["calibrate", "--backend", "gpu", "--tiny", "--out", str(tmp_path / "g.json")]
+    )
+    assert res.exit_code == 2
+    assert "cupy" in res.output
+
+
+def test_cli_out_is_a_directory_exits_2(tmp_path: Path) -> None:
+    res = runner.invoke(app, ["calibrate", "--tiny", "--out", str(tmp_path)])
+    assert res.exit_code == 2 and "directory" in res.output
+
+
+@pytest.mark.gpu
+def test_cli_calibrate_gpu(tmp_path: Path) -> None:
+    out = tmp_path / "gpu.json"
+    res = runner.invoke(app, ["calibrate", "--backend", "gpu", "--tiny", "--out", str(out)])
+    assert res.exit_code == 0, res.output
+    p = load_profile(out)
+    assert "cupy backend" in p.notes and p.gpu.flops_fp16 > 0
+    assert len(p.fitted["matmul_float16"]) == len(ProbeConfig.tiny().matmul_shapes)

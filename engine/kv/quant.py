@@ -144,7 +144,8 @@ def dequantize_groups(
     if out is None:
         out = xp.empty(codes.shape, dtype=xp.float32)
     view = out.reshape(gshape)
-    xp.multiply(codes.reshape(gshape), xp.expand_dims(scale, red), out=view)
+    view[...] = codes.reshape(gshape)  # cast first: same-type in-place ops are ~3x faster
+    view *= xp.expand_dims(scale, red)  # than one mixed uint8 x float32 broadcasting ufunc
     view += xp.expand_dims(zero, red)
     return out
 

@@ -25,7 +25,7 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -240,7 +240,7 @@ def write_model(
         for cid in ids:
             lo = int(table.offset[cid])
             piece = data[lo : lo + int(table.size[cid])]
-            crc, sha = chunk_checksums(memoryview(piece))
+            crc, sha = chunk_checksums(piece.data)
             records.append(ChunkRecord(cid, layer, int(piece.size), crc, sha))
             store.put(chunk_name(model, version, cid), piece)
     manifest = Manifest(model, version, seed, dtype, chunk_bytes, sizes, tuple(records))
@@ -278,14 +278,14 @@ class ChunkStore:
         return (self.manifest.model, chunk_id)
 
     def _name_of(self, key: Key) -> str:
-        model, cid = key  # type: ignore[misc]
+        model, cid = cast(tuple[str, int], key)
         return chunk_name(model, self.manifest.version, cid)
 
     def _valid(self, key: Key, data: np.ndarray) -> bool:
         rec = self._records[key[1]]  # type: ignore[index]
         if int(data.size) != rec.size:
             return False
-        return chunk_checksums(memoryview(np.ascontiguousarray(data))) == (rec.crc32c, rec.sha256)
+        return chunk_checksums(np.ascontiguousarray(data).data) == (rec.crc32c, rec.sha256)
 
     # -- reads -----------------------------------------------------------------------------
     def read_chunk(

@@ -2,16 +2,16 @@
 
 Fits (all from medians; quartiles stay in the ``fitted`` tables):
 
-* **links** -- ``time = latency + bytes / bandwidth`` by least squares over the sizes of one
-  link, each point weighted by ``1 / time`` (relative error), so the small sizes fix the
-  latency and the large ones the bandwidth. A negative latency is clamped to 0 and the
-  bandwidth refitted through the origin. Mapping onto the schema's links:
+* **links** -- ``time = latency + bytes / bandwidth``: the bandwidth by least squares
+  (each point weighted by ``1 / time``) over the sizes of at least one chunk (256 KiB; smaller
+  copies run from CPU caches and would inflate it), the latency as the median residual of
+  the smaller sizes. A negative latency is clamped to 0. Mapping onto the schema's links:
   ``pcie`` = host->device, ``nvme`` = ssd->host, ``object_store`` = object->ssd,
   ``nvlink`` = device->device (one device: an on-device copy), ``rdma`` = host->host
   (no network on one machine: DRAM loopback stands in; the notes say so).
 * **hbm_bandwidth / dram_bandwidth** -- STREAM "copy" convention: a copy of ``n`` bytes moves
-  ``2n`` (read + write), so bandwidth = ``2n / time`` of the largest device->device /
-  host->host copy.
+  ``2n`` (read + write), so bandwidth = twice the fitted device->device / host->host copy
+  bandwidth.
 * **flops** -- the best median matmul rate of the dtype (the largest shapes); since that is an
   achieved rate, ``compute_efficiency`` is 1.0. On the NumPy backend fp16 is not measured
   (the engine computes in fp32 there) and ``flops_fp16`` is the fp32 rate.
@@ -36,6 +36,7 @@ from types import ModuleType
 import numpy as np
 
 from engine import backend
+from engine.chunks import MIN_CHUNK_BYTES
 from hwbench.probes import Measurement
 from sim.costmodel import (
     GpuProfile,
@@ -63,13 +64,24 @@ def table_name(m: Measurement) -> str:
     return f"{m.probe}_{label}" if m.probe != "attention" else "attention"
 
 
-def fit_link(sizes: Sequence[float], times: Sequence[float]) -> tuple[float, float]:
+def fit_link(
+    sizes: Sequence[float], times: Sequence[float], min_bandwidth_bytes: float = 0.0
+) -> tuple[float, float]:
     """``(latency_s, bandwidth_Bps)`` of ``time = latency + size / bandwidth``; see module doc.
-    Needs at least one point with ``size > 0``; the bandwidth returned is always > 0."""
-    n = np.asarray(sizes, dtype=np.float64)
-    t = np.asarray(times, dtype=np.float64)
-    if n.size == 0 or not (n > 0).any():
+
+    The bandwidth is fitted on the points with ``size >= min_bandwidth_bytes`` (all points if
+    fewer than two qualify); the latency is then the median over the smaller points of
+    ``time - size / bandwidth`` (clamped at 0), or the fit's intercept when there are none.
+    Needs at least one point with ``size > 0``; the bandwidth returned is always > 0.
+    """
+    n_all = np.asarray(sizes, dtype=np.float64)
+    t_all = np.asarray(times, dtype=np.float64)
+    if n_all.size == 0 or not (n_all > 0).any():
         raise ValueError("fit_link needs at least one positive size")
+    big = n_all >= min_bandwidth_bytes
+    if big.sum() < 2:
+        big = np.ones_like(n_all, dtype=bool)
+    n, t = n_all[big], t_all[big]
     w = 1.0 / np.maximum(t, 1e-12)
     if n.size >= 2 and np.ptp(n) > 0:
         design = np.stack([np.ones_like(n), n], axis=1) * w[:, None]
@@ -80,8 +92,11 @@ def fit_link(sizes: Sequence[float], times: Sequence[float]) -> tuple[float, flo
         a = max(0.0, float(a)) if inv_b > 0 else 0.0
         inv_b = float(np.sum(w * w * n * (t - a)) / np.sum(w * w * n * n))
     if inv_b <= 0:  # times do not grow with size at all: take the best observed rate
-        inv_b = float(np.min(t[n > 0] / n[n > 0]))
-    return float(a), float(1.0 / inv_b)
+        pos = n > 0
+        inv_b = float(np.min(t[pos] / n[pos])) if pos.any() else float(np.min(t_all / n_all))
+    if (~big).any():
+        a = float(np.median(t_all[~big] - n_all[~big] * inv_b))
+    return max(0.0, float(a)), float(1.0 / inv_b)
 
 
 def _device_bytes(xp: ModuleType, dram: int) -> int:
@@ -118,13 +133,14 @@ def fit_profile(
         ms = sorted(by_link.get(link, []), key=lambda m: m.params["bytes"])
         if not ms:
             raise ValueError(f"no copy measurements for link {link!r}")
-        lat, bw = fit_link([m.params["bytes"] for m in ms], [m.median_s for m in ms])
+        lat, bw = fit_link(
+            [m.params["bytes"] for m in ms], [m.median_s for m in ms], MIN_CHUNK_BYTES
+        )
         links[schema_name] = LinkProfile(bandwidth=bw, latency=lat)
         fit_rows.append({"link": LINK_CODES[schema_name], "latency_s": lat, "bandwidth": bw})
 
-    def stream_bw(link: str) -> float:
-        big = max(by_link[link], key=lambda m: m.params["bytes"])
-        return 2.0 * big.params["bytes"] / big.median_s
+    def stream_bw(schema_link: str) -> float:
+        return 2.0 * links[schema_link].bandwidth
 
     def best_rate(probe: str, label: str) -> float | None:
         rates = [m.rate for m in measurements if m.probe == probe and m.label == label]
@@ -151,7 +167,7 @@ def fit_profile(
         "Links: pcie=host->device, nvme=ssd->host (page cache dropped where the OS allows), "
         "object_store=object->ssd (fsspec local directory), nvlink=device->device copy, "
         "rdma=host->host copy (no network on one machine: loopback stand-in). "
-        "hbm/dram bandwidth: 2*bytes/time of the largest copy. flops: best achieved matmul "
+        "hbm/dram bandwidth: 2x the fitted copy bandwidth (read+write). flops: best achieved matmul "
         "rate (compute_efficiency 1.0)"
         + (
             "; fp16 not measured on NumPy, flops_fp16 = fp32 rate."
@@ -168,14 +184,14 @@ def fit_profile(
         notes=notes,
         gpu=GpuProfile(
             hbm_bytes=_device_bytes(xp, dram),
-            hbm_bandwidth=stream_bw("device->device"),
+            hbm_bandwidth=stream_bw("nvlink"),
             flops_fp16=fp16,
             flops_fp32=fp32,
             compute_efficiency=1.0,
             kernel_launch_s=overhead.get("op", 0.0),
             per_layer_overhead_s=overhead.get("layer", 0.0),
         ),
-        host=HostProfile(dram_bytes=dram, dram_bandwidth=stream_bw("host->host")),
+        host=HostProfile(dram_bytes=dram, dram_bandwidth=stream_bw("rdma")),
         links=LinksProfile(**links),
         fitted=tables,
     )

@@ -39,7 +39,7 @@ class SsdTier(Tier):
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_name(path.name + _TMP_SUFFIX)
         with open(tmp, "wb") as f:
-            f.write(memoryview(as_host_bytes(data)))
+            f.write(as_host_bytes(data).data)
         os.replace(tmp, path)
 
     def get(self, name: str) -> np.ndarray:
@@ -48,7 +48,7 @@ class SsdTier(Tier):
             with open(path, "rb", buffering=0) as f:
                 size = os.fstat(f.fileno()).st_size
                 out = np.empty(size, dtype=np.uint8)
-                view = memoryview(out)
+                view = out.data
                 got = 0
                 while got < size:  # readinto may return short counts
                     n = f.readinto(view[got:])

@@ -113,3 +113,16 @@ def test_fit_link_degenerate_inputs() -> None:
     assert fit_link([4096], [1e-3]) == (0.0, pytest.approx(4096 / 1e-3))
     with pytest.raises(ValueError, match="positive size"):
         fit_link([0], [1.0])
+
+
+def test_fit_link_ignores_cache_resident_sizes_for_bandwidth() -> None:
+    """Small copies served from CPU caches run faster than DRAM; with a 256 KiB threshold
+    the bandwidth comes from the big copies and the latency from the small ones."""
+    sizes = [4096, 65536, 2**20, 2**22, 2**24]
+    dram_bw, cache_bw, lat = 5e9, 50e9, 1e-6
+    times = [lat + s / (cache_bw if s < 2**18 else dram_bw) for s in sizes]
+    lat_fit, bw = fit_link(sizes, times, 2**18)
+    assert bw == pytest.approx(dram_bw, rel=1e-6)
+    assert lat_fit == 0.0  # small copies beat the DRAM line: clamped, never negative
+    lat_fit, bw = fit_link(sizes, [2e-6 + s / dram_bw for s in sizes], 2**18)
+    assert (lat_fit, bw) == (pytest.approx(2e-6), pytest.approx(dram_bw))

@@ -8,9 +8,10 @@ running weighted sum ``acc``)::
     m' = max(m, max_t s_t);  a = exp(m - m');  p_t = exp(s_t - m')
     l' = a * l + sum_t p_t;  acc' = a * acc + sum_t p_t v_t;   out = acc / l   (at the end)
 
-so working memory is O(batch x chunk) rather than O(batch x context). Sequences of different
-lengths share each chunk step: only sequences that still have tokens in the chunk take part
-(an index subset), and slots past a sequence's length inside its last chunk are masked.
+so working memory is O(chunk) rather than O(context). Sequences of different lengths share
+each chunk step: only sequences that still have tokens in the chunk take part (an index
+subset, split into groups whose gathered K fits ``step_bytes`` so it is still in cache when
+BLAS reads it), and slots past a sequence's length inside its last chunk are masked.
 
 Grouped-query attention: ``q`` has ``heads`` heads and the store ``kv_heads``; ``kv_heads``
 must divide ``heads`` and query head ``h`` reads KV head ``h // (heads // kv_heads)``.
@@ -35,6 +36,8 @@ import numpy as np
 from engine import backend
 from engine.errors import InputError
 from engine.kv.storage import KVStorage
+
+STEP_BYTES = 2 * 1024 * 1024  # about one core's L2 here; see benchmarks/kv.py
 
 __all__ = ["dense_attention", "pad_block_tables", "paged_decode_attention"]
 
@@ -128,6 +131,7 @@ def paged_decode_attention(
     *,
     layer: int = 0,
     use_kernel: bool = True,
+    step_bytes: int = STEP_BYTES,
 ) -> Any:
     """Decode attention for a batch: ``q`` ``[batch, heads, head_dim]`` against the K/V of
     ``layer`` in ``storage`` reached through ``block_tables`` (per sequence, block ids in token
@@ -135,7 +139,11 @@ def paged_decode_attention(
     (zeros for a sequence of length 0).
 
     ``chunk_tokens``: tokens read per step (a multiple of ``block_tokens``); None reads each
-    sequence's whole context in one step. ``scale`` defaults to ``1 / sqrt(head_dim)``.
+    sequence's whole context in one step (on a CPU that is slow for long contexts: the BLAS
+    calls then stride over thousands of 4 KiB-aligned rows; 128-512-token chunks are fastest,
+    see benchmarks/kv.py). ``scale`` defaults to ``1 / sqrt(head_dim)``.
+    ``step_bytes`` bounds the float32 K (or V) gathered per step: sequences sharing a chunk
+    step are processed in groups that fit (at least one sequence of one chunk per step).
     ``xp`` defaults to ``storage.xp``. On CuPy with an fp32/fp16 store and ``use_kernel`` the
     CUDA kernel runs instead (its tiles play the role of chunks).
     """
@@ -171,35 +179,36 @@ def paged_decode_attention(
     acc = xp.zeros((batch, kvh, group, dim), dtype=xp.float32)
     ctx_dev = xp.asarray(ctx)
     offsets = xp.arange(chunk, dtype=xp.int64)
-    # One chunk buffer, reused for K then V of every step: working memory is O(batch x chunk).
-    buf = xp.empty((batch, bpc, bt, kvh, dim), dtype=xp.float32)
+    # Sequences per step: as many as keep one step's float32 K (then V) within step_bytes, so
+    # the gathered chunk is still in cache when BLAS reads it (at least one sequence).
+    per_step = max(1, min(batch, int(step_bytes) // (chunk * kvh * dim * 4)))
+    # One buffer, reused for K then V of every step: working memory is O(per_step x chunk).
+    buf = xp.empty((per_step, bpc, bt, kvh, dim), dtype=xp.float32)
 
     for c in range(n_chunks):
         lo = c * chunk
-        act_host = np.flatnonzero(ctx > lo)  # sequences with tokens in this chunk
-        if act_host.size == 0:
-            break
-        everyone = act_host.size == batch
-        act = slice(None) if everyone else xp.asarray(act_host)
-        ids = table[act, c * bpc : (c + 1) * bpc]
-        n_act = int(act_host.size)
-        k = storage.read_keys(layer, ids, out=buf[:n_act]).reshape(n_act, chunk, kvh, dim)
-        scores = xp.matmul(k.transpose(0, 2, 1, 3), qt[act])  # [A, kvh, chunk, group]
-        if bool((ctx[act_host] < lo + chunk).any()):
-            valid = (lo + offsets)[None, :] < ctx_dev[act][:, None]  # [A, chunk]
-            scores = xp.where(valid[:, None, :, None], scores, xp.float32(-xp.inf))
-        m_old = m[act]
-        m_new = xp.maximum(m_old, scores.max(axis=2))  # finite: each active seq has a token
-        alpha = xp.exp(m_old - m_new)
-        p = xp.exp(scores - m_new[:, :, None, :])
-        l_new = alpha * lsum[act] + p.sum(axis=2)
-        v = storage.read_values(layer, ids, out=buf[:n_act]).reshape(n_act, chunk, kvh, dim)
-        pv = xp.matmul(p.transpose(0, 1, 3, 2), v.transpose(0, 2, 1, 3))  # [A, kvh, group, dim]
-        acc_new = alpha[..., None] * acc[act] + pv
-        if everyone:
-            m, lsum, acc = m_new, l_new, acc_new
-        else:
-            m[act], lsum[act], acc[act] = m_new, l_new, acc_new
+        live = np.flatnonzero(ctx > lo)  # sequences with tokens in this chunk
+        for g0 in range(0, live.size, per_step):
+            sub = live[g0 : g0 + per_step]
+            n_act = int(sub.size)
+            contiguous = int(sub[-1]) - int(sub[0]) + 1 == n_act
+            act = slice(int(sub[0]), int(sub[-1]) + 1) if contiguous else xp.asarray(sub)
+            ids = table[act, c * bpc : (c + 1) * bpc]
+            k = storage.read_keys(layer, ids, out=buf[:n_act]).reshape(n_act, chunk, kvh, dim)
+            scores = xp.matmul(k.transpose(0, 2, 1, 3), qt[act])  # [A, kvh, chunk, group]
+            if bool((ctx[sub] < lo + chunk).any()):
+                valid = (lo + offsets)[None, :] < ctx_dev[act][:, None]  # [A, chunk]
+                scores = xp.where(valid[:, None, :, None], scores, xp.float32(-xp.inf))
+            m_old = m[act]
+            m_new = xp.maximum(m_old, scores.max(axis=2))  # finite: each has a token here
+            alpha = xp.exp(m_old - m_new)
+            p = xp.exp(scores - m_new[:, :, None, :])
+            l_new = alpha * lsum[act] + p.sum(axis=2)
+            v = storage.read_values(layer, ids, out=buf[:n_act]).reshape(n_act, chunk, kvh, dim)
+            pv = xp.matmul(p.transpose(0, 1, 3, 2), v.transpose(0, 2, 1, 3))  # [A,kvh,group,dim]
+            acc[act] = alpha[..., None] * acc[act] + pv
+            m[act] = m_new
+            lsum[act] = l_new
 
     safe = xp.where(lsum > 0, lsum, xp.float32(1))
     out = acc / safe[..., None]

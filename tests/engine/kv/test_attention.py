@@ -122,6 +122,9 @@ def test_paged_equals_dense_and_chunked_equals_unchunked(
     assert rel_error(out, dense_attention(q, ks, vs), np) < SINGLE_SAMPLE_BOUND[fmt]
     whole = paged_decode_attention(q, store, tables, lens, chunk_tokens=None)
     assert rel_error(out, whole, np) < CHUNK_TOL
+    # one sequence per step (sub-batches with non-contiguous active sets) changes nothing
+    stepped = paged_decode_attention(q, store, tables, lens, chunk_tokens=chunk, step_bytes=1)
+    np.testing.assert_allclose(stepped, out, rtol=1e-5, atol=1e-7)
 
 
 @pytest.mark.parametrize("fmt", ["fp32", "int8"])

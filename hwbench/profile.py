@@ -12,9 +12,10 @@ Fits (all from medians; quartiles stay in the ``fitted`` tables):
 * **hbm_bandwidth / dram_bandwidth** -- STREAM "copy" convention: a copy of ``n`` bytes moves
   ``2n`` (read + write), so bandwidth = twice the fitted device->device / host->host copy
   bandwidth.
-* **flops** -- the best median matmul rate of the dtype (the largest shapes); since that is an
-  achieved rate, ``compute_efficiency`` is 1.0. On the NumPy backend fp16 is not measured
-  (the engine computes in fp32 there) and ``flops_fp16`` is the fp32 rate.
+* **flops** -- the best median matmul rate of the dtype (the "peak"); ``compute_efficiency``
+  is the median over the fp32 shapes with ``m >= 64`` (prefill / batched decode) of
+  rate / peak, so ``peak * efficiency`` is the typical achieved rate. On the NumPy backend
+  fp16 is not measured (the engine computes in fp32 there): ``flops_fp16`` = the fp32 rate.
 * **kernel_launch_s** -- median of one tiny array operation; **per_layer_overhead_s** --
   median of the tiny decoder layer (see :func:`hwbench.probes.overhead_probe`).
 * **memory sizes** -- host DRAM from the OS; device memory from CuPy on a GPU, else half the
@@ -106,6 +107,13 @@ def _device_bytes(xp: ModuleType, dram: int) -> int:
     return dram // 2
 
 
+def _load() -> str:
+    try:
+        return "/".join(f"{x:.2f}" for x in os.getloadavg())
+    except (OSError, AttributeError):
+        return "unknown"
+
+
 def _dram_bytes() -> int:
     try:
         return int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
@@ -150,6 +158,14 @@ def fit_profile(
     if fp32 is None:
         raise ValueError("no float32 matmul measurements")
     fp16 = best_rate("matmul", "float16") or fp32
+    # Achieved / peak over the batched shapes (m >= 64, as in prefill and batched decode):
+    # CostModel charges flops / (peak * efficiency), i.e. at this typical achieved rate.
+    batched = [
+        m.rate / fp32
+        for m in measurements
+        if m.probe == "matmul" and m.label == "float32" and m.params["m"] >= 64
+    ]
+    efficiency = float(np.clip(np.median(batched), 1e-3, 1.0)) if batched else 1.0
     overhead = {m.label: m.median_s for m in measurements if m.probe == "overhead"}
     dram = _dram_bytes()
     tables: dict[str, list[dict[str, float]]] = {"link_fit": fit_rows}
@@ -163,12 +179,12 @@ def fit_profile(
     notes = (
         f"Measured by `pdsim calibrate` ({mode}) on {host} with the {backend.name(xp)} backend; "
         f"{platform.platform()}, {os.cpu_count()} CPUs, numpy {np.__version__}, "
-        f"BLAS threads {threads or 'default'}. "
+        f"BLAS threads {threads or 'default'}, load average {_load()}. "
         "Links: pcie=host->device, nvme=ssd->host (page cache dropped where the OS allows), "
         "object_store=object->ssd (fsspec local directory), nvlink=device->device copy, "
         "rdma=host->host copy (no network on one machine: loopback stand-in). "
-        "hbm/dram bandwidth: 2x the fitted copy bandwidth (read+write). flops: best achieved matmul "
-        "rate (compute_efficiency 1.0)"
+        "hbm/dram bandwidth: 2x the fitted copy bandwidth (read+write). flops: best achieved "
+        "matmul rate; compute_efficiency: median achieved/best over shapes with m >= 64"
         + (
             "; fp16 not measured on NumPy, flops_fp16 = fp32 rate."
             if not backend.is_gpu(xp)
@@ -187,7 +203,7 @@ def fit_profile(
             hbm_bandwidth=stream_bw("nvlink"),
             flops_fp16=fp16,
             flops_fp32=fp32,
-            compute_efficiency=1.0,
+            compute_efficiency=efficiency,
             kernel_launch_s=overhead.get("op", 0.0),
             per_layer_overhead_s=overhead.get("layer", 0.0),
         ),

@@ -34,7 +34,12 @@ def test_profile_is_measured_and_validates(profile: Profile) -> None:
     assert profile.hostname == "testhost"
     assert profile.measured_at == "2026-01-02T03:04:05+00:00"
     assert "numpy backend" in profile.notes and "tiny" in profile.notes
-    assert profile.gpu.flops_fp32 > 0 and profile.gpu.compute_efficiency == 1.0
+    rows = profile.fitted["matmul_float32"]
+    best = max(r["rate"] for r in rows)
+    assert profile.gpu.flops_fp32 == pytest.approx(best) == profile.gpu.flops_fp16  # CPU
+    batched = sorted(r["rate"] / best for r in rows if r["m"] >= 64)
+    assert profile.gpu.compute_efficiency == pytest.approx(float(np.median(batched)))
+    assert 0 < profile.gpu.compute_efficiency <= 1.0
     assert profile.gpu.per_layer_overhead_s > profile.gpu.kernel_launch_s > 0
     for name in LINK_MAP:
         link = getattr(profile.links, name)

@@ -67,6 +67,7 @@ class RaftClient:
         self._target = self.members[0]
         self._waiting: simpy.Event | None = None
         self._registered = False
+        self._busy = False
         self.redirects = self.timeouts = 0
 
     def deliver(self, msg: Any) -> None:
@@ -82,8 +83,19 @@ class RaftClient:
     def call(self, op: str, key: str, value: Any = None) -> Generator[simpy.Event, Any, Any]:
         """SimPy generator: perform one operation; its value is the result or :data:`UNKNOWN`.
 
-        Use as ``result = yield env.process(client.call("put", "k", 1))``.
+        Use as ``result = yield env.process(client.call("put", "k", 1))``. A client has at
+        most one outstanding call (a second concurrent call raises ``RuntimeError``); use
+        several clients for concurrency.
         """
+        if self._busy:
+            raise RuntimeError(f"client {self.id}: one outstanding call at a time")
+        self._busy = True
+        try:
+            return (yield from self._call(op, key, value))
+        finally:
+            self._busy = False
+
+    def _call(self, op: str, key: str, value: Any) -> Generator[simpy.Event, Any, Any]:
         if not self._registered:
             self.transport.register(self.id, self.deliver)
             self._registered = True

@@ -71,22 +71,27 @@ def dense_attention(q: Any, K: Any, V: Any, scale: float | None = None) -> np.nd
 
 
 def pad_block_tables(
-    block_tables: Sequence[Sequence[int]] | Any, width: int, xp: ModuleType = np
-) -> Any:
-    """Block tables as one ``[batch, width]`` int64 array, short rows padded with block 0
-    (padding is never attended: positions past a sequence's length are masked)."""
+    block_tables: Sequence[Sequence[int]] | Any, width: int, used: Sequence[int] | Any
+) -> np.ndarray:
+    """Block tables as one host ``[batch, width]`` int64 array. Row ``b`` keeps its first
+    ``used[b]`` entries; every other cell (short rows, and padding such as -1 that a caller
+    put after a sequence's last block) becomes block 0, which is never attended (positions
+    past a sequence's length are masked)."""
     if hasattr(block_tables, "ndim") and block_tables.ndim == 2:
-        arr = backend.to_numpy(block_tables).astype(np.int64)
-        if arr.shape[1] >= width:
-            return xp.asarray(arr[:, :width])
-        rows: list[Sequence[int]] = [list(r) for r in arr]
+        rows: list[Sequence[int]] = list(backend.to_numpy(block_tables).astype(np.int64))
     else:
         rows = [list(r) for r in block_tables]
     out = np.zeros((len(rows), width), dtype=np.int64)
     for i, r in enumerate(rows):
-        n = min(len(r), width)
+        n = min(int(used[i]), len(r), width)
         out[i, :n] = np.asarray(r[:n], dtype=np.int64)
-    return xp.asarray(out)
+    return out
+
+
+def _check_ids(table: np.ndarray, num_blocks: int) -> None:
+    if table.size and (int(table.min()) < 0 or int(table.max()) >= num_blocks):
+        bad = int(table.min()) if int(table.min()) < 0 else int(table.max())
+        raise IndexError(f"block table holds block id {bad}; store has 0..{num_blocks - 1}")
 
 
 def _check_inputs(
@@ -157,10 +162,13 @@ def paged_decode_attention(
     max_len = int(ctx.max()) if batch else 0
     max_blocks = max(1, -(-max_len // bt))
 
+    used = -(-ctx // bt)  # blocks each sequence attends
     if backend.is_gpu(xp) and use_kernel and lay.fmt in ("fp32", "fp16"):
         kernels = backend.gpu_kernels(xp)
         k_data, v_data = storage.raw(layer)
-        table = pad_block_tables(block_tables, max_blocks, xp).astype(xp.int32)
+        host_table = pad_block_tables(block_tables, max_blocks, used)
+        _check_ids(host_table, storage.num_blocks)  # the kernel does no bounds checks
+        table = xp.asarray(host_table, dtype=xp.int32)
         return kernels.paged_decode_attention(
             xp, xp.asarray(q, dtype=xp.float32), k_data, v_data, table, xp.asarray(ctx, xp.int32), s
         )
@@ -168,7 +176,9 @@ def paged_decode_attention(
     chunk = max_blocks * bt if chunk_tokens is None else int(chunk_tokens)
     bpc = chunk // bt  # blocks per chunk
     n_chunks = max(1, -(-max_len // chunk))
-    table = pad_block_tables(block_tables, n_chunks * bpc, xp)
+    host_table = pad_block_tables(block_tables, n_chunks * bpc, used)
+    _check_ids(host_table, storage.num_blocks)
+    table = xp.asarray(host_table)
     group = heads // kvh
     # qt[b, k, :, g] is query head k * group + g, pre-multiplied by the softmax scale; kept
     # as [dim, group] so scores are K @ qt (K row-major: one BLAS call, no transposed K).

@@ -216,3 +216,19 @@ def test_against_torch_sdpa() -> None:
         vt = torch.from_numpy(vs[b]).permute(1, 0, 2).repeat_interleave(4, dim=0)[None]
         ref[b] = functional.scaled_dot_product_attention(qt, kt, vt)[0, :, 0, :].numpy()
     assert rel_error(out, ref, np) < 1e-5
+
+
+def test_padded_table_array_and_bad_block_ids() -> None:
+    """A [batch, width] table padded with -1 after each sequence's blocks is accepted (padding
+    is never read); an out-of-range id inside the used part is refused before any read."""
+    lens = [20, 3]
+    store, tables, ks, vs = _build("fp32", lens, block_tokens=8, kv_heads=1, head_dim=64)
+    padded = np.full((2, 5), -1, dtype=np.int64)
+    for b, t in enumerate(tables):
+        padded[b, : len(t)] = t
+    q = _query(2, 2, 64, 1)
+    out = paged_decode_attention(q, store, padded, lens, chunk_tokens=16)
+    assert rel_error(out, dense_attention(q, ks, vs), np) < 1e-5
+    padded[1, 0] = store.num_blocks
+    with pytest.raises(IndexError, match=f"block id {store.num_blocks}"):
+        paged_decode_attention(q, store, padded, lens)

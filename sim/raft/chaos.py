@@ -68,6 +68,7 @@ class SeedResult:
     acked: int = 0
     faults: int = 0
     leaders: int = 0
+    messages: int = 0
     sim_time: float = 0.0
 
     @property
@@ -231,5 +232,6 @@ def run_seed(seed: int, cfg: ChaosConfig | None = None) -> SeedResult:
     res.acked = len(checker.acked)
     res.faults = counter[0]
     res.leaders = len(checker.leaders)
+    res.messages = tr.sent
     res.sim_time = env.now
     return res

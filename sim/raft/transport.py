@@ -17,6 +17,7 @@ listed in any partition group (e.g. clients) reach every listed node.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
+from functools import partial
 from typing import Any, Protocol
 
 import numpy as np
@@ -59,6 +60,9 @@ class SimTransport:
         self._group_of: dict[int, int] = {}
         self._blocked: set[tuple[int, int]] = set()
         self.sent = self.delivered = self.dropped = self.duplicated = 0
+        self.latency: tuple[float, float] = (0.0, 0.0)
+        self.loss = 0.0
+        self.duplicate = 0.0
         self.set_link(latency=latency, loss=loss, duplicate=duplicate)
 
     def set_link(
@@ -74,10 +78,12 @@ class SimTransport:
                 raise InputError(f"latency {latency!r}: allowed: (min >= 0, jitter >= 0)")
             self.latency = (float(lo), float(jit))
         for name, p in (("loss", loss), ("duplicate", duplicate)):
-            if p is not None:
-                if not 0.0 <= p < 1.0:
-                    raise InputError(f"{name} = {p!r}: allowed: probability in [0, 1)")
-                setattr(self, name, float(p))
+            if p is not None and not 0.0 <= p < 1.0:
+                raise InputError(f"{name} = {p!r}: allowed: probability in [0, 1)")
+        if loss is not None:
+            self.loss = float(loss)
+        if duplicate is not None:
+            self.duplicate = float(duplicate)
 
     # -- endpoints and sending -------------------------------------------------------------
     def register(self, node: int, deliver: Deliver) -> None:
@@ -107,9 +113,9 @@ class SimTransport:
         for _ in range(copies):
             delay = lo + (self.rng.random() * jit if jit else 0.0)
             ev = self.env.timeout(delay)
-            ev.callbacks.append(lambda _ev, s=src, d=dst, m=msg: self._arrive(s, d, m))
+            ev.callbacks.append(partial(self._arrive, src, dst, msg))
 
-    def _arrive(self, src: int, dst: int, msg: Any) -> None:
+    def _arrive(self, src: int, dst: int, msg: Any, _ev: simpy.Event | None = None) -> None:
         deliver = self._endpoints.get(dst)
         if deliver is None or not self.can_reach(src, dst):
             self.dropped += 1

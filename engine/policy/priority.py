@@ -17,12 +17,22 @@ again scores lower and is evicted earlier; a negative ``w_c`` protects expensive
 instead. Ties break by older last reference, then by earlier insertion.
 
 Exact and fast: with ``a = w_s / staleness_unit``,
-``score(now) = [w_f*log(f+1) + a*last - w_c*cost] - a*now``. The bracket (the *key*) does
-not depend on ``now`` and the ``- a*now`` term is common to every object, so ranking by key
-at any ``now`` is exactly ranking by score. Keys live in a min-heap; a reference pushes a new
-entry and leaves the old one behind (lazy invalidation), and the heap is rebuilt when stale
-entries outnumber live ones. ``hit`` is O(log n); ``victim`` is O(log n) amortised plus the
-pinned objects it skips.
+``score(now) = [w_f*log(f+1) + a*last - w_c*cost] - a*now``. The bracket (the *rank key*)
+does not depend on ``now`` and the ``- a*now`` term is common to every object, so ranking by
+rank key at any ``now`` is exactly ranking by score. Heap entries are ordered by
+``(rank key, last reference, insertion number)``.
+
+* Usual case, ``w_f >= 0`` and ``w_s >= 0``: a reference can only *raise* an object's
+  ``(rank key, last)`` (floating-point rounding is monotone too), so ``hit`` is O(1): it
+  updates the object's record and marks its heap entry *dirty*; a dirty entry is a lower
+  bound of the object's true position. ``victim`` re-pushes dirty entries it meets at the top
+  with their current key and stops at the first clean one, which is then the true minimum.
+* Negative ``w_f`` or ``w_s``: a reference can lower the key, so ``hit`` pushes a fresh entry
+  at once and the old one goes stale (lazy invalidation).
+
+Stale entries (of removed objects) are dropped when they reach the top, and the heap is
+rebuilt when it holds more than twice the live objects. ``victim`` is O(log n) amortised per
+dirty entry it meets, plus the pinned objects it skips.
 """
 
 from __future__ import annotations
@@ -38,7 +48,7 @@ from engine.policy.registry import register
 # heap entry: (rank key, last reference, insertion number, entry number, key)
 _Entry = tuple[float, float, int, int, Key]
 # fields of a per-key record
-_FREQ, _COST, _INS, _LIVE, _LAST = range(5)
+_FREQ, _COST, _INS, _LIVE, _LAST, _DIRTY = range(6)
 
 
 def _check_knob(name: str, value: float, *, positive: bool = False) -> float:
@@ -57,14 +67,17 @@ class PriorityPolicy(EvictionPolicy):
     """Lowest-score-first eviction; see the module docstring for the score and its units.
 
     Per resident key ``k`` the policy keeps ``self._rec[k] = [freq, w_c * transfer_cost,
-    insertion number, live entry number, last reference]``.
+    insertion number, live entry number, last reference, dirty]``.
 
     Invariants kept here:
 
-    * ``self._rec[k][_LIVE]`` is the entry number of the one valid heap entry of resident
-      ``k``; every other heap entry of ``k`` (and every entry of a removed key) is stale;
-    * the valid entry of ``k`` carries ``k``'s current rank key, last reference and insertion
-      number, so the heap minimum among valid unpinned entries is the victim.
+    * every resident ``k`` has exactly one *live* heap entry, the one whose entry number is
+      ``self._rec[k][_LIVE]``; every other entry of ``k`` (and every entry of a removed key)
+      is stale and is dropped when met;
+    * a clean live entry (``dirty`` false) carries ``k``'s current rank key, last reference
+      and insertion number; a dirty one carries a tuple lexicographically <= the current one
+      (only in the monotone case, where references never lower the key);
+    * hence the first clean live unpinned entry in heap order is the victim.
     """
 
     def __init__(
@@ -83,6 +96,8 @@ class PriorityPolicy(EvictionPolicy):
             None if bandwidth is None else _check_knob("bandwidth", bandwidth, positive=True)
         )
         self._a = self.w_s / self.staleness_unit
+        # references never lower a key -> lazy (dirty-flag) updates are exact
+        self._monotone = self.w_f >= 0 and self._a >= 0
         self._heap: list[_Entry] = []
         self._rec: dict[Key, list[Any]] = {}
         self._n_ins = 0
@@ -110,24 +125,27 @@ class PriorityPolicy(EvictionPolicy):
         """References to resident ``key`` during its current residency (insert included)."""
         return int(self._rec[key][_FREQ])
 
-    def _push(self, key: Key, r: list[Any], now: float) -> None:
+    def _entry(self, key: Key, r: list[Any]) -> _Entry:
+        """A new live, clean entry for ``key`` from its record (updates the record)."""
         # time-and-cost part first, then the frequency term: objects with equal frequency
         # then compare exactly when their (last, cost) terms tie.
-        rank = self.w_f * math.log(r[_FREQ] + 1) + (self._a * (now - self._t0) - r[_COST])
+        rank = self.w_f * math.log(r[_FREQ] + 1) + (self._a * (r[_LAST] - self._t0) - r[_COST])
         self._n_entries = n = self._n_entries + 1
         r[_LIVE] = n
-        r[_LAST] = now
+        r[_DIRTY] = False
+        return (rank, r[_LAST], r[_INS], n, key)
+
+    def _push(self, key: Key, r: list[Any]) -> None:
         heap = self._heap
-        heapq.heappush(heap, (rank, now, r[_INS], n, key))
+        heapq.heappush(heap, self._entry(key, r))
         if len(heap) > 2 * len(self._rec) + 64:
             self._compact()
 
-    def _valid(self, e: _Entry) -> bool:
-        r = self._rec.get(e[4])
-        return r is not None and r[_LIVE] == e[3]
-
     def _compact(self) -> None:
-        self._heap = [e for e in self._heap if self._valid(e)]
+        rec = self._rec
+        self._heap = [
+            e for e in self._heap if (r := rec.get(e[4])) is not None and r[_LIVE] == e[3]
+        ]
         heapq.heapify(self._heap)
 
     # -- the policy protocol ---------------------------------------------------------------
@@ -137,37 +155,37 @@ class PriorityPolicy(EvictionPolicy):
         if self._n_ins == 0:
             self._t0 = now
         self._n_ins += 1
-        r = [1, self.w_c * self.transfer_cost(size, cost), self._n_ins, 0, now]
+        r = [1, self.w_c * self.transfer_cost(size, cost), self._n_ins, 0, now, False]
         self._rec[key] = r
-        self._push(key, r, now)
+        self._push(key, r)
 
     def hit(self, key: Key, now: float) -> None:
         r = self._rec[key]
         r[_FREQ] += 1
-        self._push(key, r, now)
+        r[_LAST] = now
+        if self._monotone:
+            r[_DIRTY] = True  # the live entry is now a lower bound; victim() refreshes it
+        else:
+            self._push(key, r)
 
     def victim(self, now: float, pinned: Container[Key] = ()) -> Key | None:
         heap = self._heap
-        valid = self._valid
-        # Drop stale entries from the top; they can never be valid again.
-        while heap and not valid(heap[0]):
-            heapq.heappop(heap)
-        if not heap:
-            return None
-        top = heap[0][4]
-        if top not in pinned:
-            return top
-        # Pinned objects are at the top: pop valid entries aside until an unpinned one shows,
-        # then put them back (heap order is unchanged as a multiset).
+        rec = self._rec
         aside: list[_Entry] = []
         found: Key | None = None
         while heap:
-            e = heapq.heappop(heap)
-            if not valid(e):
-                continue
-            aside.append(e)
-            if e[4] not in pinned:
-                found = e[4]
+            e = heap[0]
+            k = e[4]
+            r = rec.get(k)
+            if r is None or r[_LIVE] != e[3]:
+                heapq.heappop(heap)  # stale: can never be live again
+            elif r[_DIRTY]:
+                heapq.heapreplace(heap, self._entry(k, r))
+            elif k in pinned:
+                # clean, pinned: set aside; put back below (the multiset is unchanged)
+                aside.append(heapq.heappop(heap))
+            else:
+                found = k
                 break
         for e in aside:
             heapq.heappush(heap, e)
@@ -186,4 +204,11 @@ class PriorityPolicy(EvictionPolicy):
 
     def __iter__(self) -> Iterator[Key]:
         """Resident keys in eviction order (lowest score first)."""
-        return iter(e[4] for e in sorted(self._heap) if self._valid(e))
+        # refresh every dirty live entry first, so that heap order is the true order
+        self._heap = [
+            self._entry(e[4], r) if r[_DIRTY] else e
+            for e in self._heap
+            if (r := self._rec.get(e[4])) is not None and r[_LIVE] == e[3]
+        ]
+        heapq.heapify(self._heap)
+        return iter([e[4] for e in sorted(self._heap)])

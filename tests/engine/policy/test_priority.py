@@ -39,8 +39,8 @@ class PriorityMachine(RuleBasedStateMachine):
         self.p: PriorityPolicy | None = None
 
     @initialize(
-        w_f=grid,
-        w_s=grid,
+        w_f=st.one_of(grid, signed_grid),
+        w_s=st.one_of(grid, signed_grid),
         w_c=signed_grid,
         unit=st.sampled_from([0.5, 1.0, 2.0]),
         bandwidth=st.sampled_from([None, 4.0, 16.0]),
@@ -147,7 +147,7 @@ TestPriorityMachine.settings = settings(stateful_step_count=60)
 
 @settings(max_examples=30)
 @given(
-    w=st.tuples(st.floats(0, 2), st.floats(0, 2), st.floats(-2, 2)),
+    w=st.tuples(st.floats(-2, 2), st.floats(-2, 2), st.floats(-2, 2)),
     ops=st.lists(st.tuples(st.integers(0, 9), st.floats(0, 3), st.floats(0, 5)), max_size=80),
 )
 def test_victim_is_argmin_with_real_valued_weights(

@@ -6,6 +6,7 @@ and the diskless-restart caveat, ``sim/raft/checkers.py`` for what is checked on
 ``sim/raft/linearizability.py`` for the offline client-history check.
 """
 
+from sim.raft.chaos import ChaosConfig, SeedResult, run_seed
 from sim.raft.checkers import SafetyChecker, SafetyViolation, Violation
 from sim.raft.client import UNKNOWN, HistoryOp, RaftClient
 from sim.raft.config import RaftConfig
@@ -19,6 +20,7 @@ from sim.raft.transport import SimTransport, Transport
 __all__ = [
     "UNKNOWN",
     "Change",
+    "ChaosConfig",
     "Command",
     "Entry",
     "EventTrace",
@@ -32,8 +34,10 @@ __all__ = [
     "Role",
     "SafetyChecker",
     "SafetyViolation",
+    "SeedResult",
     "SimTransport",
     "Transport",
     "Violation",
     "WatchHub",
+    "run_seed",
 ]

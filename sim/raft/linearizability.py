@@ -43,9 +43,11 @@ def _freeze(v: Any) -> Hashable:
     return v  # type: ignore[no-any-return]
 
 
-def check_register(ops: Sequence[HistoryOp], max_states: int = 200_000) -> bool:
+def check_register(ops: Sequence[HistoryOp], max_states: int = 200_000, max_ops: int = 400) -> bool:
     """Is this single-key history linearizable? Raises :class:`SearchBudgetExceeded` when
-    the search needs more than ``max_states`` memoised states."""
+    the search needs more than ``max_states`` memoised states, or the key has more than
+    ``max_ops`` operations (the search recurses once per operation) -- meant for the client
+    histories of small runs."""
     items: list[_Op] = []
     for h in sorted(ops, key=lambda h: (h.invoke, h.client)):
         if h.op not in ("put", "get"):
@@ -56,6 +58,8 @@ def check_register(ops: Sequence[HistoryOp], max_states: int = 200_000) -> bool:
             continue
         items.append(_Op(h.op, _freeze(h.value), h.invoke, h.response, _freeze(h.result), True))
     n = len(items)
+    if n > max_ops:
+        raise SearchBudgetExceeded(f"{n} operations on one key; the limit is {max_ops}")
     required_mask = sum(1 << i for i, o in enumerate(items) if o.required)
     failed: set[tuple[int, Hashable]] = set()
 

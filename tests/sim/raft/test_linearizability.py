@@ -83,6 +83,8 @@ def test_budget() -> None:
     with pytest.raises(SearchBudgetExceeded):
         check_register(h, max_states=50)
     assert not check_register(h)  # memoisation keeps the full search small
+    with pytest.raises(SearchBudgetExceeded, match="limit is 10"):
+        check_register(h, max_ops=10)
 
 
 @st.composite

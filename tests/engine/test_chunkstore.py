@@ -190,3 +190,23 @@ def test_cache_decisions_follow_chunk_keys(tmp_path: Path) -> None:
     assert ssd.misses == 7 and ssd.hits == 14 - 7 - host.hits
     assert cs.stack.bytes_moved["object_store->ssd"] == sum(LAYERS)
     cs.stack.check()
+
+
+@pytest.mark.gpu
+def test_chunks_reach_gpu_memory_verified(tmp_path: Path) -> None:
+    from engine.backend import get_backend, to_numpy
+
+    xp = get_backend("cupy")
+    store = ObjectStoreTier(tmp_path / "objects")
+    m = write_model(store, MODEL, LAYERS, seed=11, chunk_bytes=CB)
+    stack = make_stack(
+        store, device_bytes=2 * CB, host_bytes=4 * CB, ssd_dir=tmp_path / "ssd",
+        ssd_bytes=64 * CB, xp=xp,
+    )  # fmt: skip
+    cs = ChunkStore(m, stack)
+    r = cs.read_chunk(0, now=0.0)
+    assert not isinstance(r.data, np.ndarray)  # a CuPy array on the device
+    assert np.array_equal(to_numpy(r.data), cs.expected_layer(0)[:CB])
+    flip(chunk_file(tmp_path, "objects", 3))
+    with pytest.raises(ChunkCorrupt):
+        cs.read_chunk(3, now=1.0)

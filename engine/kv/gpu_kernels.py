@@ -22,7 +22,15 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["KERNEL_SOURCE", "MAX_DIM", "THREADS", "TILE", "paged_decode_attention"]
+__all__ = [
+    "HALF_TO_FLOAT",
+    "KERNEL_SOURCE",
+    "MAX_DIM",
+    "THREADS",
+    "TILE",
+    "kernel_source",
+    "paged_decode_attention",
+]
 
 TILE = 32
 THREADS = 128
@@ -36,13 +44,7 @@ KERNEL_SOURCE = r"""
 #define NEG_INF __int_as_float(0xff800000)
 
 __device__ __forceinline__ float to_f32(float x) { return x; }
-// fp16 arrives as raw 16-bit words; one PTX conversion, so no header is needed under NVRTC.
-__device__ __forceinline__ float to_f32(unsigned short bits)
-{
-    float f;
-    asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(bits));
-    return f;
-}
+__HALF_TO_FLOAT__
 
 template <typename KV_T>
 __device__ void paged_attn(const float* __restrict__ q,          // [B, H, D]
@@ -154,10 +156,23 @@ extern "C" __global__ void paged_attn_f16(const float* q, const unsigned short* 
 """
 
 
-def kernel_source() -> str:
-    """The CUDA source with the tile constants substituted."""
+HALF_TO_FLOAT = r"""
+// fp16 arrives as raw 16-bit words; one PTX conversion, so no header is needed under NVRTC.
+__device__ __forceinline__ float to_f32(unsigned short bits)
+{
+    float f;
+    asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(bits));
+    return f;
+}
+"""
+
+
+def kernel_source(half_to_float: str = HALF_TO_FLOAT) -> str:
+    """The CUDA source with the tile constants substituted. ``half_to_float`` defines
+    ``float to_f32(unsigned short)``; the CPU emulation test swaps in a portable one."""
     return (
-        KERNEL_SOURCE.replace("__TILE__", str(TILE))
+        KERNEL_SOURCE.replace("__HALF_TO_FLOAT__", half_to_float)
+        .replace("__TILE__", str(TILE))
         .replace("__THREADS__", str(THREADS))
         .replace("__MAX_DIM__", str(MAX_DIM))
     )

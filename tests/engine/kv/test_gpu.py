@@ -121,6 +121,7 @@ _HARNESS = r"""
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <string>
 #include <thread>
 #include <vector>
 struct Dim3 { int x = 0, y = 0, z = 0; };
@@ -202,10 +203,8 @@ def emulator(tmp_path_factory: pytest.TempPathFactory) -> Path:
     if gxx is None:
         pytest.skip("g++ not installed; the CPU emulation of the CUDA kernel needs it")
     work = tmp_path_factory.mktemp("kernel_emulation")
-    src = _HARNESS.replace(
-        "__SOURCE__", gpu_kernels.kernel_source(half_to_float=_HOST_HALF)
-    ).replace("#include <string>", "")
-    (work / "emulate.cpp").write_text("#include <string>\n" + src, encoding="utf-8")
+    src = _HARNESS.replace("__SOURCE__", gpu_kernels.kernel_source(half_to_float=_HOST_HALF))
+    (work / "emulate.cpp").write_text(src, encoding="utf-8")
     binary = work / "emulate"
     subprocess.run(
         [gxx, "-std=c++20", "-O1", "-pthread", "-o", str(binary), str(work / "emulate.cpp")],

@@ -8,6 +8,7 @@ from collections.abc import Iterator
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 from engine.errors import InputError
 
@@ -21,10 +22,12 @@ def user_errors() -> Iterator[None]:
     try:
         yield
     except InputError as err:
-        err_console.print(f"[bold red]error:[/] {err}", soft_wrap=True)
+        err_console.print(f"[bold red]error:[/] {escape(str(err))}", soft_wrap=True)
         raise typer.Exit(code=2) from None
     except FileNotFoundError as err:
-        err_console.print(f"[bold red]error:[/] no such file: {err.filename}", soft_wrap=True)
+        err_console.print(
+            f"[bold red]error:[/] no such file: {escape(str(err.filename))}", soft_wrap=True
+        )
         raise typer.Exit(code=2) from None
 
 

@@ -79,7 +79,7 @@ def test_history_split_by_key() -> None:
 
 def test_budget() -> None:
     # many overlapping writes and a read of a never-written value: exponential without memo
-    h = [op("put", 0, 100, i) for i in range(14)] + [op("get", 0, 100, result=99)]
+    h = [op("put", 0, 100, i) for i in range(11)] + [op("get", 0, 100, result=99)]
     with pytest.raises(SearchBudgetExceeded):
         check_register(h, max_states=50)
     assert not check_register(h)  # memoisation keeps the full search small

@@ -163,6 +163,9 @@ class ColorLRUMachine(RuleBasedStateMachine):
             assert got == tuple(self.lookups[n])
         assert self.c.stats.lookups == sum(h + m for h, m in self.lookups.values())
         assert list(self.policy) == sorted(self.res, key=self.res.__getitem__)
+        for n in self.names:  # LRU order within each colour
+            mine = sorted((k for k in self.res if self.kcolor[k] == n), key=self.res.__getitem__)
+            assert list(self.policy._lists.get(n, ())) == mine
 
 
 TestColorLRUMachine = ColorLRUMachine.TestCase

@@ -144,9 +144,7 @@ def paged_decode_attention(
     (zeros for a sequence of length 0).
 
     ``chunk_tokens``: tokens read per step (a multiple of ``block_tokens``); None reads each
-    sequence's whole context in one step (on a CPU that is slow for long contexts: the BLAS
-    calls then stride over thousands of 4 KiB-aligned rows; 128-512-token chunks are fastest,
-    see benchmarks/kv.py). ``scale`` defaults to ``1 / sqrt(head_dim)``.
+    sequence's whole context in one step (working memory then grows with the context).
     ``step_bytes`` bounds the float32 K (or V) gathered per step: sequences sharing a chunk
     step are processed in groups that fit (at least one sequence of one chunk per step).
     ``xp`` defaults to ``storage.xp``. On CuPy with an fp32/fp16 store and ``use_kernel`` the

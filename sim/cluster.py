@@ -67,8 +67,15 @@ def check_feasible(sc: Scenario, catalogue: dict[str, Any], profile: Any) -> Non
         except InputError as err:
             raise InputError(str(err), source=src, where=f"cache.{field}") from None
     names = [c.name for c in sc.workload.classes]
+    for i, d in enumerate(sc.deployments):
+        if d.cls is not None and d.cls not in names:
+            raise InputError(
+                f"{d.cls!r} is not a workload class; classes: {', '.join(names)}",
+                source=src,
+                where=f"deployments[{i}].cls",
+            )
     for p in sc.degradation.protected:
-        if p not in names:
+        if sc.degradation.enabled and p not in names:
             raise InputError(
                 f"{p!r} is not a workload class; classes: {', '.join(names)}",
                 source=src,
@@ -137,9 +144,18 @@ def _model_rt(
             chunk_tokens=sc.kv.chunk_tokens,
         )
         max_ctx = att.max_context(kv_budget, chunked=sc.kv.attention == "chunked")
+    labels = [d.model for d in sc.deployments]
+    label = (
+        spec.name if labels.count(spec.name) == 1 else f"{spec.name}@v{sc.deployments[i].version}"
+    )
+    if (
+        labels.count(spec.name) > 1
+        and [f"{d.model}@v{d.version}" for d in sc.deployments].count(label) > 1
+    ):
+        label = f"{label}#{i}"
     return ModelRt(
         idx=i,
-        name=spec.name,
+        name=label,
         is_cnn=spec.kind == "cnn",
         cost=cost,
         layer_start=starts,
@@ -264,7 +280,9 @@ def build(
     env = CountingEnvironment()
     rngs = RngStreams(seed)
     shares = [d.share for d in sc.deployments]
-    wl = make_workload(sc.workload, shares, rngs.get("workload"), base_dir)
+    cnames = [cl.name for cl in sc.workload.classes]
+    forced = [cnames.index(d.cls) if d.cls is not None else None for d in sc.deployments]
+    wl = make_workload(sc.workload, shares, rngs.get("workload"), base_dir, forced)
     specs = [catalogue[d.model] for d in sc.deployments]
     hbm, host = _node_sizes(sc, profile)
     total = sum(s.param_bytes for s in specs)

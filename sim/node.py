@@ -105,7 +105,8 @@ class ComputeNode:
         self.up = True
         self.busy = 0.0
         self.proc: simpy.Process | None = None
-        self._rr = 0
+        self._cur = -1
+        self._quantum = 0
         self._window = sc.prefetch.window_batches if sc.prefetch.enabled else 0
         self._inp = wl.inp
         self._out = wl.out
@@ -168,16 +169,27 @@ class ComputeNode:
         mr = self.ctx.models[int(self._model[rid])]
         return self.kv.size(int(self._inp[rid]) + int(self._out[rid]), mr.kv_bytes_per_token)
 
+    def _runnable(self, m: int) -> bool:
+        if self.b_n[m]:
+            return True
+        h = self._head(m)
+        return h >= 0 and self.kv.can(self._kv_need(h)[0])
+
     def _pick(self) -> int:
+        """The model to run next: the current one until its quantum of ``max_steps_per_turn``
+        steps is used up (switching models is what evicts weights), then round-robin."""
+        cur = self._cur
+        if cur >= 0 and self._quantum < self.max_steps and self._runnable(cur):
+            return cur
         nm = len(self.b_n)
-        for i in range(nm):
-            m = (self._rr + i) % nm
-            if self.b_n[m]:
-                self._rr = m + 1
-                return m
-            h = self._head(m)
-            if h >= 0 and self.kv.can(self._kv_need(h)[0]):
-                self._rr = m + 1
+        for i in range(1, nm + 1):
+            m = (cur + i) % nm
+            if self._runnable(m):
+                if m != cur:
+                    self._quantum = 0
+                    self._cur = m
+                elif self._quantum >= self.max_steps:
+                    self._quantum = 0
                 return m
         return -1
 
@@ -219,6 +231,7 @@ class ComputeNode:
             ptok = int(self._inp[new].sum()) if new else 0
             t = mr.iter_time(ptok, len(new), n, self.b_base[m] + n * off)
             yield from self._execute(m, t, n + len(new))
+            self._quantum += 1
             off += 1
             self.b_off[m] = off
             now = env.now
@@ -231,7 +244,7 @@ class ComputeNode:
         else:
             k = self.b_heap[m][0][0] - off
             if self.qlen or self._others_running(m):
-                k = min(k, self.max_steps)
+                k = min(k, max(self.max_steps - self._quantum, 1))
             t_step = mr.iter_time(0, 0, n, self.b_base[m] + n * (off + (k - 1) / 2.0))
             t0 = env.now
             self.seg_model = m
@@ -242,6 +255,7 @@ class ComputeNode:
                 steps = min(k, int((env.now - t0) / t_step) + 1)
                 yield env.timeout(max(t0 + steps * t_step - env.now, 0.0))
             self.seg_model = -1
+            self._quantum += steps
             self.b_off[m] = off = off + steps
             self.busy += steps * t_step
             self.ctx.metrics.busy += steps * t_step

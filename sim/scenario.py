@@ -37,6 +37,8 @@ class Deployment(_M):
     model: str
     share: float = Field(1.0, gt=0)
     version: int = Field(1, ge=1)
+    #: every request of this model gets this workload class (else classes are drawn by share)
+    cls: str | None = None
 
 
 class NodeCfg(_M):

@@ -153,8 +153,10 @@ def make_workload(
     model_shares: list[float],
     rng: np.random.Generator,
     base_dir: Path | None = None,
+    model_classes: list[int | None] | None = None,
 ) -> Workload:
-    """Generate the workload ``cfg`` for deployments with traffic ``model_shares``."""
+    """Generate the workload ``cfg`` for deployments with traffic ``model_shares``;
+    ``model_classes[i]`` (a class index or ``None``) pins the class of model ``i``'s requests."""
     n = cfg.requests
     think = None
     if cfg.kind == "trace":
@@ -187,6 +189,9 @@ def make_workload(
         out = draw_tokens(cfg.output_tokens, n, rng)
     model = _categorical(model_shares, n, rng)
     cls = _categorical([c.share for c in cfg.classes], n, rng)
+    for i, forced in enumerate(model_classes or []):
+        if forced is not None:
+            cls[model == i] = forced
     return Workload(
         arrival=arrival.astype(np.float64),
         model=model,

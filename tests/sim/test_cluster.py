@@ -1,0 +1,184 @@
+"""Cluster components: layer/chunk invariant, coupled mode, KV accounting, degradation,
+placement policies and determinism (same seed -> same summary and trace hash)."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from sim.node import KvAccount
+from sim.runner import run_scenario
+from sim.scenario import validate
+
+SMALL: dict[str, Any] = {
+    "name": "small",
+    "deployments": [{"model": "llama-2-7b", "share": 0.5}, {"model": "llama-2-13b", "share": 0.5}],
+    "cluster": {
+        "nodes": 2,
+        "param_servers": 2,
+        "node": {"host": "16GiB", "weight_cache_fraction": 0.4, "max_batch": 8},
+    },
+    "chunks": {"size": "16MiB"},
+    "workload": {
+        "requests": 40,
+        "rate": 20.0,
+        "input_tokens": {"mean": 128},
+        "output_tokens": {"dist": "uniform", "low": 2, "high": 12},
+    },
+}
+
+
+def _sc(**patch: Any) -> Any:
+    data = copy.deepcopy(SMALL)
+    for path, value in patch.items():
+        node = data
+        parts = path.split("__")
+        for p in parts[:-1]:
+            node = node.setdefault(p, {})
+        node[parts[-1]] = value
+    return validate(data)
+
+
+def _cluster_run(sc: Any, seed: int = 0) -> Any:
+    from sim.cluster import build
+    from sim.costmodel import CostModel, load_profile
+    from sim.models import load_catalogue
+
+    cl = build(sc, seed, load_catalogue(), load_profile(sc.profile), CostModel)
+    cl.run()
+    return cl
+
+
+def test_layers_never_run_before_their_chunks_arrive() -> None:
+    cl = _cluster_run(_sc(metrics__check_invariants=True))
+    log = cl.ctx.metrics.layer_log
+    assert log, "the cold cluster must have run layers through the fetch path"
+    fetched = 0
+    for start, _node, _m, _layer, arrived in log:
+        assert arrived <= start  # the last chunk of the layer arrived before the layer ran
+        fetched += arrived >= 0
+    assert fetched > 0
+    assert cl.ctx.metrics.n_final == 40
+
+
+def test_coupled_mode_fetches_nothing_after_warmup() -> None:
+    res = run_scenario(_sc(mode="coupled", cluster__node={"host": "16GiB", "max_batch": 8}))
+    s = res.summary
+    assert s["completed"] == 40
+    assert s["fetches_after_warmup"] == 0
+    assert s["hit_rate"]["hbm"] == 1.0
+    assert s["bytes_by_tier"]["remote"] == 0.0
+    pd_run = run_scenario(_sc())
+    assert pd_run.summary["fetches_after_warmup"] > 0  # the PD cluster did fetch
+
+
+def test_same_seed_same_summary_and_hash_different_seed_differs() -> None:
+    sc = _sc()
+    a, b, c = run_scenario(sc, seed=3), run_scenario(sc, seed=3), run_scenario(sc, seed=4)
+    assert a.summary == b.summary
+    assert a.trace_hash == b.trace_hash
+    assert a.trace_hash != c.trace_hash
+    assert a.requests.equals(b.requests)
+
+
+@given(
+    ops=st.lists(st.tuples(st.booleans(), st.integers(1, 3000)), max_size=60),
+    bt=st.sampled_from([1, 16, 64]),
+)
+def test_kv_account_never_overcommits(ops: list[tuple[bool, int]], bt: int) -> None:
+    kv = KvAccount(capacity=200_000, block_tokens=bt)
+    held: list[tuple[int, int]] = []
+    for take, tokens in ops:
+        if take:
+            need, exact = kv.size(tokens, 8)
+            assert need >= exact and need % (bt * 8) == 0
+            if kv.can(need):
+                kv.take(need, exact)
+                held.append((need, exact))
+        elif held:
+            kv.give(*held.pop(0))
+        assert 0 <= kv.reserved <= kv.capacity
+        assert kv.reserved == sum(h[0] for h in held)
+        assert 0.0 <= kv.fragmentation() < 1.0
+
+
+def _overload(action: str) -> Any:
+    return _sc(
+        deployments=[{"model": "llama-2-7b"}],
+        cluster__node={"host": "16GiB", "max_batch": 4},
+        warmup={"node_hbm": True},
+        workload={
+            "requests": 300,
+            "rate": 400.0,
+            "input_tokens": {"mean": 256},
+            "output_tokens": {"mean": 32},
+            "classes": [{"name": "gold", "share": 0.3}, {"name": "bulk", "share": 0.7}],
+        },
+        degradation={
+            "enabled": True,
+            "protected": ["gold"],
+            "action": action,
+            "queue_per_node": 3,
+            "max_wait": 0.05,
+        },
+    )
+
+
+def test_degradation_never_sheds_the_protected_class() -> None:
+    res = run_scenario(_overload("shed"))
+    df = res.requests
+    shed = df[df["status"] == "shed"]
+    assert len(shed) > 0, "the scenario must overload the cluster"
+    assert set(shed["cls"].astype(str)) == {"bulk"}
+    gold = df[df["cls"] == "gold"]
+    assert (gold["status"] == "done").all()
+
+
+def test_degradation_queue_holds_but_finishes_everything() -> None:
+    res = run_scenario(_overload("queue"))
+    df = res.requests
+    assert (df["status"] == "done").all()
+    lat = (df["end"] - df["arrival"]).to_numpy()
+    gold = (df["cls"] == "gold").to_numpy()
+    assert np.percentile(lat[gold], 99) < np.percentile(lat[~gold], 99)
+
+
+@pytest.mark.parametrize("policy", ["random", "round-robin", "least-loaded", "score"])
+def test_every_placement_policy_serves_all(policy: str) -> None:
+    res = run_scenario(_sc(scheduler={"policy": policy}))
+    df = res.requests
+    assert (df["status"] == "done").all()
+    assert set(df["node"].unique().tolist()) == {0, 1}
+
+
+def test_round_robin_alternates_nodes() -> None:
+    res = run_scenario(_sc(scheduler={"policy": "round-robin"}))
+    nodes = res.requests.sort_values("arrival")["node"].to_numpy()
+    assert np.array_equal(nodes, np.arange(len(nodes)) % 2)
+
+
+def test_hot_shards_get_replicated_under_burst() -> None:
+    sc = _sc(
+        deployments=[{"model": "llama-2-7b"}],
+        cluster={
+            "nodes": 4,
+            "param_servers": 3,
+            "node": {"host": "1GiB", "nvme": "1GiB", "weight_cache_fraction": 0.12, "max_batch": 4},
+        },
+        hot_shards={"enabled": True, "window": 0.2, "factor": 2.0, "min_count": 2},
+        workload={
+            "kind": "step",
+            "rate": 2.0,
+            "steps": [{"at": 0.6, "rate": 80.0}],
+            "requests": 40,
+            "output_tokens": {"mean": 2},
+        },
+    )
+    res = run_scenario(sc)
+    assert res.summary["replicas_added"] > 0
+    assert res.summary["completed"] == 40

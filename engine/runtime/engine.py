@@ -1,0 +1,280 @@
+"""Run a workload on the real engine in real time and record every request.
+
+:class:`Engine` serves requests that arrive at given times (seconds after the start) with
+continuous batching (:class:`~engine.runtime.scheduler.BatchScheduler`). One *iteration*
+admits what fits, then runs every layer once: fetch the layer's weights (prefetching the next
+``window`` layers on a background thread), run the prefill part (new prompts; each gets its
+first token) and the decode part (one more token for every running request). A request is done
+when it has ``output_tokens`` tokens; a dense (no-KV) model produces its one output in the
+iteration that admits it. This is the iteration structure of the simulator's node, so both run
+the same schedule for the same arrivals.
+
+Records (:meth:`EngineResult.frame`) have the columns of the simulator's ``requests.parquet``
+(:func:`sim.metrics.requests_frame`): arrival, start, first_token, end, tokens, status,
+``param_wait_s`` and ``hits_<tier>`` / ``bytes_<tier>``. Per-request counters follow the
+simulator's rule: a request adds up the counters of every iteration it took part in; bytes
+fetched in an iteration are split evenly over that iteration's batch.
+
+Clock: ``time.perf_counter`` relative to the run's start; it is handed as ``now`` to the
+weights (caches) and the prefetcher, never read by policy code.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from engine import backend
+from engine.runtime.model import DecoderModel, DenseModel, unpack
+from engine.runtime.prefetcher import Prefetcher
+from engine.runtime.scheduler import BatchScheduler
+from engine.runtime.weights import TIER_NAMES, TieredWeights, WeightSource
+
+__all__ = ["Engine", "EngineResult", "EngineWorkload"]
+
+_NT = len(TIER_NAMES)
+
+
+@dataclass
+class EngineWorkload:
+    """Requests (arrival order): arrival seconds, prompt and output lengths; ``seed`` draws
+    each prompt's token ids (request ``i`` from ``default_rng([seed, i])``)."""
+
+    arrival: np.ndarray
+    inp: np.ndarray
+    out: np.ndarray
+    seed: int = 0
+
+    @property
+    def n(self) -> int:
+        return int(self.arrival.shape[0])
+
+
+@dataclass
+class EngineResult:
+    """Per-request arrays plus run totals (``tier_hits``/``tier_bytes`` like the simulator's)."""
+
+    arrival: np.ndarray
+    start: np.ndarray
+    first: np.ndarray
+    end: np.ndarray
+    status: np.ndarray  # 1 done, 3 rejected
+    acc: np.ndarray  # [n, 1 + 2 * tiers]: param wait, hits per tier, bytes per tier
+    inp: np.ndarray
+    out: np.ndarray
+    tier_hits: np.ndarray
+    tier_bytes: np.ndarray
+    wall_s: float
+    busy_s: float
+    param_wait_s: float
+    iterations: int
+    tokens: list[list[int]] = field(default_factory=list)
+    logits: list[list[np.ndarray]] = field(default_factory=list)
+
+    def frame(self, model: str, cls: str = "normal") -> Any:
+        """The records as a pandas DataFrame in the simulator's schema."""
+        import pandas as pd
+
+        n = self.arrival.shape[0]
+        df = pd.DataFrame(
+            {
+                "request_id": np.arange(n, dtype=np.int64),
+                "model": pd.Categorical([model] * n),
+                "cls": pd.Categorical([cls] * n),
+                "arrival": self.arrival,
+                "start": self.start,
+                "first_token": self.first,
+                "end": self.end,
+                "input_tokens": self.inp.astype(np.int32),
+                "output_tokens": self.out.astype(np.int32),
+                "status": pd.Categorical.from_codes(
+                    self.status.astype(np.int64), categories=["pending", "done", "shed", "rejected"]
+                ),
+                "node": np.zeros(n, dtype=np.int32),
+                "param_wait_s": self.acc[:, 0],
+            }
+        )
+        for i, t in enumerate(TIER_NAMES):
+            df[f"hits_{t}"] = self.acc[:, 1 + i]
+        for i, t in enumerate(TIER_NAMES):
+            df[f"bytes_{t}"] = self.acc[:, 1 + _NT + i]
+        return df
+
+
+class Engine:
+    """One engine node: a model, its weights, a scheduler, an optional prefetch window.
+
+    ``model`` is a :class:`DecoderModel` or :class:`DenseModel`. ``weights`` is any
+    :class:`WeightSource`; with :class:`TieredWeights` hits/bytes are counted and, when
+    ``window > 0``, a :class:`Prefetcher` fetches ahead. ``keep_logits`` stores every logits
+    row (tests compare runs with it).
+    """
+
+    def __init__(
+        self,
+        model: DecoderModel | DenseModel,
+        weights: WeightSource,
+        scheduler: BatchScheduler,
+        *,
+        window: int = 0,
+        keep_logits: bool = False,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> None:
+        self.model = model
+        self.weights = weights
+        self.sched = scheduler
+        self.window = window
+        self.keep_logits = keep_logits
+        self._sleep = sleep
+        self.xp = model.xp
+        self.layouts = [model.cfg.layout(i) for i in range(model.cfg.n_layers)]
+
+    # -- the run ------------------------------------------------------------------------------
+    def run(self, wl: EngineWorkload) -> EngineResult:
+        """Serve ``wl`` in real time; returns when every request is done or rejected."""
+        n = wl.n
+        t0 = time.perf_counter()
+
+        def clock() -> float:
+            return time.perf_counter() - t0
+
+        self.clock = clock
+        res = EngineResult(
+            arrival=wl.arrival.astype(np.float64).copy(),
+            start=np.full(n, np.nan),
+            first=np.full(n, np.nan),
+            end=np.full(n, np.nan),
+            status=np.zeros(n, dtype=np.int8),
+            acc=np.zeros((n, 1 + 2 * _NT)),
+            inp=wl.inp.copy(),
+            out=wl.out.copy(),
+            tier_hits=np.zeros(_NT),
+            tier_bytes=np.zeros(_NT),
+            wall_s=0.0,
+            busy_s=0.0,
+            param_wait_s=0.0,
+            iterations=0,
+            tokens=[[] for _ in range(n)],
+            logits=[[] for _ in range(n)],
+        )
+        self.res = res
+        self.cum = np.zeros(1 + 2 * _NT)
+        self._share = 1.0
+        self._prompts = [
+            np.random.default_rng([wl.seed, i]).integers(0, self._vocab(), int(wl.inp[i]))
+            for i in range(n)
+        ]
+        tiered = isinstance(self.weights, TieredWeights)
+        if tiered:
+            self.weights.on_charge = self._charge
+        pf = Prefetcher(self.weights, self.window, clock) if tiered and self.window > 0 else None
+        self.prefetcher = pf
+        if pf is not None:
+            pf.start()
+        inp = [int(x) for x in wl.inp]
+        seq = [int(a) + int(b) for a, b in zip(wl.inp, wl.out, strict=False)]
+        nxt = 0
+        final = 0
+        try:
+            while final < n:
+                now = clock()
+                while nxt < n and wl.arrival[nxt] <= now:
+                    if self.sched.fits_alone(seq[nxt]):
+                        self.sched.submit(nxt)
+                    else:
+                        res.status[nxt] = 3
+                        final += 1
+                    nxt += 1
+                if not self.sched.running and not self.sched.queue:
+                    if nxt < n:
+                        self._sleep(max(float(wl.arrival[nxt]) - clock(), 0.0))
+                    continue
+                new = self.sched.admit(inp, seq)
+                if not new and not self.sched.running:
+                    continue  # cannot happen (fits_alone); guards an endless loop
+                now = clock()
+                for rid in new:
+                    res.start[rid] = now
+                    res.acc[rid] -= self.cum
+                final += self._iteration(new)
+        finally:
+            if pf is not None:
+                pf.stop()
+            if tiered:
+                self.weights.on_charge = None
+        res.wall_s = clock()
+        return res
+
+    def _vocab(self) -> int:
+        cfg = self.model.cfg
+        return int(getattr(cfg, "vocab", 1 << 16))
+
+    def _charge(self, tier: int, count: int, nbytes: int) -> None:
+        self.res.tier_hits[tier] += count
+        self.res.tier_bytes[tier] += nbytes
+        self.cum[1 + tier] += count
+        self.cum[1 + _NT + tier] += nbytes * self._share
+
+    # -- one iteration ------------------------------------------------------------------------
+    def _iteration(self, new: list[int]) -> int:
+        """Run one iteration over ``new`` + running requests; returns how many completed."""
+        res, sched, xp = self.res, self.sched, self.xp
+        running = [r for r in sched.running if r not in set(new)]
+        self._share = 1.0 / max(len(running) + len(new), 1)
+        t_start = self.clock()
+        if isinstance(self.weights, TieredWeights):
+            self.weights.count_resident()
+        wait = 0.0
+        if isinstance(self.model, DecoderModel):
+            prefill = [(r, self._prompts[r]) for r in new]
+            decode = [(r, res.tokens[r][-1]) for r in running]
+            state: Any = self.model.begin(prefill, decode)
+        else:
+            rows = [
+                np.random.default_rng([7, r]).standard_normal(self.model.cfg.widths[0]) for r in new
+            ]
+            state = xp.asarray(np.asarray(rows, dtype=np.float32))
+        for layer in range(self.model.cfg.n_layers):
+            if self.prefetcher is not None:
+                self.prefetcher.plan_from(layer)
+            t = self.clock()
+            flat = self.weights.layer(layer, t)
+            wait += self.clock() - t
+            w = unpack(self.layouts[layer], flat, xp)
+            if isinstance(self.model, DecoderModel):
+                self.model.run_layer(state, layer, w)
+            else:
+                state = self.model.run_layer(state, layer, w)
+            self.weights.release(layer)
+        now = self.clock()
+        res.iterations += 1
+        res.busy_s += now - t_start
+        res.param_wait_s += wait
+        self.cum[0] += wait
+        done: list[int] = []
+        if isinstance(self.model, DecoderModel):
+            outs = [(r, state.logits_p, i) for i, r in enumerate(new)]
+            outs += [(r, state.logits_d, i) for i, r in enumerate(running)]
+        else:
+            outs = [(r, state, i) for i, r in enumerate(new)]
+        for r, logits, i in outs:
+            row = logits[i]
+            res.tokens[r].append(int(xp.argmax(row)))
+            if self.keep_logits:
+                res.logits[r].append(backend.to_numpy(row).copy())
+            if len(res.tokens[r]) == 1:
+                res.first[r] = now
+            if len(res.tokens[r]) >= int(res.out[r]):
+                done.append(r)
+        for r in done:
+            res.end[r] = now
+            res.status[r] = 1
+            res.acc[r] += self.cum
+            sched.finish(r)
+            if isinstance(self.model, DecoderModel):
+                self.model.release(r)
+        return len(done)

@@ -1,0 +1,98 @@
+"""Background prefetch: the shared :class:`engine.prefetch.PrefetchPlanner` on a worker thread.
+
+At the start of every layer the scheduler calls :meth:`Prefetcher.plan_from` with the layer it
+is about to compute. The planner (the same object the simulator's policy code uses) orders the
+chunks of the next ``window`` layers (wrapping into the next iteration, like the simulator's
+node) that are neither resident in device memory nor already queued; the worker thread fetches
+them through :class:`engine.runtime.weights.TieredWeights` while the compute thread works on
+the current layer (R7, R21). On a GPU the worker copies on its own CUDA stream.
+
+Invariant: a key is in ``_queued`` from the moment it is planned until the worker has brought
+it in (or found it resident), so it is never planned twice while pending.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+from typing import Any
+
+from engine import backend
+from engine.prefetch import HeatMap, PrefetchPlanner
+from engine.runtime.weights import TieredWeights
+
+__all__ = ["Prefetcher"]
+
+
+class Prefetcher:
+    """Plans and runs layer prefetches; ``start()`` before use, ``stop()`` after."""
+
+    def __init__(self, weights: TieredWeights, window: int, clock: Any) -> None:
+        self.weights = weights
+        self.window = window
+        self.clock = clock
+        self.planner = PrefetchPlanner(max(window, 1), HeatMap(half_life=10.0))
+        self._q: queue.Queue[list[int] | None] = queue.Queue()
+        self._queued: set[tuple[str, int]] = set()  # membership only; never iterated
+        self._qlock = threading.Lock()
+        self._thread: threading.Thread | None = None
+        self.error: BaseException | None = None
+        self.planned_chunks = 0
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._work, name="prefetcher", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        if self._thread is not None:
+            self._q.put(None)
+            self._thread.join()
+            self._thread = None
+        if self.error is not None:
+            raise self.error
+
+    def plan_from(self, layer: int) -> None:
+        """Queue the missing chunks of layers ``layer+1 .. layer+window`` (mod n_layers)."""
+        if self.window <= 0:
+            return
+        w = self.weights
+        n = w.n_layers
+        upcoming = [w.keys((layer + d) % n) for d in range(1, self.window + 1)]
+        now = self.clock()
+        with w.lock, self._qlock:
+            self.planner.heat.record(w.keys(layer), now)
+            plan = self.planner.plan(upcoming, w.device, self._queued, now)
+            for _, key in plan:
+                self._queued.add(key)
+        if plan:
+            self.planned_chunks += len(plan)
+            self._q.put([int(key[1]) for _, key in plan])
+
+    def wait_idle(self) -> None:
+        """Block until every queued fetch is done."""
+        self._q.join()
+
+    def _work(self) -> None:
+        xp = self.weights.xp
+        stream = xp.cuda.Stream(non_blocking=True) if backend.is_gpu(xp) else None
+        while True:
+            job = self._q.get()
+            try:
+                if job is None:
+                    return
+                if self.error is None:
+                    try:
+                        if stream is not None:
+                            with stream:
+                                self.weights.fetch(job, self.clock())
+                            stream.synchronize()
+                        else:
+                            self.weights.fetch(job, self.clock())
+                    except BaseException as err:  # surfaced by stop(); the run then fails
+                        self.error = err
+                    finally:
+                        with self._qlock:
+                            for cid in job:
+                                self._queued.discard(self.weights.store.key(cid))
+            finally:
+                self._q.task_done()

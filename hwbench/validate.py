@@ -1,0 +1,364 @@
+"""Engine vs simulator: run one workload on the real engine and in the simulator, compare.
+
+:func:`validate_workload` runs a :class:`hwbench.workloads.ValidationWorkload` twice:
+
+* **engine** -- the model's weights are written as verified chunks to a local object store
+  (fsspec directory) under ``workdir``; a tier stack device -> host -> SSD over it (capacities
+  and policies from the workload) is warmed by reading every chunk once; then the requests
+  arrive in real time (:class:`engine.runtime.engine.Engine`).
+* **simulator** -- a scenario built here to match: one node, one (unused) parameter server,
+  the same chunking, HBM weight cache, host and NVMe sizes, policies, prefetch window, KV
+  budget and batching limits, HBM warm-up (``warmup.node_hbm``), and the very same arrivals
+  and lengths (handed over as a CSV trace). Its cost model comes from the given calibration
+  profile (matmul rate, per-layer overhead, HBM bandwidth, copy bandwidths per link).
+
+:func:`compare` turns both request tables into one table of figures: latency and TTFT (P50,
+P99, mean), throughput, hit rate per tier and bytes per tier, engine vs simulator, with the
+relative error ``(sim - engine) / engine`` (hit rates: the absolute difference, a fraction).
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from engine.cache import TierCache
+from engine.chunkstore import ChunkStore, write_model
+from engine.runtime.engine import Engine, EngineResult, EngineWorkload
+from engine.runtime.model import DecoderConfig, DecoderModel, DenseConfig, DenseModel
+from engine.runtime.scheduler import BatchScheduler
+from engine.runtime.weights import TIER_NAMES, TieredWeights
+from engine.tiers import DeviceTier, HostTier, Level, ObjectStoreTier, SsdTier, TierStack
+from hwbench.engine_probe import EngineCostModel
+from hwbench.workloads import ValidationWorkload, arrivals
+from sim.cluster import build
+from sim.costmodel import Profile
+from sim.metrics import requests_frame
+from sim.models import ModelSpec, load_catalogue, parse_catalogue
+from sim.scenario import validate as validate_scenario
+
+__all__ = [
+    "CHUNK_BYTES",
+    "Comparison",
+    "compare",
+    "decoder_config",
+    "dense_config",
+    "run_engine",
+    "run_simulator",
+    "sim_catalogue",
+    "validate_workload",
+]
+
+CHUNK_BYTES = 4 * 1024 * 1024  # R30's default: every layer of the tiny models is one chunk
+BASE_MODEL = "llama-2-7b"
+SHRINK = 16  # hidden, ffn and vocab / SHRINK; heads / (SHRINK // 2); 4 blocks
+N_BLOCKS = 4
+SEED = 7
+
+
+def decoder_config(spec: ModelSpec | None = None, shrink: int = SHRINK) -> DecoderConfig:
+    """The catalogue's LLaMA-2-7B shape scaled down by ``shrink`` (hidden/ffn/vocab) with
+    ``N_BLOCKS`` blocks; ffn and vocab are read back from the catalogue's layer sizes."""
+    spec = spec if spec is not None else load_catalogue()[BASE_MODEL]
+    h, heads, kvh, hd = spec.hidden, spec.heads, spec.kv_heads, spec.head_dim
+    attn = 2 * h * heads * hd + 2 * h * kvh * hd
+    block = spec.layers[1]
+    ffn = round((block.flops_per_token / 2 - attn) / (3 * h))
+    vocab = spec.layers[0].param_bytes // (h * spec.dtype_bytes)
+    return DecoderConfig(
+        name=f"{spec.name}-tiny",
+        n_blocks=N_BLOCKS,
+        hidden=h // shrink,
+        heads=max(1, heads // (shrink // 2)),
+        kv_heads=max(1, kvh // (shrink // 2)),
+        ffn=ffn // shrink,
+        vocab=vocab // shrink,
+    )
+
+
+def dense_config() -> DenseConfig:
+    """The dense no-KV model (CNN-like): five fully connected layers."""
+    return DenseConfig("dense-tiny", (512, 1024, 1000, 1000, 1000, 256))
+
+
+def sim_catalogue(cfg: DecoderConfig | DenseConfig) -> dict[str, ModelSpec]:
+    """A one-model catalogue whose layers have exactly the engine model's bytes and FLOPs."""
+    if isinstance(cfg, DecoderConfig):
+        text = (
+            f"models:\n  - name: {cfg.name}\n    kind: decoder\n    dtype_bytes: 4\n"
+            f"    shape: {{family: llama, n_layers: {cfg.n_blocks}, hidden: {cfg.hidden}, "
+            f"heads: {cfg.heads}, kv_heads: {cfg.kv_heads}, ffn: {cfg.ffn}, "
+            f"vocab: {cfg.vocab}}}\n"
+        )
+    else:
+        rows = [
+            f"      - {{name: fc{i}, param_bytes: {b}, flops_per_sample: {2.0 * a * o}}}"
+            for i, (a, o, b) in enumerate(
+                zip(cfg.widths, cfg.widths[1:], cfg.layer_bytes(), strict=False)
+            )
+        ]
+        text = f"models:\n  - name: {cfg.name}\n    kind: cnn\n    dtype_bytes: 4\n    layers:\n"
+        text += "\n".join(rows) + "\n"
+    cat = parse_catalogue(text, "<validate>")
+    assert cat[cfg.name].layer_bytes() == cfg.layer_bytes(), "catalogue and engine disagree"
+    return cat
+
+
+@dataclass(frozen=True)
+class Sizes:
+    """Capacities (bytes) both sides use."""
+
+    model: int
+    hbm_weights: int
+    kv: int
+    host: int
+    ssd: int
+
+
+def sizes(w: ValidationWorkload, cfg: DecoderConfig | DenseConfig) -> Sizes:
+    total = sum(cfg.layer_bytes())
+    hbm_weights = int(total * w.hbm_fraction)
+    # KV budget = 3x the weight cache (the simulator's HBM is 4x it, a quarter for weights).
+    return Sizes(total, hbm_weights, 3 * hbm_weights, 2 * total, 4 * total)
+
+
+# -- engine ------------------------------------------------------------------------------------
+def _stack(backing: ObjectStoreTier, w: ValidationWorkload, sz: Sizes, workdir: Path) -> TierStack:
+    params = dict(w.policy_params)
+
+    def cache(cap: int, policy: str, name: str, p: dict[str, Any]) -> TierCache:
+        return TierCache(cap, policy, p, high_watermark=1.0, low_watermark=1.0, name=name)
+
+    levels = [
+        Level(DeviceTier(), cache(sz.hbm_weights, w.policy, "device", params)),
+        Level(HostTier(), cache(sz.host, "lru", "host", {})),
+        Level(SsdTier(workdir / "ssd"), cache(sz.ssd, "lru", "ssd", {}), verify=True),
+    ]
+    return TierStack(levels, backing)
+
+
+def engine_parts(
+    w: ValidationWorkload, workdir: Path
+) -> tuple[DecoderConfig | DenseConfig, TieredWeights, Sizes]:
+    """Write the model, build and warm the tier stack (device cache = the HBM weight cache)."""
+    cfg: DecoderConfig | DenseConfig = decoder_config() if w.model == "decoder" else dense_config()
+    sz = sizes(w, cfg)
+    backing = ObjectStoreTier(workdir / "objects")
+    manifest = write_model(
+        backing, cfg.name, cfg.layer_bytes(), SEED, dtype="float32", chunk_bytes=CHUNK_BYTES
+    )
+    weights = TieredWeights(ChunkStore(manifest, _stack(backing, w, sz, workdir)))
+    weights.warm(0.0)
+    return cfg, weights, sz
+
+
+def run_engine(w: ValidationWorkload, workdir: Path) -> tuple[EngineResult, TieredWeights]:
+    """Serve ``w`` on the engine (NumPy backend); see the module docstring."""
+    cfg, weights, sz = engine_parts(w, workdir)
+    if isinstance(cfg, DecoderConfig):
+        model: DecoderModel | DenseModel = DecoderModel(cfg, sz.kv // cfg.kv_bytes_per_token)
+        kvb = cfg.kv_bytes_per_token
+    else:
+        model, kvb = DenseModel(cfg), 0
+    sched = BatchScheduler(w.max_batch, w.max_batch_tokens, sz.kv, kvb, 16)
+    t, inp, out = arrivals(w)
+    eng = Engine(model, weights, sched, window=w.window)
+    return eng.run(EngineWorkload(t, inp, out, seed=w.seed)), weights
+
+
+# -- simulator ---------------------------------------------------------------------------------
+def scenario_dict(w: ValidationWorkload, sz: Sizes, model: str, trace: Path) -> dict[str, Any]:
+    """The simulator scenario that matches the engine's setup for ``w``."""
+    return {
+        "name": f"validate-{w.name}",
+        "deployments": [{"model": model}],
+        "cluster": {
+            "nodes": 1,
+            "param_servers": 1,
+            "node": {
+                "hbm": 4 * sz.hbm_weights,  # weight cache = hbm / 4 exactly, KV = the rest
+                "weight_cache_fraction": 0.25,
+                "host": sz.host,
+                "nvme": sz.ssd,
+                "max_batch": w.max_batch,
+                "max_batch_tokens": w.max_batch_tokens,
+            },
+            "ps": {"dram": sz.model, "ssd": 4 * sz.model},
+        },
+        "chunks": {"size": CHUNK_BYTES, "sharding": "layer"},
+        "cache": {
+            "hbm_policy": w.policy,
+            "host_policy": "lru",
+            "nvme_policy": "lru",
+            "params": dict(w.policy_params),
+            "high_watermark": 1.0,
+            "low_watermark": 1.0,
+        },
+        "prefetch": {"enabled": w.window > 0, "window_batches": max(w.window, 1)},
+        "warmup": {"enabled": True, "ps_fraction": 1.0, "node_hbm": True},
+        "kv": {"block_tokens": 16},
+        "workload": {
+            "kind": "trace",
+            "trace": str(trace),
+            "trace_format": "csv",
+            "requests": w.requests,
+        },
+    }
+
+
+def run_simulator(
+    w: ValidationWorkload, profile: Profile, workdir: Path, cost_cls: Any = EngineCostModel
+) -> tuple[pd.DataFrame, np.ndarray, np.ndarray, float, Any]:
+    """Simulate ``w``: (requests frame, tier hits, tier bytes, end time, the cluster)."""
+    cfg: DecoderConfig | DenseConfig = decoder_config() if w.model == "decoder" else dense_config()
+    sz = sizes(w, cfg)
+    cat = sim_catalogue(cfg)
+    t, inp, out = arrivals(w)
+    trace = workdir / f"{w.name}.csv"
+    with trace.open("w", newline="", encoding="utf-8") as fh:
+        wr = csv.writer(fh)
+        wr.writerow(["time", "input_tokens", "output_tokens"])
+        for row in zip(t.tolist(), inp.tolist(), out.tolist(), strict=True):
+            wr.writerow([repr(row[0]), row[1], row[2]])
+    sc = validate_scenario(scenario_dict(w, sz, cfg.name, trace), source=f"<validate {w.name}>")
+    cl = build(sc, 0, cat, profile, cost_cls)
+    end = cl.run()
+    met = cl.ctx.metrics
+    df = requests_frame(met, cl.wl, [cfg.name], [c.name for c in sc.workload.classes])
+    return df, met.tier_hits.copy(), met.tier_bytes.copy(), end, cl
+
+
+# -- comparison --------------------------------------------------------------------------------
+@dataclass
+class Comparison:
+    """Figures of one workload: ``rows`` of (metric, engine, sim, error, kind)."""
+
+    workload: str
+    rows: list[tuple[str, float, float, float, str]]
+    engine_latency: np.ndarray
+    sim_latency: np.ndarray
+
+    def as_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"workload": self.workload}
+        for name, e, s, err, kind in self.rows:
+            out[name] = {"engine": _num(e), "sim": _num(s)}
+            out[name]["abs_error" if kind == "abs" else "rel_error"] = _num(err)
+        return out
+
+    def errors(self) -> dict[str, float]:
+        """``{metric_error: value}``: relative errors and hit-rate absolute differences."""
+        return {
+            f"{n}_{'abs_error' if k == 'abs' else 'rel_error'}": e for n, _, _, e, k in self.rows
+        }
+
+
+def _num(x: float) -> float | None:
+    return float(f"{x:.6g}") if math.isfinite(x) else None
+
+
+def _rel(e: float, s: float) -> float:
+    if e == 0:
+        return 0.0 if s == 0 else math.inf
+    return (s - e) / e
+
+
+def compare(
+    name: str,
+    eng: pd.DataFrame,
+    eng_hits: np.ndarray,
+    eng_bytes: np.ndarray,
+    sim: pd.DataFrame,
+    sim_hits: np.ndarray,
+    sim_bytes: np.ndarray,
+) -> Comparison:
+    """The comparison table of one workload (see the module docstring)."""
+    rows: list[tuple[str, float, float, float, str]] = []
+
+    def lat(df: pd.DataFrame, col: str) -> np.ndarray:
+        d = df[df["status"] == "done"]
+        return (d[col] - d["arrival"]).to_numpy(dtype=float)
+
+    le, ls = lat(eng, "end"), lat(sim, "end")
+    te, ts = lat(eng, "first_token"), lat(sim, "first_token")
+    for label, a, b in (("latency", le, ls), ("ttft", te, ts)):
+        for stat, f in (
+            ("p50", lambda x: float(np.percentile(x, 50))),
+            ("p99", lambda x: float(np.percentile(x, 99))),
+            ("mean", lambda x: float(np.mean(x))),
+        ):
+            ve, vs = (f(a) if a.size else math.nan), (f(b) if b.size else math.nan)
+            rows.append((f"{label}_{stat}", ve, vs, _rel(ve, vs), "rel"))
+
+    def thr(df: pd.DataFrame) -> float:
+        d = df[df["status"] == "done"]
+        return len(d) / float(d["end"].max()) if len(d) else 0.0
+
+    te_, ts_ = thr(eng), thr(sim)
+    rows.append(("throughput_rps", te_, ts_, _rel(te_, ts_), "rel"))
+    he = eng_hits / max(eng_hits.sum(), 1.0)
+    hs = sim_hits / max(sim_hits.sum(), 1.0)
+    for i, t in enumerate(TIER_NAMES):
+        if eng_hits[i] or sim_hits[i]:
+            rows.append((f"hit_rate_{t}", float(he[i]), float(hs[i]), float(hs[i] - he[i]), "abs"))
+    for i, t in enumerate(TIER_NAMES):
+        if i and (eng_bytes[i] or sim_bytes[i]):
+            rows.append(
+                (
+                    f"bytes_{t}",
+                    float(eng_bytes[i]),
+                    float(sim_bytes[i]),
+                    _rel(float(eng_bytes[i]), float(sim_bytes[i])),
+                    "rel",
+                )
+            )
+    return Comparison(name, rows, le, ls)
+
+
+def validate_workload(
+    w: ValidationWorkload, profile: Profile, workdir: Path | None = None
+) -> Comparison:
+    """Run ``w`` on the engine and in the simulator and compare (scratch files in ``workdir``
+    or a temporary directory)."""
+    with tempfile.TemporaryDirectory(prefix="pdsim-validate-") as tmp:
+        base = Path(workdir) if workdir is not None else Path(tmp)
+        wdir = base / w.name
+        wdir.mkdir(parents=True, exist_ok=True)
+        res, _ = run_engine(w, wdir)
+        sim_df, sh, sb, _, _ = run_simulator(w, profile, wdir)
+    eng_df = res.frame(decoder_config().name if w.model == "decoder" else dense_config().name)
+    return compare(w.name, eng_df, res.tier_hits, res.tier_bytes, sim_df, sh, sb)
+
+
+def plot_cdfs(comps: list[Comparison], path: Path) -> Path:
+    """A PNG with the engine's and the simulator's latency CDF for each workload."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    n = len(comps)
+    cols = min(n, 3)
+    rows = -(-n // cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(4.5 * cols, 3.4 * rows), squeeze=False)
+    for ax, c in zip(axes.ravel(), comps, strict=False):
+        for data, label, style in ((c.engine_latency, "engine", "-"), (c.sim_latency, "sim", "--")):
+            x = np.sort(data)
+            ax.plot(x, np.arange(1, x.size + 1) / max(x.size, 1), style, label=label)
+        ax.set_title(c.workload, fontsize=9)
+        ax.set_xlabel("latency (s)")
+        ax.set_ylabel("CDF")
+        ax.legend(fontsize=8)
+    for ax in axes.ravel()[n:]:
+        ax.axis("off")
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path

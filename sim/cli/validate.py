@@ -1,0 +1,105 @@
+"""``pdsim validate``: the real engine vs the simulator on the validation suite.
+
+``pdsim validate --profile P [--workload W ...] [--json] [--out DIR]`` runs each workload of
+:mod:`hwbench.workloads` (all by default) on the engine (NumPy backend) and in the simulator
+configured to match it with profile ``P`` (:mod:`hwbench.validate`), then prints one table per
+workload -- latency and TTFT P50/P99/mean, throughput, hit rate and bytes per tier: engine,
+simulator, error -- and writes a PNG of the latency CDFs (``DIR/validate_cdf.png``, default
+``validate-out/``; scratch files go to a temporary folder). ``--json`` prints the same figures as one JSON object on the last line;
+relative errors are fractions under keys ending in ``rel_error``, hit-rate differences
+(fractions) under keys ending in ``abs_error``.
+
+If ``P`` has no ``fitted.engine_fit`` (a profile from before the engine probe existed), the
+engine probe runs first and the fitted profile is used (and written to ``DIR``).
+Run with the BLAS thread count the profile was measured with (its notes say which).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.table import Table
+
+from sim.cli.common import console, err_console, user_errors
+
+LIMITS = {"latency_p50": 0.10, "latency_p99": 0.15, "throughput_rps": 0.10}
+HIT_LIMIT = 0.01
+
+
+def _verdict(name: str, err: float | None, kind: str) -> str:
+    if err is None:
+        return ""
+    if kind == "abs":
+        return "ok" if abs(err) <= HIT_LIMIT else "OVER"
+    limit = LIMITS.get(name)
+    if limit is None:
+        return ""
+    return "ok" if abs(err) <= limit else "OVER"
+
+
+def validate(
+    profile: Annotated[str, typer.Option("--profile", "-p", help="Calibration profile JSON.")],
+    workload: Annotated[
+        list[str] | None,
+        typer.Option("--workload", "-w", help="Workload name (repeatable). Default: all."),
+    ] = None,
+    as_json: Annotated[
+        bool, typer.Option("--json", help="Also print the figures as one JSON object (last line).")
+    ] = False,
+    out: Annotated[
+        Path, typer.Option("--out", "-o", help="Folder for the CDF plot (and a fitted profile).")
+    ] = Path("validate-out"),
+) -> None:
+    """Run the validation suite on the engine and in the simulator and compare them."""
+    with user_errors():
+        from hwbench.engine_probe import calibrate_engine
+        from hwbench.validate import plot_cdfs, validate_workload
+        from hwbench.workloads import SUITE, get_workload
+        from sim.costmodel import load_profile
+
+        prof = load_profile(profile)
+        chosen = [get_workload(n) for n in workload] if workload else list(SUITE)
+        out.mkdir(parents=True, exist_ok=True)
+        if "engine_fit" not in prof.fitted:
+            err_console.print(
+                f"profile {profile} has no fitted.engine_fit: running the engine probe first"
+            )
+            prof = calibrate_engine(prof)
+            (out / "profile-with-engine-fit.json").write_text(
+                prof.model_dump_json(indent=2) + "\n", encoding="utf-8"
+            )
+        comps = []
+        for w in chosen:
+            err_console.print(f"[bold]{w.name}[/]: {w.description}")
+            comps.append(validate_workload(w, prof))
+        png = plot_cdfs(comps, out / "validate_cdf.png")
+
+    for c in comps:
+        table = Table(title=c.workload, header_style="bold")
+        for col in ("metric", "engine", "sim", "error", ""):
+            table.add_column(col, justify="left" if col == "metric" else "right")
+        for name, e, s, err, kind in c.rows:
+            shown = f"{err * 100:+.1f} pp" if kind == "abs" else f"{err * 100:+.1f}%"
+            table.add_row(name, f"{e:.4g}", f"{s:.4g}", shown, _verdict(name, err, kind))
+        console.print(table)
+    console.print(f"latency CDFs: {png}")
+    if as_json:
+        doc = {
+            "profile": profile,
+            "workloads": [c.as_dict() for c in comps],
+            "max_errors": _max_errors(comps),
+        }
+        typer.echo(json.dumps(doc, sort_keys=True))
+
+
+def _max_errors(comps: list) -> dict[str, float]:  # type: ignore[type-arg]
+    """Largest absolute error of each metric over the workloads (keys end in ``error``)."""
+    out: dict[str, float] = {}
+    for c in comps:
+        for key, val in c.errors().items():
+            if val == val:  # not NaN
+                out[key] = max(out.get(key, 0.0), abs(val))
+    return dict(sorted(out.items()))

@@ -159,9 +159,14 @@ def engine_parts(
     return cfg, weights, sz
 
 
-def run_engine(w: ValidationWorkload, workdir: Path) -> tuple[EngineResult, TieredWeights]:
-    """Serve ``w`` on the engine (NumPy backend); see the module docstring."""
-    cfg, weights, sz = engine_parts(w, workdir)
+def run_engine(
+    w: ValidationWorkload,
+    workdir: Path,
+    parts: tuple[DecoderConfig | DenseConfig, TieredWeights, Sizes] | None = None,
+) -> tuple[EngineResult, TieredWeights]:
+    """Serve ``w`` on the engine (NumPy backend); see the module docstring. ``parts``: what
+    :func:`engine_parts` returned, to reuse a warm stack (else it is built here)."""
+    cfg, weights, sz = parts if parts is not None else engine_parts(w, workdir)
     if isinstance(cfg, DecoderConfig):
         model: DecoderModel | DenseModel = DecoderModel(cfg, sz.kv // cfg.kv_bytes_per_token)
         kvb = cfg.kv_bytes_per_token

@@ -17,6 +17,8 @@ import simpy
 from sim.metrics import Metrics, TraceRecorder
 from sim.scenario import Scenario
 
+CTX_BUCKET_BITS = 6  # decode cost table granularity: 64 tokens of total batch context
+
 
 @dataclass
 class ModelRt:
@@ -38,6 +40,8 @@ class ModelRt:
     base: int = field(init=False)
     layer_chunks: list[int] = field(init=False)
     layer_bytes: list[int] = field(init=False)
+    _pre_memo: dict[int, float] = field(init=False, default_factory=dict, repr=False)
+    _dec_memo: dict[tuple[int, int], float] = field(init=False, default_factory=dict, repr=False)
 
     def __post_init__(self) -> None:
         self.n_layers = int(self.layer_start.shape[0] - 1)
@@ -57,14 +61,29 @@ class ModelRt:
     def iter_time(self, prefill_tokens: int, n_new: int, n_dec: int, ctx: float) -> float:
         """Compute seconds of one iteration: prefill of ``prefill_tokens`` (``n_new`` requests)
         plus one decode step of ``n_dec`` sequences holding ``ctx`` context tokens in total.
-        CNN models run one forward pass over ``n_new`` samples."""
+        CNN models run one forward pass over ``n_new`` samples.
+
+        Lookups are memoised (a table filled on first use): prefill by exact token count,
+        decode by (batch, total context rounded down to a multiple of ``CTX_BUCKET`` tokens),
+        evaluated at the bucket's lower edge -- an error below one bucket per step."""
         if self.is_cnn:
             return float(self.cost.cnn_batch_time(max(n_new, 1)))
         t = 0.0
         if prefill_tokens > 0:
-            t += float(self.cost.prefill_time(int(prefill_tokens)))
+            p = self._pre_memo.get(prefill_tokens)
+            if p is None:
+                p = self._pre_memo[prefill_tokens] = float(
+                    self.cost.prefill_time(int(prefill_tokens))
+                )
+            t += p
         if n_dec > 0:
-            t += float(self.cost.decode_step_time(int(n_dec), int(ctx)))
+            key = (n_dec, int(ctx) >> CTX_BUCKET_BITS)
+            d = self._dec_memo.get(key)
+            if d is None:
+                d = self._dec_memo[key] = float(
+                    self.cost.decode_step_time(int(n_dec), key[1] << CTX_BUCKET_BITS)
+                )
+            t += d
         return t
 
 

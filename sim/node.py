@@ -106,6 +106,7 @@ class ComputeNode:
         self.busy = 0.0
         self.proc: simpy.Process | None = None
         self._cur = -1
+        self._carry = 0.0
         self._quantum = 0
         self._window = sc.prefetch.window_batches if sc.prefetch.enabled else 0
         self._inp = wl.inp
@@ -230,7 +231,8 @@ class ComputeNode:
         if new or mr.is_cnn or not self.ws.all_resident(m):
             ptok = int(self._inp[new].sum()) if new else 0
             t = mr.iter_time(ptok, len(new), n, self.b_base[m] + n * off)
-            yield from self._execute(m, t, n + len(new))
+            carry, self._carry = self._carry, 0.0
+            yield from self._execute(m, t, n + len(new), carry)
             self._quantum += 1
             off += 1
             self.b_off[m] = off
@@ -246,6 +248,9 @@ class ComputeNode:
             if self.qlen or self._others_running(m):
                 k = min(k, max(self.max_steps - self._quantum, 1))
             t_step = mr.iter_time(0, 0, n, self.b_base[m] + n * (off + (k - 1) / 2.0))
+            if self._carry > 0:  # the interrupted step still has to finish
+                carry, self._carry = self._carry, 0.0
+                yield env.timeout(carry)
             t0 = env.now
             self.seg_model = m
             try:
@@ -253,7 +258,11 @@ class ComputeNode:
                 steps = k
             except simpy.Interrupt:
                 steps = min(k, int((env.now - t0) / t_step) + 1)
-                yield env.timeout(max(t0 + steps * t_step - env.now, 0.0))
+                rest = max(t0 + steps * t_step - env.now, 0.0)
+                if steps == k:  # completions are due at that boundary: wait for it here
+                    yield env.timeout(rest)
+                else:  # nothing completes: the next iteration starts after `rest` (one event)
+                    self._carry = rest
             self.seg_model = -1
             self._quantum += steps
             self.b_off[m] = off = off + steps
@@ -297,14 +306,20 @@ class ComputeNode:
         del mr
 
     # -- one iteration ---------------------------------------------------------------------------
-    def _execute(self, m: int, t: float, nb: int) -> Generator[simpy.Event, Any, None]:
+    def _execute(
+        self, m: int, t: float, nb: int, carry: float = 0.0
+    ) -> Generator[simpy.Event, Any, None]:
+        """One iteration of compute ``t`` for a batch of ``nb``, after ``carry`` seconds that
+        finish an interrupted decode step (already accounted as busy)."""
         if self.ws.all_resident(m):
-            yield self.env.timeout(t)
+            yield self.env.timeout(carry + t)
             self.busy += t
             self.ctx.metrics.busy += t
             self._hbm_hits(m, self.ctx.models[m].n_chunks)
             self.ws.touch(m, self.env.now)
         else:
+            if carry > 0:
+                yield self.env.timeout(carry)
             yield from self._layers(m, t, nb)
 
     def _layers(self, m: int, t_total: float, nb: int) -> Generator[simpy.Event, Any, None]:

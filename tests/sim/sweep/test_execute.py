@@ -1,0 +1,93 @@
+"""Executing sweeps: the cache makes resume exact, failures are reported and isolated,
+and a real dask LocalCluster (2 worker processes) runs a 200-run sweep that is stopped
+half-way and resumed."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+
+from sim.sweep import RunCache, build_points, execute, run_point
+
+
+def _counted(counter: Path) -> list[str]:
+    return counter.read_text().split() if counter.exists() else []
+
+
+def test_failing_run_is_reported_and_does_not_lose_others(tiny: Path, tmp_path: Path) -> None:
+    # 1 GiB of HBM cannot hold two LLaMA-7B layers: that run fails feasibility at run time
+    pts = build_points(tiny, {"cluster.node.hbm": ["1GiB", "80GiB"]}, [0, 1])
+    counter = tmp_path / "count.txt"
+    out = execute(pts, tmp_path / "sw", counter=counter)
+    assert (out.ran, out.cached, out.missing) == (4, 0, 0)
+    assert len(out.failed) == 2 and not out.complete
+    for rec in out.failed:
+        assert rec["params"] == {"cluster.node.hbm": "1GiB"}
+        assert "weight cache" in rec["error"]
+    df = pd.read_parquet(out.parquet)
+    assert list(df["status"]) == ["failed", "failed", "ok", "ok"]
+    assert df.loc[df["status"] == "ok", "latency.p99"].notna().all()
+    assert df.loc[df["status"] == "failed", "error"].str.contains("weight cache").all()
+    # resume: the finished runs are not repeated, the failed ones are retried
+    again = execute(pts, tmp_path / "sw", counter=counter)
+    assert (again.ran, again.cached) == (2, 2)
+    assert sorted(_counted(counter)) == sorted(
+        [p.config_hash for p in pts] + [p.config_hash for p in pts[:2]]
+    )
+
+
+def test_in_process_resume_runs_only_missing_points(tiny: Path, tmp_path: Path) -> None:
+    pts = build_points(tiny, {"workload.rate": [5, 10, 20]}, [0, 1])
+    counter = tmp_path / "count.txt"
+    first = execute(pts, tmp_path / "sw", max_runs=4, counter=counter)
+    assert (first.ran, first.missing, len(first.frame)) == (4, 2, 4)
+    # extending the sweep: one more grid value -> only the new and the missing points run
+    more = build_points(tiny, {"workload.rate": [5, 10, 20, 40]}, [0, 1])
+    second = execute(more, tmp_path / "sw", counter=counter)
+    assert (second.ran, second.cached, second.missing) == (4, 4, 0) and second.complete
+    hashes = _counted(counter)
+    assert len(hashes) == len(set(hashes)) == 8
+    assert list(second.frame["point"]) == list(range(8))
+    # a cached record equals a fresh run of the same point (deterministic runs)
+    p = more[3]
+    fresh = run_point({"scenario": p.scenario, "seed": p.seed, "config_hash": p.config_hash,
+                       "params": p.params})  # fmt: skip
+    assert fresh["metrics"] == RunCache(tmp_path / "sw").get(p.config_hash)["metrics"]  # type: ignore[index]
+
+
+def test_duplicate_configs_run_once(tiny: Path, tmp_path: Path) -> None:
+    # nodes=2 is the scenario's own value, so both grid keys give one identical config
+    a = build_points(tiny, {"cluster.nodes": [2]}, [0])
+    b = build_points(tiny, {}, [0])
+    assert a[0].config_hash == b[0].config_hash
+    out = execute([*a, *b], tmp_path / "sw")
+    assert out.ran == 1 and out.total == 1
+
+
+def test_200_runs_on_local_cluster_interrupted_and_resumed(tiny: Path, tmp_path: Path) -> None:
+    rates = [float(5 + i) for i in range(40)]
+    pts = build_points(tiny, {"workload.rate": rates}, [0, 1, 2, 3, 4])
+    assert len(pts) == 200
+    folder, counter = tmp_path / "sw", tmp_path / "count.txt"
+    first = execute(pts, folder, workers=2, max_runs=100, counter=counter)
+    assert (first.ran, first.missing, first.failed) == (100, 100, [])
+    assert len(_counted(counter)) == 100
+    assert len(pd.read_parquet(first.parquet)) == 100
+    done_first = set(RunCache(folder).done())
+    assert len(done_first) == 100
+
+    second = execute(pts, folder, workers=2, counter=counter)
+    assert (second.cached, second.ran, second.missing) == (100, 100, 0)
+    assert second.complete
+    counted = _counted(counter)
+    assert len(counted) == 200 and len(set(counted)) == 200  # nothing ran twice
+    assert not done_first & set(counted[100:])  # the resume ran only missing points
+
+    df = pd.read_parquet(second.parquet)
+    assert len(df) == 200 and (df["status"] == "ok").all()
+    assert list(df["point"]) == list(range(200))
+    assert sorted(df["workload.rate"].unique()) == rates
+    assert set(df["seed"]) == {0, 1, 2, 3, 4}
+    assert df["config_hash"].is_unique
+    assert (df["completed"] == 12).all() and df["latency.p99"].gt(0).all()

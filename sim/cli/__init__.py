@@ -13,6 +13,7 @@ import typer
 from sim.cli import cache as _cache
 from sim.cli import calibrate as _calibrate
 from sim.cli import run as _run
+from sim.cli import sweep as _sweep
 from sim.cli import validate as _validate
 
 app = typer.Typer(
@@ -27,6 +28,7 @@ app = typer.Typer(
 )
 app.add_typer(_cache.app, name="cache")
 app.command("run")(_run.run)
+app.command("sweep")(_sweep.sweep)
 app.command("calibrate")(_calibrate.calibrate)
 app.command("validate")(_validate.validate)
 

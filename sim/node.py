@@ -30,6 +30,7 @@ from typing import Any
 import numpy as np
 import simpy
 
+from engine.prefetch import HeatMap, PrefetchPlanner
 from sim.context import SimContext
 from sim.metrics import DONE, EV_ADMIT, EV_DONE, N_ACC, TIERS
 from sim.weights import WeightStore
@@ -109,6 +110,8 @@ class ComputeNode:
         self._carry = 0.0
         self._quantum = 0
         self._window = sc.prefetch.window_batches if sc.prefetch.enabled else 0
+        self._heat = HeatMap(half_life=sc.prefetch.heat_half_life)
+        self._planner = PrefetchPlanner(window_batches=max(self._window, 1), heat=self._heat)
         self._inp = wl.inp
         self._out = wl.out
         self._model = wl.model
@@ -364,6 +367,9 @@ class ComputeNode:
                         default=-1.0,
                     )
                     log.append((env.now, self.idx, m, layer, arrived))
+                if self._window:
+                    lo, hi = int(mr.layer_start[layer]), int(mr.layer_start[layer + 1])
+                    self._heat.record([mr.base | c for c in range(lo, hi)], env.now)
                 ws.pin_layer(m, layer, True)
                 yield env.timeout(dt)
                 ws.pin_layer(m, layer, False)
@@ -376,10 +382,16 @@ class ComputeNode:
         cum[0] += wait
 
     def _prefetch(self, m: int, layer: int, charge: Any) -> None:
+        """Plan the next ``window`` layers (wrapping into the next iteration) with the shared
+        :class:`engine.prefetch.PrefetchPlanner` and start one fetch per planned layer, nearest
+        first (priority = distance in layers; R7/R27)."""
         ws, mr = self.ws, self.ctx.models[m]
-        for d in range(1, self._window + 1):
-            j = (layer + d) % mr.n_layers
-            if mr.layer_chunks[j] and not ws.inflight.get((m, j)):
-                cids = ws.missing(m, j)
-                if cids:
-                    ws.fetch(m, j, cids, d, charge)
+        base, ls, nl = mr.base, mr.layer_start, mr.n_layers
+        layers = [(layer + d) % nl for d in range(1, self._window + 1)]
+        upcoming = [[base | c for c in range(int(ls[j]), int(ls[j + 1]))] for j in layers]
+        plan = self._planner.plan(upcoming, ws.hbm, ws.inflight_keys, self.env.now)
+        by_dist: dict[int, list[int]] = {}
+        for dist, key in plan:
+            by_dist.setdefault(dist, []).append(key & 0xFFFFFFFF)
+        for dist in sorted(by_dist):
+            ws.fetch(m, layers[dist], by_dist[dist], dist + 1, charge)

@@ -30,6 +30,7 @@ from typing import Any
 import numpy as np
 import simpy
 
+from engine.kv.allocator import KVBlockAllocator
 from engine.prefetch import HeatMap, PrefetchPlanner
 from sim.context import SimContext
 from sim.metrics import DONE, EV_ADMIT, EV_DONE, N_ACC, TIERS
@@ -41,14 +42,22 @@ _NT = len(TIERS)
 class KvAccount:
     """KV cache accounting of one node: bytes reserved in whole blocks of ``block_tokens``.
 
+    With ``allocators`` (one :class:`engine.kv.allocator.KVBlockAllocator` per model, or
+    ``None`` for models without KV), every reservation is also a real block-table allocation
+    in the KV core's allocator (block ids only, no bytes), so the simulator exercises the same
+    allocator as the engine; the byte total here bounds all models' pools together.
+
     Invariant: ``0 <= reserved <= capacity``; ``needed <= reserved`` (tokens actually held).
     """
 
-    def __init__(self, capacity: int, block_tokens: int) -> None:
+    def __init__(
+        self, capacity: int, block_tokens: int, allocators: list[Any] | None = None
+    ) -> None:
         self.capacity = capacity
         self.block_tokens = block_tokens
         self.reserved = 0
         self.needed = 0
+        self.allocators = allocators
 
     def size(self, tokens: int, bytes_per_token: int) -> tuple[int, int]:
         """(reserved bytes in whole blocks, exact bytes) for a ``tokens``-token sequence."""
@@ -58,11 +67,15 @@ class KvAccount:
     def can(self, nbytes: int) -> bool:
         return self.reserved + nbytes <= self.capacity
 
-    def take(self, nbytes: int, exact: int) -> None:
+    def take(self, nbytes: int, exact: int, rid: int = -1, m: int = 0, tokens: int = 0) -> None:
+        if self.allocators is not None and self.allocators[m] is not None:
+            self.allocators[m].allocate(rid, tokens)
         self.reserved += nbytes
         self.needed += exact
 
-    def give(self, nbytes: int, exact: int) -> None:
+    def give(self, nbytes: int, exact: int, rid: int = -1, m: int = 0) -> None:
+        if self.allocators is not None and self.allocators[m] is not None:
+            self.allocators[m].free(rid)
         self.reserved -= nbytes
         self.needed -= exact
 
@@ -99,7 +112,19 @@ class ComputeNode:
         self.b_base = [0.0] * nm
         self.b_heap: list[list[tuple[int, int]]] = [[] for _ in range(nm)]
         self.cum = [np.zeros(N_ACC) for _ in range(nm)]
-        self.kv = KvAccount(kv_bytes, sc.kv.block_tokens)
+        allocs = None
+        if sc.kv.allocator == "engine":
+            allocs = [
+                KVBlockAllocator(
+                    block_tokens=sc.kv.block_tokens,
+                    bytes_per_token=mr.kv_bytes_per_token,
+                    max_bytes=max(kv_bytes, sc.kv.block_tokens * mr.kv_bytes_per_token),
+                )
+                if mr.kv_bytes_per_token > 0
+                else None
+                for mr in ctx.models
+            ]
+        self.kv = KvAccount(kv_bytes, sc.kv.block_tokens, allocs)
         self._kv_of: dict[int, tuple[int, int]] = {}
         self.wake: simpy.Event | None = None
         self.seg_model = -1
@@ -212,7 +237,7 @@ class ComputeNode:
                 if not self.kv.can(need) or (new and tokens + t > self.max_tokens):
                     return new  # head-of-line: never let a lower class overtake
                 q.popleft()
-                self.kv.take(need, exact)
+                self.kv.take(need, exact, rid, m, t + int(self._out[rid]))
                 self._kv_of[rid] = (need, exact)
                 tokens += t
                 new.append(rid)
@@ -294,7 +319,7 @@ class ComputeNode:
         while heap and heap[0][0] <= off:
             _, rid = heapq.heappop(heap)
             need, exact = self._kv_of.pop(rid)
-            self.kv.give(need, exact)
+            self.kv.give(need, exact, rid, m)
             self.b_n[m] -= 1
             self.running -= 1
             self.b_base[m] -= int(self._inp[rid]) + 1 - (off - int(self._out[rid]) + 1)

@@ -148,7 +148,9 @@ class KvCfg(_M):
     pieces, O(chunk) scratch) or ``unchunked`` (O(context^2) prefill scores), which bounds the
     longest context a node can serve (:class:`engine.kv.chunks.AttentionMemoryModel`)."""
 
-    block_tokens: int = Field(16, ge=1, le=4096)
+    block_tokens: Literal[8, 16, 32, 64, 128, 256, 512] = 16
+    #: "engine": block tables in engine.kv.allocator.KVBlockAllocator; "count": byte counts only
+    allocator: Literal["engine", "count"] = "engine"
     attention: Literal["chunked", "unchunked"] = "chunked"
     chunk_tokens: int = Field(512, ge=1)
 

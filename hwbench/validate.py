@@ -327,15 +327,22 @@ def compare(
 
 
 def validate_workload(
-    w: ValidationWorkload, profile: Profile, workdir: Path | None = None
+    w: ValidationWorkload, profile: Profile, workdir: Path | None = None, *, refit: bool = False
 ) -> Comparison:
     """Run ``w`` on the engine and in the simulator and compare (scratch files in ``workdir``
-    or a temporary directory)."""
+    or a temporary directory). ``refit``: re-run the engine probe right before the engine
+    (:func:`hwbench.engine_probe.calibrate_engine`) and simulate with that fit, so a machine
+    whose load changed since ``pdsim calibrate`` is measured as it is now."""
     with tempfile.TemporaryDirectory(prefix="pdsim-validate-") as tmp:
         base = Path(workdir) if workdir is not None else Path(tmp)
         wdir = base / w.name
         wdir.mkdir(parents=True, exist_ok=True)
-        res, _ = run_engine(w, wdir)
+        parts = engine_parts(w, wdir)
+        if refit:
+            from hwbench.engine_probe import calibrate_engine
+
+            profile = calibrate_engine(profile)
+        res, _ = run_engine(w, wdir, parts)
         sim_df, sh, sb, _, _ = run_simulator(w, profile, wdir)
     eng_df = res.frame(decoder_config().name if w.model == "decoder" else dense_config().name)
     return compare(w.name, eng_df, res.tier_hits, res.tier_bytes, sim_df, sh, sb)

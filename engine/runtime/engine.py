@@ -72,6 +72,11 @@ class EngineResult:
     busy_s: float
     param_wait_s: float
     iterations: int
+    #: one row per iteration: (start s, seconds, new requests, prompt tokens, decode batch,
+    #: decode context tokens, param wait s) -- the shapes the simulator's cost model charges
+    iteration_log: list[tuple[float, float, int, int, int, int, float]] = field(
+        default_factory=list
+    )
     tokens: list[list[int]] = field(default_factory=list)
     logits: list[list[np.ndarray]] = field(default_factory=list)
 
@@ -239,18 +244,30 @@ class Engine:
             ]
             state = xp.asarray(np.asarray(rows, dtype=np.float32))
         for layer in range(self.model.cfg.n_layers):
-            if self.prefetcher is not None:
-                self.prefetcher.plan_from(layer)
             t = self.clock()
-            flat = self.weights.layer(layer, t)
+            flat = self.weights.layer(layer, t)  # pinned until release(): never a victim
             wait += self.clock() - t
+            if self.prefetcher is not None:
+                # After the pin, as in the simulator (its prefetches land while the current
+                # layer computes, pinned), so prefetch admissions evict the same victims.
+                self.prefetcher.plan_from(layer)
             w = unpack(self.layouts[layer], flat, xp)
             if isinstance(self.model, DecoderModel):
                 self.model.run_layer(state, layer, w)
             else:
                 state = self.model.run_layer(state, layer, w)
+            if self.prefetcher is not None:
+                # The prefetches planned at this layer land while it is pinned, as in the
+                # simulator when a transfer is shorter than a layer's compute: the same
+                # victims, whatever the threads' timing (the wait counts as param wait).
+                t = self.clock()
+                self.prefetcher.wait_idle()
+                wait += self.clock() - t
             self.weights.release(layer)
         now = self.clock()
+        ctx = sum(len(self._prompts[r]) + len(res.tokens[r]) for r in running)
+        ptok = sum(len(self._prompts[r]) for r in new)
+        res.iteration_log.append((t_start, now - t_start, len(new), ptok, len(running), ctx, wait))
         res.iterations += 1
         res.busy_s += now - t_start
         res.param_wait_s += wait

@@ -142,24 +142,21 @@ class TieredWeights:
 
     def layer(self, layer: int, now: float) -> Any:
         """The layer's values from the device level; missing chunks are fetched first. The
-        layer's chunks stay pinned until :meth:`release`."""
-        miss = self.missing(layer)
-        if miss:
-            self.fetch(miss, now)
+        layer's chunks stay pinned until :meth:`release`. Fetch and pin happen under one
+        lock hold, so no prefetch can evict a chunk between its fetch and its pin."""
         with self.lock:
             parts = []
             pins = []
+            t = self._clock(now)
             for cid in self._ids[layer]:
                 key = self.store.key(cid)
-                if key not in self.device:  # evicted between fetch and use: read it again
-                    res = self.store.read_chunk(cid, self._clock(now), count=True)
+                if key not in self.device:
+                    res = self.store.read_chunk(cid, t, count=True)
                     self._charge(self._tier_of(res.level), 1, int(self.table.size[cid]))
-                    data = res.data
-                else:
-                    data = self.store.stack.levels[0].tier.get(self.store.stack.name_of(key))
                 self.device.pin(key)
                 pins.append(key)
-                parts.append(data)
+            for key in pins:
+                parts.append(self.store.stack.levels[0].tier.get(self.store.stack.name_of(key)))
             self._pinned[layer] = pins
         return self._assemble(layer, parts).view(self.xp.float32)
 

@@ -192,5 +192,6 @@ def test_engine_kv_allocator_matches_byte_accounting() -> None:
     cl = _cluster_run(_sc(kv={"allocator": "engine"}))
     for node in cl.ctx.nodes:  # every sequence was freed at completion
         for alloc in node.kv.allocators:
-            assert alloc.sequences == []
+            assert alloc.sequences() == []
+            assert alloc.num_used_blocks == 0
             alloc.check_invariants()

@@ -10,6 +10,7 @@ from importlib.metadata import PackageNotFoundError, version
 
 import typer
 
+from sim.cli import ab as _ab
 from sim.cli import cache as _cache
 from sim.cli import calibrate as _calibrate
 from sim.cli import run as _run
@@ -29,6 +30,7 @@ app = typer.Typer(
 app.add_typer(_cache.app, name="cache")
 app.command("run")(_run.run)
 app.command("sweep")(_sweep.sweep)
+app.command("ab")(_ab.ab)
 app.command("calibrate")(_calibrate.calibrate)
 app.command("validate")(_validate.validate)
 

@@ -1,0 +1,199 @@
+"""A/B tests of two configurations of one scenario: paired runs and bootstrap intervals.
+
+``A`` and ``B`` are each a list of ``KEY=VALUE`` overrides on the same scenario. Both sides
+run with the same seeds, so seed ``s`` gives both sides the same arrivals and (under a chaos
+schedule in the scenario) the same faults: the runs are *paired*. For every headline metric
+(:func:`sim.sweep.flatten.headline`) the report gives the mean over seeds of each side, the mean
+paired difference ``B - A`` and a percentile bootstrap 95% interval of that mean (``resamples``
+resamples of the seed pairs, drawn from ``numpy.random.default_rng(boot_seed)`` -- the
+interval is reproducible). A verdict is given only where the interval excludes zero: "B better"
+/ "B worse" for metrics with a known direction (latency lower is better, hit rate higher is
+better...), otherwise "B higher" / "B lower".
+
+Pairs where either run failed or the metric is undefined (e.g. no request of a class
+finished) are left out of that metric; ``n`` says how many pairs remain. Runs go through the
+sweep machinery (cached by config hash under the output folder); when A and B resolve to the
+same configuration, each seed runs once and every difference is exactly zero.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from engine.errors import InputError
+from sim.sweep.cache import RunCache, write_atomic
+from sim.sweep.execute import Progress, Runner, results_frame, write_parquet
+from sim.sweep.flatten import direction, headline
+from sim.sweep.spec import Point, build_points
+
+
+@dataclass(frozen=True)
+class MetricDiff:
+    """One metric of an A/B comparison (``diff``, ``ci_low``, ``ci_high`` are of B - A)."""
+
+    metric: str
+    n: int
+    mean_a: float
+    mean_b: float
+    diff: float
+    ci_low: float
+    ci_high: float
+    verdict: str | None
+
+
+def paired_bootstrap(
+    a: np.ndarray,
+    b: np.ndarray,
+    rng: np.random.Generator,
+    resamples: int = 2000,
+    level: float = 0.95,
+) -> tuple[float, float, float]:
+    """Mean of ``b - a`` and its percentile bootstrap interval at ``level``.
+
+    The pairs (a_i, b_i) are resampled with replacement ``resamples`` times; the interval is
+    the (1-level)/2 and (1+level)/2 quantiles of the resampled means. Needs >= 2 pairs.
+    """
+    d = np.asarray(b, dtype=float) - np.asarray(a, dtype=float)
+    n = d.size
+    if n < 2:
+        raise ValueError("a paired bootstrap needs at least 2 pairs")
+    idx = rng.integers(0, n, size=(resamples, n))
+    means = d[idx].mean(axis=1)
+    lo, hi = np.quantile(means, [(1 - level) / 2, (1 + level) / 2])
+    mean = float(d.mean())
+    # quantiles of a constant sample may differ from it by rounding; keep lo <= mean <= hi
+    return mean, float(min(lo, mean)), float(max(hi, mean))
+
+
+def _verdict(metric: str, lo: float, hi: float) -> str | None:
+    if lo <= 0.0 <= hi:
+        return None
+    up = lo > 0
+    sign = direction(metric)
+    if sign == 0:
+        return "B higher" if up else "B lower"
+    return "B better" if (sign > 0) == up else "B worse"
+
+
+def compare(
+    frame_a: pd.DataFrame,
+    frame_b: pd.DataFrame,
+    metrics: list[str] | None = None,
+    resamples: int = 2000,
+    boot_seed: int = 0,
+) -> list[MetricDiff]:
+    """Paired comparison of two per-seed frames (rows matched on ``seed``; only "ok" rows).
+
+    ``metrics`` defaults to the headline metrics present in both frames. Metrics with fewer
+    than 2 complete pairs are skipped. One generator seeded ``boot_seed`` serves all metrics,
+    in order, so the report is reproducible.
+    """
+    ok_a = frame_a[frame_a["status"] == "ok"].set_index("seed")
+    ok_b = frame_b[frame_b["status"] == "ok"].set_index("seed")
+    seeds = sorted(set(ok_a.index) & set(ok_b.index))
+    if metrics is None:
+        common = [c for c in ok_a.columns if c in set(ok_b.columns)]
+        metrics = headline(common)
+    rng = np.random.default_rng(boot_seed)
+    out: list[MetricDiff] = []
+    for m in metrics:
+        if m not in ok_a.columns or m not in ok_b.columns:
+            continue
+        a = pd.to_numeric(ok_a.loc[seeds, m], errors="coerce").to_numpy(dtype=float)
+        b = pd.to_numeric(ok_b.loc[seeds, m], errors="coerce").to_numpy(dtype=float)
+        keep = np.isfinite(a) & np.isfinite(b)
+        if keep.sum() < 2:
+            continue
+        a, b = a[keep], b[keep]
+        diff, lo, hi = paired_bootstrap(a, b, rng, resamples)
+        out.append(
+            MetricDiff(
+                m, int(keep.sum()), float(a.mean()), float(b.mean()), diff, lo, hi,
+                _verdict(m, lo, hi),
+            )
+        )  # fmt: skip
+    return out
+
+
+@dataclass
+class AbResult:
+    """An A/B report: the per-metric differences, the per-seed runs, and where they went."""
+
+    diffs: list[MetricDiff]
+    runs: pd.DataFrame
+    failed: list[dict[str, Any]]
+    folder: Path
+
+    def to_frame(self) -> pd.DataFrame:
+        """The differences as a DataFrame (one row per metric)."""
+        return pd.DataFrame([asdict(d) for d in self.diffs])
+
+
+def ab_points(
+    scenario: str | Path,
+    a: list[str],
+    b: list[str],
+    seeds: list[int],
+    base: list[str] | None = None,
+    variant: str | None = None,
+) -> tuple[list[Point], list[Point]]:
+    """The A and B points (same seeds); every override is validated before anything runs."""
+    if len(seeds) < 2:
+        raise InputError(f"--seeds {len(seeds)}: an A/B test needs at least 2 seeds")
+    base = list(base or [])
+    pa = build_points(scenario, {}, seeds, [*base, *a], variant, source=f"{scenario} (A)")
+    pb = build_points(scenario, {}, seeds, [*base, *b], variant, source=f"{scenario} (B)")
+    return pa, pb
+
+
+def run_ab(
+    scenario: str | Path,
+    a: list[str],
+    b: list[str],
+    seeds: list[int],
+    out: str | Path,
+    *,
+    base: list[str] | None = None,
+    variant: str | None = None,
+    workers: int = 1,
+    scheduler: str | None = None,
+    resamples: int = 2000,
+    boot_seed: int = 0,
+    progress: Progress | None = None,
+) -> AbResult:
+    """Run both sides and compare them; writes ``runs.parquet`` (per seed and side),
+    ``ab.parquet`` (per metric) and ``ab.json`` (inputs + report) under ``out``."""
+    if resamples < 100:
+        raise InputError(f"--resamples {resamples}: use at least 100")
+    pa, pb = ab_points(scenario, a, b, seeds, base, variant)
+    folder = Path(out)
+    cache = RunCache(folder)
+    with Runner(workers, scheduler) as runner:
+        batch = runner.run([*pa, *pb], cache, progress=progress)
+    fa = results_frame(pa, batch.records)
+    fb = results_frame(pb, batch.records)
+    diffs = compare(fa, fb, resamples=resamples, boot_seed=boot_seed)
+    runs = pd.concat([fa.assign(side="A"), fb.assign(side="B")], ignore_index=True)
+    res = AbResult(diffs, runs, batch.failed, folder)
+    write_parquet(runs, folder / "runs.parquet")
+    write_parquet(res.to_frame(), folder / "ab.parquet")
+    report = {
+        "scenario": str(scenario),
+        "a": a,
+        "b": b,
+        "base": list(base or []),
+        "seeds": seeds,
+        "resamples": resamples,
+        "boot_seed": boot_seed,
+        "level": 0.95,
+        "failed": [{k: r.get(k) for k in ("config_hash", "seed", "error")} for r in batch.failed],
+        "metrics": [asdict(d) for d in diffs],
+    }
+    write_atomic(folder / "ab.json", json.dumps(report, indent=1) + "\n")
+    return res

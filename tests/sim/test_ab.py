@@ -1,0 +1,143 @@
+"""A/B: the paired bootstrap, verdicts, and ``pdsim ab`` on the demo workload."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from typer.testing import CliRunner
+
+from engine.errors import InputError
+from sim.ab import compare, paired_bootstrap, run_ab
+from sim.cli import app
+
+DEMO = Path(__file__).resolve().parents[2] / "scenarios" / "ab-demo.yaml"
+SMALL = ["workload.requests=120"]
+
+
+def test_bootstrap_identical_sides_is_exactly_zero() -> None:
+    a = np.array([1.0, 2.0, 5.0, 3.0])
+    assert paired_bootstrap(a, a.copy(), np.random.default_rng(0)) == (0.0, 0.0, 0.0)
+
+
+def test_bootstrap_shift_excludes_zero_and_noise_includes_it() -> None:
+    rng = np.random.default_rng(1)
+    a = rng.normal(10, 1, 30)
+    shifted = a + 0.5 + rng.normal(0, 0.05, 30)
+    mean, lo, hi = paired_bootstrap(a, shifted, np.random.default_rng(0))
+    assert 0.4 < lo < mean < hi < 0.6
+    noise = a + np.concatenate([d := rng.normal(0, 1, 15), -d])  # symmetric: mean diff 0
+    mean, lo, hi = paired_bootstrap(a, noise, np.random.default_rng(0))
+    assert abs(mean) < 1e-12 and lo < 0 < hi
+
+
+def test_bootstrap_is_reproducible_and_needs_two_pairs() -> None:
+    a, b = np.arange(6.0), np.arange(6.0) ** 1.5
+    assert paired_bootstrap(a, b, np.random.default_rng(3)) == paired_bootstrap(
+        a, b, np.random.default_rng(3)
+    )
+    with pytest.raises(ValueError, match="2 pairs"):
+        paired_bootstrap(a[:1], b[:1], np.random.default_rng(0))
+
+
+@settings(max_examples=40)
+@given(
+    d=st.lists(st.floats(-100, 100, allow_nan=False), min_size=2, max_size=25),
+    shift=st.floats(-50, 50, allow_nan=False),
+)
+def test_bootstrap_properties(d: list[float], shift: float) -> None:
+    """lo <= mean <= hi; the interval lies within [min d, max d]; shifting B shifts it."""
+    a = np.zeros(len(d))
+    b = np.array(d)
+    mean, lo, hi = paired_bootstrap(a, b, np.random.default_rng(0), resamples=300)
+    assert lo <= mean <= hi
+    assert min(d) - 1e-9 <= lo and hi <= max(d) + 1e-9
+    m2, lo2, hi2 = paired_bootstrap(a, b + shift, np.random.default_rng(0), resamples=300)
+    assert m2 == pytest.approx(mean + shift, abs=1e-6)
+    assert lo2 == pytest.approx(lo + shift, abs=1e-6) and hi2 == pytest.approx(hi + shift, abs=1e-6)
+
+
+def test_compare_pairs_by_seed_and_gives_verdicts_only_outside_zero() -> None:
+    fa = pd.DataFrame(
+        {
+            "seed": [0, 1, 2, 3],
+            "status": ["ok"] * 4,
+            "latency.p99": [1.0, 2.0, 3.0, 4.0],
+            "hit_rate.hbm": [0.5, 0.6, 0.7, 0.8],
+            "throughput_rps": [10.0, 10.0, 10.0, 10.0],
+        }
+    )
+    # B: rows in another order, one failed seed; latency lower by 0.5, hit rate the same
+    fb = pd.DataFrame(
+        {
+            "seed": [3, 2, 1, 0],
+            "status": ["ok", "ok", "ok", "failed"],
+            "latency.p99": [3.5, 2.5, 1.5, None],
+            "hit_rate.hbm": [0.8, 0.7, 0.6, None],
+            "throughput_rps": [11.0, 9.0, 10.0, None],
+        }
+    )
+    by = {d.metric: d for d in compare(fa, fb)}
+    lat = by["latency.p99"]
+    assert (lat.n, lat.diff, lat.ci_low, lat.ci_high) == (3, -0.5, -0.5, -0.5)
+    assert lat.verdict == "B better"
+    assert by["hit_rate.hbm"].verdict is None and by["hit_rate.hbm"].diff == 0
+    assert by["throughput_rps"].verdict is None  # +1, -1, 0: the interval straddles zero
+
+
+def test_a_equals_b_interval_includes_zero(tmp_path: Path) -> None:
+    # B differs only in the description: separate runs (different config hash), same seeds
+    res = run_ab(
+        DEMO, ["cache.hbm_policy=lru"], ["cache.hbm_policy=lru", "description=B"],
+        [0, 1, 2, 3], tmp_path / "ab", base=SMALL, resamples=500,
+    )  # fmt: skip
+    assert len(res.runs) == 8 and res.runs["config_hash"].nunique() == 8
+    assert len(res.diffs) > 10
+    for d in res.diffs:
+        assert d.ci_low <= 0.0 <= d.ci_high, d
+        assert d.verdict is None
+    rep = json.loads((tmp_path / "ab" / "ab.json").read_text())
+    assert rep["seeds"] == [0, 1, 2, 3] and len(rep["metrics"]) == len(res.diffs)
+
+
+def test_clearly_better_policy_excludes_zero(tmp_path: Path) -> None:
+    res = run_ab(
+        DEMO, ["cache.hbm_policy=lru-k"], ["cache.hbm_policy=lru"], list(range(6)),
+        tmp_path / "ab", base=SMALL,
+    )  # fmt: skip
+    by = {d.metric: d for d in res.diffs}
+    hit = by["hit_rate.hbm"]
+    assert hit.ci_low > 0 and hit.verdict == "B better"
+    wait = by["param_wait_share"]
+    assert wait.ci_high < 0 and wait.verdict == "B better"
+    assert pd.read_parquet(tmp_path / "ab" / "ab.parquet")["metric"].tolist() == list(by)
+
+
+def test_ab_rejects_bad_input_before_running(tmp_path: Path) -> None:
+    with pytest.raises(InputError, match=r"cache\.hbm_polcy"):
+        run_ab(DEMO, ["cache.hbm_polcy=lru"], [], [0, 1], tmp_path / "x")
+    with pytest.raises(InputError, match="at least 2 seeds"):
+        run_ab(DEMO, [], [], [0], tmp_path / "x")
+    assert not (tmp_path / "x").exists()
+
+
+def test_cli_ab(tmp_path: Path) -> None:
+    runner = CliRunner()
+    out = tmp_path / "ab"
+    r = runner.invoke(
+        app,
+        ["ab", str(DEMO), "--a", "cache.hbm_policy=lru-k", "--b", "cache.hbm_policy=lru",
+         "--seeds", "4", "--set", SMALL[0], "--out", str(out), "--quiet", "--resamples", "500"],
+    )  # fmt: skip
+    assert r.exit_code == 0, r.output
+    assert "hit_rate.hbm" in r.output and "B better" in r.output
+    bad = runner.invoke(
+        app, ["ab", str(DEMO), "--a", "cluster.nodez=2", "--out", str(tmp_path / "b")]
+    )
+    assert bad.exit_code == 2 and "cluster.nodez" in bad.output
+    assert not (tmp_path / "b").exists()

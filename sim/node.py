@@ -400,6 +400,7 @@ class ComputeNode:
                 ws.pin_layer(m, layer, False)
             elif dt > 0:
                 yield env.timeout(dt)
+        ws.touch(m, env.now)
         spent = env.now - t_start
         self.busy += spent
         met.busy += spent

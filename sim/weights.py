@@ -11,12 +11,12 @@ Invariants kept here:
   fully resident" is O(1) (updated on every admission and eviction callback);
 * a chunk is in ``inflight_keys`` exactly while a transfer carrying it to this node runs.
 
-Recency approximation: while a model is fully resident, iterations do not touch its chunks one
-by one (that would cost O(chunks) per step). The node records the time of the model's last
-use in ``pending_touch``; right before the next HBM admission (the only moment an eviction
-decision can be made) the store replays one touch per resident chunk of those models, oldest
-model first, at the recorded time. Policies thus see the correct *last* use of every chunk, but
-not the count of uses in between (LRU-K sees at most one reference per flush).
+Recency approximation: iterations do not touch a model's chunks one by one (that would cost
+O(chunks) per step). The node records the times of the model's last ``TOUCH_HISTORY`` uses in
+``pending_touch``; right before the next HBM admission (the only moment an eviction decision
+can be made) the store replays, in time order, one touch per resident chunk per recorded use.
+Policies thus see the correct last two uses of every resident chunk, but not the uses before
+them (LRU-K with K <= 2 sees its exact K-distance; frequency counts are truncated).
 """
 
 from __future__ import annotations
@@ -32,6 +32,8 @@ from sim.context import SimContext
 from sim.metrics import EV_FETCH
 
 HOST, NVME, REMOTE, OBJECT = 1, 2, 3, 4
+#: uses replayed per model and flush: enough for LRU-K with K <= 2 to see its K-distance
+TOUCH_HISTORY = 2
 
 
 class WeightStore:
@@ -92,7 +94,7 @@ class WeightStore:
         self.chunk_layer = [np.repeat(np.arange(m.n_layers), m.layer_chunks) for m in ctx.models]
         self.inflight: dict[tuple[int, int], list[simpy.Event]] = {}
         self.inflight_keys: set[int] = set()
-        self.pending_touch: dict[int, float] = {}
+        self.pending_touch: dict[int, list[float]] = {}
         self.track_arrival = ctx.sc.metrics.check_invariants
         self.arrived_at: dict[int, float] = {}
         self.fetches_after_warmup = 0
@@ -117,16 +119,22 @@ class WeightStore:
         return all(self._admit(m, cid, int(sizes[cid]), now) for cid in range(mr.n_chunks))
 
     def touch(self, m: int, now: float) -> None:
-        """Model ``m`` was used at ``now`` while fully resident (see the recency note)."""
-        self.pending_touch[m] = now
+        """Model ``m``'s resident chunks were used at ``now`` (see the recency note)."""
+        times = self.pending_touch.get(m)
+        if times is None:
+            self.pending_touch[m] = [now]
+        elif times[-1] != now:
+            times.append(now)
+            if len(times) > TOUCH_HISTORY:
+                del times[0]
 
     def _flush_touches(self) -> None:
         if not self.pending_touch:
             return
-        items = sorted(self.pending_touch.items(), key=lambda kv: (kv[1], kv[0]))
+        items = sorted((t, m) for m, times in self.pending_touch.items() for t in times)
         self.pending_touch.clear()
         hbm = self.hbm
-        for m, t in items:
+        for t, m in items:
             base = self.ctx.models[m].base
             for cid in range(self.ctx.models[m].n_chunks):
                 key = base | cid

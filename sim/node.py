@@ -418,6 +418,6 @@ class ComputeNode:
         plan = self._planner.plan(upcoming, ws.hbm, ws.inflight_keys, self.env.now)
         by_dist: dict[int, list[int]] = {}
         for dist, key in plan:
-            by_dist.setdefault(dist, []).append(key & 0xFFFFFFFF)
+            by_dist.setdefault(dist, []).append(int(key) & 0xFFFFFFFF)  # type: ignore[call-overload]
         for dist in sorted(by_dist):
             ws.fetch(m, layers[dist], by_dist[dist], dist + 1, charge)

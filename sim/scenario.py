@@ -35,8 +35,8 @@ class Deployment(_M):
     """One model served by the cluster and its share of the traffic."""
 
     model: str
-    share: float = Field(1.0, gt=0)
-    version: int = Field(1, ge=1)
+    share: float = Field(default=1.0, gt=0)
+    version: int = Field(default=1, ge=1)
     #: every request of this model gets this workload class (else classes are drawn by share)
     cls: str | None = None
 
@@ -45,12 +45,12 @@ class NodeCfg(_M):
     """A compute node. ``hbm``/``host`` default to the profile's figures when 0."""
 
     hbm: Size = 0
-    weight_cache_fraction: float = Field(0.5, gt=0, le=1)
+    weight_cache_fraction: float = Field(default=0.5, gt=0, le=1)
     host: Size = 0
     nvme: Size = "2TiB"  # type: ignore[assignment]
-    max_batch: int = Field(64, ge=1)
-    max_batch_tokens: int = Field(16384, ge=1)
-    max_steps_per_turn: int = Field(64, ge=1)
+    max_batch: int = Field(default=64, ge=1)
+    max_batch_tokens: int = Field(default=16384, ge=1)
+    max_steps_per_turn: int = Field(default=64, ge=1)
 
 
 class PsCfg(_M):
@@ -72,8 +72,8 @@ class NetworkCfg(_M):
 
 
 class ClusterCfg(_M):
-    nodes: int = Field(4, ge=1, le=4096)
-    param_servers: int = Field(2, ge=1, le=1024)
+    nodes: int = Field(default=4, ge=1, le=4096)
+    param_servers: int = Field(default=2, ge=1, le=1024)
     node: NodeCfg = NodeCfg()
     ps: PsCfg = PsCfg()
     network: NetworkCfg = NetworkCfg()
@@ -89,20 +89,20 @@ class CacheCfg(_M):
     host_policy: str = "lru"
     nvme_policy: str = "lru"
     params: dict[str, Any] = {}
-    high_watermark: float = Field(1.0, gt=0, le=1)
-    low_watermark: float = Field(1.0, gt=0, le=1)
+    high_watermark: float = Field(default=1.0, gt=0, le=1)
+    low_watermark: float = Field(default=1.0, gt=0, le=1)
 
 
 class PrefetchCfg(_M):
     enabled: bool = True
-    window_batches: int = Field(3, ge=1, le=16)
+    window_batches: int = Field(default=3, ge=1, le=16)
     heat_half_life: Duration = 10.0
 
 
 class RingCfg(_M):
-    vnodes: int = Field(128, ge=1)
-    replication: int = Field(1, ge=1)
-    load_factor: float | None = Field(None, gt=1)
+    vnodes: int = Field(default=128, ge=1)
+    replication: int = Field(default=1, ge=1)
+    load_factor: float | None = Field(default=None, gt=1)
 
 
 class SchedulerCfg(_M):
@@ -119,7 +119,7 @@ class DegradationCfg(_M):
     enabled: bool = False
     protected: list[str] = ["high"]
     action: Literal["shed", "queue"] = "shed"
-    queue_per_node: int = Field(64, ge=1)
+    queue_per_node: int = Field(default=64, ge=1)
     max_wait: Duration = 1.0
 
 
@@ -130,16 +130,16 @@ class HotShardCfg(_M):
 
     enabled: bool = False
     window: Duration = 1.0
-    factor: float = Field(3.0, gt=1)
-    min_count: int = Field(8, ge=1)
-    max_replicas: int = Field(3, ge=1)
+    factor: float = Field(default=3.0, gt=1)
+    min_count: int = Field(default=8, ge=1)
+    max_replicas: int = Field(default=3, ge=1)
 
 
 class WarmupCfg(_M):
     """Cold-start warm-up (R8): preload the hottest chunks into PS DRAM (and node HBM)."""
 
     enabled: bool = True
-    ps_fraction: float = Field(1.0, ge=0, le=1)
+    ps_fraction: float = Field(default=1.0, ge=0, le=1)
     node_hbm: bool = False
 
 
@@ -152,20 +152,20 @@ class KvCfg(_M):
     #: "engine": block tables in engine.kv.allocator.KVBlockAllocator; "count": byte counts only
     allocator: Literal["engine", "count"] = "engine"
     attention: Literal["chunked", "unchunked"] = "chunked"
-    chunk_tokens: int = Field(512, ge=1)
+    chunk_tokens: int = Field(default=512, ge=1)
 
 
 class TokenDist(_M):
     dist: Literal["fixed", "uniform", "lognormal"] = "fixed"
-    mean: float = Field(256, gt=0)
-    low: int = Field(1, ge=0)
-    high: int = Field(4096, ge=1)
-    sigma: float = Field(0.5, ge=0)
+    mean: float = Field(default=256, gt=0)
+    low: int = Field(default=1, ge=0)
+    high: int = Field(default=4096, ge=1)
+    sigma: float = Field(default=0.5, ge=0)
 
 
 class ClassCfg(_M):
     name: str
-    share: float = Field(1.0, gt=0)
+    share: float = Field(default=1.0, gt=0)
     slo: Duration = 10.0
 
 
@@ -176,16 +176,16 @@ class StepCfg(_M):
 
 class WorkloadCfg(_M):
     kind: Literal["poisson", "step", "diurnal", "closed-loop", "trace"] = "poisson"
-    requests: int = Field(1000, ge=1)
-    rate: float = Field(10.0, gt=0)
+    requests: int = Field(default=1000, ge=1)
+    rate: float = Field(default=10.0, gt=0)
     steps: list[StepCfg] = []
     period: Duration = 60.0
-    amplitude: float = Field(0.5, ge=0, lt=1)
-    clients: int = Field(16, ge=1)
+    amplitude: float = Field(default=0.5, ge=0, lt=1)
+    clients: int = Field(default=16, ge=1)
     think_time: Duration = 0.5
     trace: str | None = None
     trace_format: Literal["mooncake", "csv"] = "mooncake"
-    trace_time_scale: float = Field(1.0, gt=0)
+    trace_time_scale: float = Field(default=1.0, gt=0)
     input_tokens: TokenDist = TokenDist()
     output_tokens: TokenDist = TokenDist(mean=64)
     classes: list[ClassCfg] = [ClassCfg(name="normal")]
@@ -239,7 +239,7 @@ class Scenario(_M):
     claims: list[Claim] = []
     variants: list[Variant] = []
     #: where the scenario came from (not part of the file; set by the loader).
-    source: str = Field("<memory>", exclude=True)
+    source: str = Field(default="<memory>", exclude=True)
 
 
 def _format_loc(loc: tuple[Any, ...]) -> str:

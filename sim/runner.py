@@ -156,6 +156,10 @@ def format_claim(c: dict[str, Any]) -> str:
         ms = f"{m:+.1f}%"
     elif c["kind"] == "ratio":
         ms = f"{m:.2f}x"
+    elif "latency" in c["metric"] or "ttft" in c["metric"] or c["metric"].endswith("_s"):
+        ms = f"{m * 1e3:.1f} ms" if abs(m) < 1 else f"{m:.3g} s"
+    elif "bytes" in c["metric"]:
+        ms = f"{m / 2**30:.1f} GiB"
     else:
         ms = f"{m:.4g}"
     what = c["metric"] + (f" ({c['variant']} vs {c['baseline']})" if c["kind"] != "value" else "")

@@ -195,3 +195,12 @@ def test_engine_kv_allocator_matches_byte_accounting() -> None:
             assert alloc.sequences() == []
             assert alloc.num_used_blocks == 0
             alloc.check_invariants()
+
+
+def test_cold_start_warmup_keeps_first_fetches_off_the_object_store() -> None:
+    cold = run_scenario(_sc(warmup={"enabled": False})).summary
+    warm = run_scenario(_sc(warmup={"enabled": True})).summary
+    assert cold["bytes_by_tier"]["object"] > 0  # empty servers read the object store first
+    assert warm["bytes_by_tier"]["object"] == 0.0  # warmed servers serve from DRAM
+    assert warm["bytes_by_tier"]["remote"] > 0
+    assert warm["latency"]["p99"] <= cold["latency"]["p99"]

@@ -40,7 +40,7 @@ class ModelRt:
     base: int = field(init=False)
     layer_chunks: list[int] = field(init=False)
     layer_bytes: list[int] = field(init=False)
-    _pre_memo: dict[int, float] = field(init=False, default_factory=dict, repr=False)
+    _pre_memo: dict[tuple[int, int], float] = field(init=False, default_factory=dict, repr=False)
     _dec_memo: dict[tuple[int, int], float] = field(init=False, default_factory=dict, repr=False)
 
     def __post_init__(self) -> None:
@@ -58,22 +58,27 @@ class ModelRt:
     def key(self, chunk_id: int) -> int:
         return self.base | chunk_id
 
-    def iter_time(self, prefill_tokens: int, n_new: int, n_dec: int, ctx: float) -> float:
-        """Compute seconds of one iteration: prefill of ``prefill_tokens`` (``n_new`` requests)
-        plus one decode step of ``n_dec`` sequences holding ``ctx`` context tokens in total.
+    def iter_time(
+        self, prefill_tokens: int, n_new: int, n_dec: int, ctx: float, prefill_sq: int = -1
+    ) -> float:
+        """Compute seconds of one iteration: prefill of ``prefill_tokens`` (``n_new`` requests
+        whose prompt lengths squared sum to ``prefill_sq``; -1 = one prompt) plus one decode step of ``n_dec`` sequences holding ``ctx`` context tokens in total.
         CNN models run one forward pass over ``n_new`` samples.
 
         Lookups are memoised (a table filled on first use): prefill by exact token count,
         decode by (batch, total context rounded down to a multiple of ``CTX_BUCKET`` tokens),
         evaluated at the bucket's lower edge -- an error below one bucket per step."""
+        if prefill_sq < 0:
+            prefill_sq = prefill_tokens * prefill_tokens
         if self.is_cnn:
             return float(self.cost.cnn_batch_time(max(n_new, 1)))
         t = 0.0
         if prefill_tokens > 0:
-            p = self._pre_memo.get(prefill_tokens)
+            pkey = (prefill_tokens, prefill_sq)
+            p = self._pre_memo.get(pkey)
             if p is None:
-                p = self._pre_memo[prefill_tokens] = float(
-                    self.cost.prefill_time(int(prefill_tokens))
+                p = self._pre_memo[pkey] = float(
+                    self.cost.prefill_time(int(prefill_tokens), int(prefill_sq))
                 )
             t += p
         if n_dec > 0:

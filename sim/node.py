@@ -257,8 +257,13 @@ class ComputeNode:
         n = self.b_n[m]
         off = self.b_off[m]
         if new or mr.is_cnn or not self.ws.all_resident(m):
-            ptok = int(self._inp[new].sum()) if new else 0
-            t = mr.iter_time(ptok, len(new), n, self.b_base[m] + n * off)
+            ptok = sq = 0
+            inp = self._inp
+            for rid in new:
+                x = int(inp[rid])
+                ptok += x
+                sq += x * x
+            t = mr.iter_time(ptok, len(new), n, self.b_base[m] + n * off, sq)
             carry, self._carry = self._carry, 0.0
             yield from self._execute(m, t, n + len(new), carry)
             self._quantum += 1

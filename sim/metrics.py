@@ -74,6 +74,7 @@ class Metrics:
         self.n_final = 0
         self.shed_order: list[int] = []  # class index of each shed request, in shed order
         self.replicas_added = 0
+        self.fetch_retries = 0
         self.peak_hbm = 0
         self.samples: list[tuple[float, ...]] = []
 
@@ -184,6 +185,7 @@ def summarize(
         "param_wait_share": m.param_wait / m.busy if m.busy else 0.0,
         "param_load_p99_s": float(np.percentile(fl, 99)) if fl.size else None,
         "replicas_added": m.replicas_added,
+        "fetch_retries": m.fetch_retries,
         "max_context_served": int((done["input_tokens"] + done["output_tokens"]).max())
         if len(done)
         else 0,

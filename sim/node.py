@@ -37,6 +37,8 @@ from sim.metrics import DONE, EV_ADMIT, EV_DONE, N_ACC, TIERS
 from sim.weights import WeightStore
 
 _NT = len(TIERS)
+#: wait before re-requesting chunks whose transfer failed (a dropped link; faults)
+FETCH_RETRY_S = 1e-3
 
 
 class KvAccount:
@@ -383,7 +385,10 @@ class ComputeNode:
                             f"layer {layer} of model {m} neither resident nor in flight"
                         )
                     t0 = env.now
-                    yield ev
+                    ok = yield ev
+                    if ok is False:  # a link on the path dropped: back off, then retry
+                        met.fetch_retries += 1
+                        yield env.timeout(FETCH_RETRY_S)
                     wait += env.now - t0
                 if log is not None:
                     mr_ = self.ctx.models[m]

@@ -204,3 +204,27 @@ def test_cold_start_warmup_keeps_first_fetches_off_the_object_store() -> None:
     assert warm["bytes_by_tier"]["object"] == 0.0  # warmed servers serve from DRAM
     assert warm["bytes_by_tier"]["remote"] > 0
     assert warm["latency"]["p99"] <= cold["latency"]["p99"]
+
+
+def test_fetches_survive_a_dropped_link() -> None:
+    """A parameter server's NIC drops traffic for a while: nodes retry and finish."""
+    from sim.cluster import build
+    from sim.costmodel import CostModel, load_profile
+    from sim.models import load_catalogue
+
+    sc = _sc(cluster={"nodes": 2, "param_servers": 1, "node": {"host": "1GiB", "max_batch": 8}})
+    cl = build(sc, 0, load_catalogue(), load_profile(sc.profile), CostModel)
+    link = cl.ctx.network.links["ps0.nic"]
+    env = cl.env
+
+    def cut() -> Any:
+        yield env.timeout(0.01)
+        link.set_down("drop")
+        yield env.timeout(0.3)
+        link.set_up()
+
+    env.process(cut())
+    cl.run()
+    assert cl.ctx.metrics.fetch_retries > 0  # the cut did hit transfers
+    assert cl.ctx.metrics.n_final == 40
+    assert (cl.ctx.metrics.status == 1).all()

@@ -228,3 +228,37 @@ def test_fetches_survive_a_dropped_link() -> None:
     assert cl.ctx.metrics.fetch_retries > 0  # the cut did hit transfers
     assert cl.ctx.metrics.n_final == 40
     assert (cl.ctx.metrics.status == 1).all()
+
+
+def test_closed_loop_keeps_at_most_clients_in_flight() -> None:
+    sc = _sc(
+        workload={
+            "kind": "closed-loop",
+            "clients": 3,
+            "think_time": 0.05,
+            "requests": 30,
+            "output_tokens": {"mean": 4},
+        }
+    )
+    df = run_scenario(sc).requests
+    assert (df["status"] == "done").all()
+    events = sorted(
+        [(t, 1) for t in df["arrival"]] + [(t, -1) for t in df["end"]], key=lambda e: (e[0], e[1])
+    )
+    inside = peak = 0
+    for _, d in events:
+        inside += d
+        peak = max(peak, inside)
+    assert peak <= 3
+
+
+def test_diurnal_arrivals_peak_where_the_rate_peaks() -> None:
+    from sim.scenario import WorkloadCfg
+    from sim.workload import diurnal_arrivals
+
+    cfg = WorkloadCfg(kind="diurnal", rate=100.0, period=100.0, amplitude=0.8, requests=20000)
+    t = diurnal_arrivals(cfg, cfg.requests, np.random.default_rng(0))
+    first = t[t < 100.0]
+    peak = ((first > 10) & (first < 40)).sum()  # rate near its maximum (t = 25)
+    trough = ((first > 60) & (first < 90)).sum()  # rate near its minimum (t = 75)
+    assert peak > 3 * trough

@@ -13,6 +13,7 @@ import typer
 from sim.cli import ab as _ab
 from sim.cli import cache as _cache
 from sim.cli import calibrate as _calibrate
+from sim.cli import plan as _plan
 from sim.cli import run as _run
 from sim.cli import sweep as _sweep
 from sim.cli import validate as _validate
@@ -31,6 +32,7 @@ app.add_typer(_cache.app, name="cache")
 app.command("run")(_run.run)
 app.command("sweep")(_sweep.sweep)
 app.command("ab")(_ab.ab)
+app.command("plan")(_plan.plan)
 app.command("calibrate")(_calibrate.calibrate)
 app.command("validate")(_validate.validate)
 

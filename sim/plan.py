@@ -1,0 +1,500 @@
+"""Capacity planning: the smallest (or cheapest) cluster meeting SLOs, the highest QPS a
+cluster sustains, and which resource saturates first.
+
+A plan file (YAML; unknown keys are errors)::
+
+    scenario: burst-traffic.yaml      # the workload (relative to the plan file)
+    set: {workload.requests: 4000}    # base overrides
+    seeds: 3                          # seeds per probe (n -> 0..n-1, or a list)
+    min_pass_fraction: 1.0            # a probe passes when >= this share of its seeds pass
+    slo:
+      p99: {high: 500ms, low: 5s}     # P99 latency per workload class ("all": every request)
+      availability: 0.999             # answered (done or shed) / requests
+      degraded_rate: 0.01             # shed / requests
+    size_key: cluster.nodes           # the integer size knob
+    size_range: [1, 64]
+    qps_key: workload.steps.0.rate    # the load knob (workload.rate for Poisson traffic)
+    qps: [1200]                       # question 1: smallest size for each of these loads
+    sizes: [8, 16]                    # question 2: highest load for each of these sizes
+    qps_range: [50, 5000]
+    qps_tolerance: 0.02               # relative width at which the QPS bisection stops
+    alternatives: {cluster.param_servers: [2, 4]}   # other knobs: every combination is tried
+    costs: {cluster.nodes: 3.0, cluster.param_servers: 1.0}  # per unit; cheapest is marked
+
+Every probe (alternative, size, load) runs all seeds through the sweep machinery (cached by
+config hash under ``OUT/runs``, so re-running or extending a plan reuses finished runs).
+
+**Pass rule.** A run passes when every SLO holds (a class with requests but none finished
+fails its P99). A probe passes when at least ``min_pass_fraction`` of its seeds pass; the
+default 1.0 means *all* seeds (the conservative choice: one bad seed is a miss). A failed run
+counts as a failing seed.
+
+**Search.** Bisection assumes passing is monotone: more of the size knob never hurts, more
+load never helps. Smallest size: check the top of the range (none if it fails), the bottom
+(done if it passes), then halve ``[fail, pass]`` until adjacent. Highest QPS: the same on
+``qps_range`` until the bracket is narrower than ``qps_tolerance`` x its top (probed loads
+are rounded to 4 significant digits). Same spec and seeds -> same probes -> same answer.
+
+**Saturation.** At the boundary probe that fails (or at the answer when nothing fails) the
+mean utilisation over seeds of: compute (busy share of nodes), HBM (peak per-node HBM use /
+HBM size), PCIe, network (the busiest NIC, nodes and parameter servers), parameter servers
+(``ps_utilisation`` when the summary has it, else the share of busy time spent waiting for
+parameters, a proxy). The largest one is named as the resource that saturates first.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import math
+import os
+import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from engine.errors import InputError
+from sim.scenario import Duration
+from sim.sweep.cache import RunCache, write_atomic
+from sim.sweep.execute import Progress, Runner, write_parquet
+from sim.sweep.spec import (
+    Point,
+    build_points,
+    override_text,
+    resolve_scenario_path,
+    seed_list,
+)
+
+RESOURCES: tuple[str, ...] = ("compute", "hbm", "pcie", "network", "parameter_servers")
+
+
+class SloCfg(BaseModel):
+    """Service-level objectives a run must meet."""
+
+    model_config = ConfigDict(extra="forbid")
+    p99: dict[str, Duration] = {}
+    availability: float | None = Field(None, gt=0, le=1)
+    degraded_rate: float | None = Field(None, ge=0, le=1)
+
+
+class PlanFile(BaseModel):
+    """The schema of a plan file (see the module docstring)."""
+
+    model_config = ConfigDict(extra="forbid")
+    scenario: str
+    set: dict[str, Any] = {}
+    variant: str | None = None
+    seeds: int | list[int] = 3
+    min_pass_fraction: float = Field(1.0, gt=0, le=1)
+    slo: SloCfg
+    size_key: str = "cluster.nodes"
+    size_range: tuple[int, int] = (1, 64)
+    qps_key: str = "workload.rate"
+    qps: list[float] = []
+    sizes: list[int] = []
+    qps_range: tuple[float, float] = (1.0, 10000.0)
+    qps_tolerance: float = Field(0.02, gt=0, lt=1)
+    alternatives: dict[str, list[Any]] = {}
+    costs: dict[str, float] = {}
+
+
+def load_plan_file(path: str | Path) -> PlanFile:
+    """Read and validate a plan file (``InputError`` naming the file and field)."""
+    p = Path(path)
+    if not p.is_file():
+        raise InputError("no such plan file", source=str(path))
+    try:
+        data = yaml.safe_load(p.read_text(encoding="utf-8"))
+    except yaml.YAMLError as err:
+        raise InputError(f"not valid YAML: {err}", source=str(path)) from None
+    if not isinstance(data, dict):
+        raise InputError("a plan file must be a mapping of keys to values", source=str(path))
+    try:
+        return PlanFile.model_validate(data)
+    except ValidationError as err:
+        first = err.errors()[0]
+        where = ".".join(str(x) for x in first["loc"]) or "(top level)"
+        msg = (
+            "unknown key (check the spelling)"
+            if first["type"] == "extra_forbidden"
+            else f"{first.get('input')!r}: {first['msg']}"
+        )
+        raise InputError(msg, source=str(path), where=where) from None
+
+
+def _round_sig(x: float, digits: int = 4) -> float:
+    if x == 0:
+        return 0.0
+    return round(x, digits - 1 - math.floor(math.log10(abs(x))))
+
+
+@dataclass
+class Probe:
+    """One evaluated point of the search: all its seeds."""
+
+    alt: dict[str, Any]
+    size: int
+    qps: float
+    passed: bool
+    pass_fraction: float
+    utilisation: dict[str, float]
+    reasons: list[str] = field(default_factory=list)
+
+
+def run_passes(m: dict[str, Any] | None, slo: SloCfg) -> tuple[bool, list[str]]:
+    """Whether one run's flattened metrics meet ``slo`` (and why not)."""
+    if m is None:
+        return False, ["run failed"]
+    why: list[str] = []
+    for cls, limit in slo.p99.items():
+        if cls == "all":
+            v, n = m.get("latency.p99"), m.get("requests", 1)
+        else:
+            v, n = m.get(f"per_class.{cls}.latency.p99"), m.get(f"per_class.{cls}.n", 0)
+        if v is None:
+            if n:
+                why.append(f"{cls}: no request finished")
+        elif v > limit:
+            why.append(f"{cls} p99 {v:.3g}s > {limit:.3g}s")
+    req = max(int(m.get("requests") or 0), 1)
+    if slo.availability is not None:
+        avail = m.get("availability")
+        if avail is None:
+            avail = 1.0 - (int(m.get("rejected") or 0) + int(m.get("unfinished") or 0)) / req
+        if avail < slo.availability:
+            why.append(f"availability {avail:.4g} < {slo.availability:.4g}")
+    if slo.degraded_rate is not None:
+        deg = m.get("degraded_rate")
+        if deg is None:
+            deg = int(m.get("shed") or 0) / req
+        if deg > slo.degraded_rate:
+            why.append(f"degraded rate {deg:.4g} > {slo.degraded_rate:.4g}")
+    return not why, why
+
+
+def utilisation(m: dict[str, Any], hbm_bytes: float) -> dict[str, float]:
+    """Per-resource utilisation (0..1) of one run from its flattened summary."""
+    ps = m.get("ps_utilisation")
+    return {
+        "compute": float(m.get("compute_utilisation") or 0.0),
+        "hbm": float(m.get("peak_hbm_bytes_per_node") or 0.0) / max(hbm_bytes, 1.0),
+        "pcie": float(m.get("pcie_utilisation") or 0.0),
+        "network": float(m.get("r31.network_saturation") or 0.0),
+        "parameter_servers": float(ps if ps is not None else m.get("param_wait_share") or 0.0),
+    }
+
+
+class Planner:
+    """Runs the searches of one plan; probes are memoised (and runs cached on disk)."""
+
+    def __init__(
+        self,
+        spec: PlanFile,
+        scenario: Path,
+        runner: Runner,
+        cache: RunCache,
+        seeds: list[int],
+        progress: Callable[[str], None] | None = None,
+        run_progress: Progress | None = None,
+    ) -> None:
+        self.spec = spec
+        self.scenario = scenario
+        self.runner = runner
+        self.cache = cache
+        self.seeds = seeds
+        self.progress = progress
+        self.run_progress = run_progress
+        self.base = [override_text(k, v) for k, v in spec.set.items()]
+        self._memo: dict[tuple[str, int, float], Probe] = {}
+
+    def points(self, alt: dict[str, Any], size: int, qps: float) -> list[Point]:
+        """The seeds of one probe (validated; ``InputError`` for a bad key or value)."""
+        grid = {k: [v] for k, v in alt.items()}
+        grid[self.spec.size_key] = [size]
+        grid[self.spec.qps_key] = [qps]
+        return build_points(
+            self.scenario, grid, self.seeds, self.base, self.spec.variant, source="plan"
+        )
+
+    def probe(self, alt: dict[str, Any], size: int, qps: float) -> Probe:
+        key = (json.dumps(alt, sort_keys=True), size, qps)
+        if key in self._memo:
+            return self._memo[key]
+        if self.progress is not None:
+            label = ", ".join(f"{k}={v}" for k, v in alt.items())
+            self.progress(f"{label + ' ' if label else ''}size={size} qps={qps:g}")
+        pts = self.points(alt, size, qps)
+        batch = self.runner.run(pts, self.cache, progress=self.run_progress)
+        sc = pts[0].scenario
+        hbm = float(sc.cluster.node.hbm or _profile_hbm(sc.profile))
+        n_pass, utils, reasons = 0, [], []
+        for p in pts:
+            rec = batch.records.get(p.config_hash)
+            m = rec["metrics"] if rec is not None and rec.get("status") == "ok" else None
+            ok, why = run_passes(m, self.spec.slo)
+            n_pass += ok
+            reasons += [f"seed {p.seed}: {w}" for w in why]
+            if m is not None:
+                utils.append(utilisation(m, hbm))
+        frac = n_pass / len(pts)
+        mean_u = {r: sum(u[r] for u in utils) / len(utils) if utils else 0.0 for r in RESOURCES}
+        pr = Probe(alt, size, qps, frac >= self.spec.min_pass_fraction - 1e-12, frac, mean_u)
+        pr.reasons = reasons
+        self._memo[key] = pr
+        return pr
+
+    def min_size(self, alt: dict[str, Any], qps: float) -> tuple[int | None, Probe]:
+        """Smallest size meeting the SLOs at ``qps``, and the boundary probe to blame."""
+        lo, hi = self.spec.size_range
+        top = self.probe(alt, hi, qps)
+        if not top.passed:
+            return None, top
+        bottom = self.probe(alt, lo, qps)
+        if bottom.passed:
+            return lo, bottom
+        fail = bottom
+        # invariant: probe(lo) fails, probe(hi) passes
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            pm = self.probe(alt, mid, qps)
+            if pm.passed:
+                hi = mid
+            else:
+                lo, fail = mid, pm
+        return hi, fail
+
+    def max_qps(self, alt: dict[str, Any], size: int) -> tuple[float | None, Probe]:
+        """Highest load (within ``qps_range``) meeting the SLOs at ``size``."""
+        lo, hi = self.spec.qps_range
+        top = self.probe(alt, size, hi)
+        if top.passed:
+            return hi, top
+        bottom = self.probe(alt, size, lo)
+        if not bottom.passed:
+            return None, bottom
+        fail = top
+        # invariant: probe(lo) passes, probe(hi) fails
+        while hi - lo > self.spec.qps_tolerance * hi:
+            mid = _round_sig((lo + hi) / 2)
+            if mid in (lo, hi):
+                break
+            pm = self.probe(alt, size, mid)
+            if pm.passed:
+                lo = mid
+            else:
+                hi, fail = mid, pm
+        return lo, fail
+
+
+_PROFILE_HBM: dict[str, float] = {}
+
+
+def _profile_hbm(profile: str) -> float:
+    if profile not in _PROFILE_HBM:
+        from sim.costmodel import load_profile
+
+        _PROFILE_HBM[profile] = float(load_profile(profile).gpu.hbm_bytes)
+    return _PROFILE_HBM[profile]
+
+
+def _lookup(data: dict[str, Any], path: str) -> Any:
+    cur: Any = data
+    for part in path.split("."):
+        if isinstance(cur, list) and part.isdigit() and int(part) < len(cur):
+            cur = cur[int(part)]
+        elif isinstance(cur, dict) and part in cur:
+            cur = cur[part]
+        else:
+            return None
+    return cur
+
+
+@dataclass
+class PlanResult:
+    """The frontier (one row per question x alternative x load or size) and its files."""
+
+    frontier: pd.DataFrame
+    folder: Path
+    answers: list[str]
+
+
+def check_plan(spec: PlanFile, planner: Planner, source: str) -> None:
+    """Reject a plan that cannot be answered before running anything."""
+    if not spec.qps and not spec.sizes:
+        raise InputError("give qps (smallest size) and/or sizes (highest qps)", source=source)
+    if not spec.slo.p99 and spec.slo.availability is None and spec.slo.degraded_rate is None:
+        raise InputError(
+            "slo: give at least one of p99, availability, degraded_rate", source=source
+        )
+    lo, hi = spec.size_range
+    if not 1 <= lo <= hi:
+        raise InputError(f"size_range: {[lo, hi]} needs 1 <= low <= high", source=source)
+    qlo, qhi = spec.qps_range
+    if not 0 < qlo < qhi:
+        raise InputError(f"qps_range: {[qlo, qhi]} needs 0 < low < high", source=source)
+    # every key path and every alternative is validated by building one probe's points
+    for alt in alternatives(spec):
+        sc = planner.points(alt, lo, spec.qps[0] if spec.qps else qlo)[0].scenario
+        classes = [c.name for c in sc.workload.classes]
+        for cls in spec.slo.p99:
+            if cls != "all" and cls not in classes:
+                raise InputError(
+                    f"slo.p99: unknown class {cls!r}; allowed: all, {', '.join(classes)}",
+                    source=source,
+                )
+
+
+def alternatives(spec: PlanFile) -> list[dict[str, Any]]:
+    """Every combination of the alternative knobs (one empty dict when there are none)."""
+    keys = list(spec.alternatives)
+    return [
+        dict(zip(keys, combo, strict=True))
+        for combo in itertools.product(*(spec.alternatives[k] for k in keys))
+    ]
+
+
+def run_plan(
+    spec: PlanFile,
+    scenario: Path,
+    out: str | Path,
+    *,
+    workers: int = 1,
+    scheduler: str | None = None,
+    progress: Callable[[str], None] | None = None,
+    run_progress: Progress | None = None,
+    source: str = "plan",
+) -> PlanResult:
+    """Answer the plan's questions; write ``frontier.parquet``/``.csv``, ``frontier.png``
+    and ``plan.json`` under ``out`` (runs cached under ``out/runs``)."""
+    seeds = seed_list(spec.seeds, source)
+    folder = Path(out)
+    rows: list[dict[str, Any]] = []
+    with Runner(workers, scheduler) as runner:
+        pl = Planner(spec, scenario, runner, RunCache(folder), seeds, progress, run_progress)
+        check_plan(spec, pl, source)
+        base_data = pl.points({}, spec.size_range[0], spec.qps[0] if spec.qps else 1.0)[0]
+        resolved = base_data.scenario.model_dump(mode="json")
+        for alt in alternatives(spec):
+            for q in spec.qps:
+                size, boundary = pl.min_size(alt, q)
+                rows.append(_row("min-size", alt, q, size, boundary, spec, resolved))
+            for s in spec.sizes:
+                qmax, boundary = pl.max_qps(alt, s)
+                rows.append(_row("max-qps", alt, qmax, s, boundary, spec, resolved))
+    df = pd.DataFrame(rows)
+    if not df.empty and spec.costs:
+        ms = df[(df["question"] == "min-size") & df["cost"].notna()]
+        best = ms.groupby("qps")["cost"].transform("min")
+        df["cheapest"] = False
+        df.loc[ms.index, "cheapest"] = ms["cost"] == best
+    answers = [_sentence(r, spec) for r in df.to_dict("records")]
+    folder.mkdir(parents=True, exist_ok=True)
+    write_parquet(df, folder / "frontier.parquet")
+    write_atomic(folder / "frontier.csv", df.to_csv(index=False))
+    _plot(df, spec, folder / "frontier.png")
+    report = {"spec": spec.model_dump(mode="json"), "seeds": seeds, "answers": answers}
+    report["frontier"] = json.loads(df.to_json(orient="records"))
+    write_atomic(folder / "plan.json", json.dumps(report, indent=1) + "\n")
+    return PlanResult(df, folder, answers)
+
+
+def _row(
+    question: str,
+    alt: dict[str, Any],
+    qps: float | None,
+    size: int | None,
+    boundary: Probe,
+    spec: PlanFile,
+    resolved: dict[str, Any],
+) -> dict[str, Any]:
+    answered = size if question == "min-size" else qps
+    cost: float | None = None
+    if spec.costs and answered is not None:
+        cost = 0.0
+        for k, c in spec.costs.items():
+            v = size if k == spec.size_key else alt.get(k, _lookup(resolved, k))
+            cost += c * float(v or 0)
+    util = boundary.utilisation
+    sat = max(RESOURCES, key=lambda r: util[r]) if any(util.values()) else None
+    row: dict[str, Any] = {"question": question, **alt, "qps": qps, "size": size}
+    row.update(
+        answered=answered is not None,
+        cost=cost,
+        boundary_size=boundary.size,
+        boundary_qps=boundary.qps,
+        boundary_passed=boundary.passed,
+        boundary_pass_fraction=boundary.pass_fraction,
+        saturates_first=sat,
+        **{f"util_{r}": util[r] for r in RESOURCES},
+    )
+    return row
+
+
+def _sentence(r: dict[str, Any], spec: PlanFile) -> str:
+    alt = ", ".join(f"{k}={r[k]}" for k in spec.alternatives)
+    alt = f" with {alt}" if alt else ""
+    sat = r.get("saturates_first")
+    blame = f"; saturates first: {sat} ({r[f'util_{sat}']:.2f})" if sat else ""
+    cost = f" (cost {r['cost']:g})" if r.get("cost") is not None else ""
+    if r["question"] == "min-size":
+        if r["size"] is None:
+            lo, hi = spec.size_range
+            return (
+                f"{r['qps']:g} QPS{alt}: no {spec.size_key} in [{lo}, {hi}] meets the SLOs{blame}"
+            )
+        return f"{r['qps']:g} QPS{alt}: smallest {spec.size_key} = {r['size']}{cost}{blame}"
+    if r["qps"] is None:
+        return f"{spec.size_key}={r['size']}{alt}: fails the SLOs even at {spec.qps_range[0]:g} QPS"
+    top = " (top of qps_range)" if r["qps"] >= spec.qps_range[1] else ""
+    return f"{spec.size_key}={r['size']}{alt}: highest QPS = {r['qps']:g}{top}{blame}"
+
+
+def _plot(df: pd.DataFrame, spec: PlanFile, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    qs = [q for q in ("min-size", "max-qps") if not df.empty and (df["question"] == q).any()]
+    fig, axes = plt.subplots(1, max(len(qs), 1), figsize=(5.5 * max(len(qs), 1), 4), squeeze=False)
+    keys = list(spec.alternatives)
+    for ax, q in zip(axes[0], qs, strict=False):
+        sub = df[df["question"] == q]
+        groups = sub.groupby(keys, sort=False) if keys else [("", sub)]
+        for name, g in groups:
+            g = g.dropna(subset=["qps", "size"])
+            x, y = (g["qps"], g["size"]) if q == "min-size" else (g["size"], g["qps"])
+            label = ", ".join(
+                f"{k}={v}"
+                for k, v in zip(keys, name if isinstance(name, tuple) else (name,), strict=False)
+            )
+            ax.plot(x, y, "o-", label=label or None)
+        if q == "min-size":
+            ax.set(
+                xlabel="offered load (QPS)", ylabel=f"smallest {spec.size_key}", title="size needed"
+            )
+        else:
+            ax.set(xlabel=spec.size_key, ylabel="highest QPS meeting the SLOs", title="capacity")
+        ax.grid(alpha=0.3)
+        if keys:
+            ax.legend()
+    fig.tight_layout()
+    fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=".png", dir=path.parent)
+    os.close(fd)
+    try:
+        fig.savefig(tmp, dpi=110)
+        os.replace(tmp, path)
+    finally:
+        plt.close(fig)
+        Path(tmp).unlink(missing_ok=True)
+
+
+def plan_from_file(path: str | Path) -> tuple[PlanFile, Path]:
+    """The validated plan file and the path of its scenario."""
+    spec = load_plan_file(path)
+    return spec, resolve_scenario_path(spec.scenario, Path(path).parent)

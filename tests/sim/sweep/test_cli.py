@@ -1,0 +1,85 @@
+"""``pdsim sweep`` end to end: results, resume, failures (exit 1), bad input (exit 2, nothing
+written)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+import pytest
+from typer.testing import CliRunner
+
+from sim.cli import app
+
+runner = CliRunner()
+
+
+def _sweep_file(tiny: Path, body: str) -> Path:
+    f = tiny.parent / "sweep.yaml"
+    f.write_text("scenario: tiny.yaml\n" + body)
+    return f
+
+
+def test_cli_sweep_file_and_resume(tiny: Path, tmp_path: Path) -> None:
+    f = _sweep_file(tiny, "grid: {cluster.nodes: [1, 2]}\nseeds: 2\n")
+    out = tmp_path / "o"
+    r = runner.invoke(app, ["sweep", str(f), "--out", str(out), "--max-runs", "3"])
+    assert r.exit_code == 0, r.output
+    assert "3 run now" in r.output and "1 not started" in r.output and "resume" in r.output
+    r = runner.invoke(app, ["sweep", str(f), "--out", str(out), "--grid", "cache.hbm_policy=lru"])
+    assert r.exit_code == 0, r.output
+    # the extra single-value grid key is the scenario's default: same configs, one new run
+    assert "1 run now, 3 from cache" in r.output
+    df = pd.read_parquet(out / "results.parquet")
+    assert len(df) == 4 and set(df["cluster.nodes"]) == {1, 2} and (df["status"] == "ok").all()
+
+
+def test_cli_sweep_scenario_with_grid_flags(tiny: Path, tmp_path: Path) -> None:
+    out = tmp_path / "o"
+    r = runner.invoke(
+        app,
+        ["sweep", "--scenario", str(tiny), "--grid", "workload.rate=5,10", "--seeds", "2",
+         "--set", "workload.requests=6", "--out", str(out), "--quiet"],
+    )  # fmt: skip
+    assert r.exit_code == 0, r.output
+    df = pd.read_parquet(out / "results.parquet")
+    assert list(df["workload.rate"]) == [5, 5, 10, 10] and (df["completed"] == 6).all()
+
+
+def test_cli_failing_run_exit_1_with_its_config(tiny: Path, tmp_path: Path) -> None:
+    out = tmp_path / "o"
+    r = runner.invoke(
+        app,
+        ["sweep", "--scenario", str(tiny), "--grid", "cluster.node.hbm=1GiB,80GiB",
+         "--out", str(out), "--quiet"],
+    )  # fmt: skip
+    assert r.exit_code == 1
+    assert "failed runs" in r.output and "cluster.node.hbm='1GiB'" in r.output
+    assert len(pd.read_parquet(out / "results.parquet")) == 2
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["--grid", "cluster.nodez=1,2"],
+        ["--grid", "cluster.nodes=1,-3"],
+        ["--grid", "cluster.nodes"],
+        ["--set", "workload.rats=3"],
+    ],
+)
+def test_cli_bad_grid_exit_2_nothing_written(tiny: Path, tmp_path: Path, args: list[str]) -> None:
+    out = tmp_path / "o"
+    r = runner.invoke(app, ["sweep", "--scenario", str(tiny), "--out", str(out), *args])
+    assert r.exit_code == 2, r.output
+    assert "error:" in r.output
+    assert not out.exists()
+
+
+def test_cli_bad_sweep_file_exit_2_nothing_written(tiny: Path, tmp_path: Path) -> None:
+    out = tmp_path / "o"
+    f = _sweep_file(tiny, "grid: {cluster.nodes: [1]}\nseed: 3\n")
+    r = runner.invoke(app, ["sweep", str(f), "--out", str(out)])
+    assert r.exit_code == 2 and "seed: unknown key" in r.output
+    r = runner.invoke(app, ["sweep", str(f), "--scenario", str(tiny), "--out", str(out)])
+    assert r.exit_code == 2 and "exactly one" in r.output
+    assert not out.exists()

@@ -180,14 +180,18 @@ class ComputeNode:
 
     # -- the process ------------------------------------------------------------------------
     def _run(self) -> Generator[simpy.Event, Any, None]:
-        while True:
-            m = self._pick()
-            if m < 0:
-                self.wake = self.env.event()
-                yield self.wake
-                self.wake = None
-                continue
-            yield from self._turn(m)
+        try:
+            while True:
+                m = self._pick()
+                if m < 0:
+                    self.wake = self.env.event()
+                    yield self.wake
+                    self.wake = None
+                    continue
+                yield from self._turn(m)
+        except simpy.Interrupt as intr:  # killed (sim.degrade.kill_node cleans the state up)
+            if intr.cause != "kill":
+                raise
 
     def _head(self, m: int) -> int:
         for c in self.ctx.class_order:
@@ -291,7 +295,9 @@ class ComputeNode:
             try:
                 yield env.timeout(k * t_step)
                 steps = k
-            except simpy.Interrupt:
+            except simpy.Interrupt as intr:
+                if intr.cause is not None:  # a kill, not an arrival: leave the process
+                    raise
                 steps = min(k, int((env.now - t0) / t_step) + 1)
                 rest = max(t0 + steps * t_step - env.now, 0.0)
                 if steps == k:  # completions are due at that boundary: wait for it here

@@ -160,6 +160,7 @@ def _model_rt(
         cost=cost,
         layer_start=starts,
         chunk_size=table.size.astype(np.int64),
+        chunk_head=table.head.astype(np.int64),
         layer_frac=frac,
         kv_bytes_per_token=int(spec.kv_bytes_per_token),
         total_bytes=table.total_bytes,

@@ -30,6 +30,7 @@ class ModelRt:
     cost: Any  # sim.costmodel.CostModel
     layer_start: np.ndarray  # chunk ids of layer l: [layer_start[l], layer_start[l + 1])
     chunk_size: np.ndarray  # int64 bytes per chunk id
+    chunk_head: np.ndarray  # int64 head group per chunk id (-1 with "layer" sharding)
     layer_frac: np.ndarray  # share of an iteration's compute spent in layer l (sums to 1)
     kv_bytes_per_token: int
     total_bytes: int

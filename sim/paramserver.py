@@ -11,6 +11,9 @@
   (``b <- (b + count) / 2``); a chunk with ``count >= min_count`` and ``count > factor * b``
   is hot and gains one replica on the next ring server (copied server-to-server over RDMA),
   up to ``max_replicas``. The first window only sets the baseline.
+* Placement unit (``ring.placement``): ``shard`` (default) puts whole shards on the ring --
+  a layer with ``layer`` sharding, a layer's head group with ``layer-head`` (R26) -- so a layer
+  comes from one server (one flow); ``chunk`` spreads every chunk on its own.
 * Routing: a fetch goes to the live replicas of a chunk in rotation.
 """
 
@@ -99,12 +102,24 @@ class MetadataDirectory:
         index = {n: i for i, n in enumerate(names)}
         self._replicas: list[list[list[int]]] = []
         for m in ctx.models:
-            keys = [m.base | cid for cid in range(m.n_chunks)]
-            placed = self.ring.assign(keys)
+            keys = self.placement_keys(m, rc.placement)
+            unique = list(dict.fromkeys(keys))  # first-seen order: deterministic
+            placed = self.ring.assign(unique)
+            # each chunk gets its own list (replicas of hot chunks grow independently)
             self._replicas.append([[index[s] for s in placed[k]] for k in keys])
         self.window_counts = [np.zeros(m.n_chunks, dtype=np.int64) for m in ctx.models]
         self.baseline: list[np.ndarray | None] = [None] * len(ctx.models)
         self._rr = 0
+
+    @staticmethod
+    def placement_keys(m: Any, placement: str) -> list[Any]:
+        """Ring key of every chunk of model ``m``: the chunk itself (``chunk``), or its shard
+        (``shard``: the layer, or the layer's head group with head sharding -- R26), so one
+        server holds a whole shard and a layer fetch is one flow per server."""
+        if placement == "chunk":
+            return [m.base | cid for cid in range(m.n_chunks)]
+        layer = np.repeat(np.arange(m.n_layers), m.layer_chunks)
+        return [f"{m.name}/{int(la)}/{int(h)}" for la, h in zip(layer, m.chunk_head, strict=True)]
 
     def replicas(self, m: int, cid: int) -> list[int]:
         return self._replicas[m][cid]

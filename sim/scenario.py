@@ -100,9 +100,13 @@ class PrefetchCfg(_M):
 
 
 class RingCfg(_M):
+    """Consistent-hash placement; ``placement``: ring key per ``shard`` (layer / head group,
+    following ``chunks.sharding``) or per ``chunk``."""
+
     vnodes: int = Field(default=128, ge=1)
     replication: int = Field(default=1, ge=1)
     load_factor: float | None = Field(default=None, gt=1)
+    placement: Literal["shard", "chunk"] = "shard"
 
 
 class SchedulerCfg(_M):

@@ -262,3 +262,31 @@ def test_diurnal_arrivals_peak_where_the_rate_peaks() -> None:
     peak = ((first > 10) & (first < 40)).sum()  # rate near its maximum (t = 25)
     trough = ((first > 60) & (first < 90)).sum()  # rate near its minimum (t = 75)
     assert peak > 3 * trough
+
+
+@pytest.mark.parametrize("placement", ["shard", "chunk"])
+def test_ring_placement_unit(placement: str) -> None:
+    from sim.cluster import build
+    from sim.costmodel import CostModel, load_profile
+    from sim.models import load_catalogue
+
+    sc = _sc(
+        cluster={"nodes": 1, "param_servers": 4, "node": {"host": "1GiB"}},
+        ring={"placement": placement},
+    )
+    cl = build(sc, 0, load_catalogue(), load_profile(sc.profile), CostModel)
+    d, mr = cl.ctx.directory, cl.ctx.models[0]
+    per_layer = [
+        {
+            tuple(d.replicas(0, c))
+            for c in range(int(mr.layer_start[la]), int(mr.layer_start[la + 1]))
+        }
+        for la in range(mr.n_layers)
+        if mr.layer_chunks[la] > 1
+    ]
+    if placement == "shard":
+        assert all(len(s) == 1 for s in per_layer)  # a layer lives on one server
+    else:
+        assert any(len(s) > 1 for s in per_layer)  # chunks of a layer spread out
+    used = {ps for c in range(mr.n_chunks) for ps in d.replicas(0, c)}
+    assert used == {0, 1, 2, 3}

@@ -136,9 +136,12 @@ class MetadataDirectory:
                 if ps in reps and len(reps) > 1:
                     reps.remove(ps)
 
-    def serve(self, m: int, cid: int, key: int, size: int, now: float) -> tuple[int, int]:
+    def serve(
+        self, m: int, cid: int, key: int, size: int, now: float, node: int = -1
+    ) -> tuple[int, int]:
         """Pick a live replica in rotation and serve from it: ``(server, tier)``; ``(-1,
-        OBJECT)`` when no replica is up (the node then reads the object store itself)."""
+        OBJECT)`` when no replica is up (the node then reads the object store itself).
+        ``node`` is the requesting compute node (the fault-aware directory routes by it)."""
         self.window_counts[m][cid] += 1
         servers = self.ctx.servers
         reps = self._replicas[m][cid]

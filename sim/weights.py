@@ -209,7 +209,7 @@ class WeightStore:
             elif nvme is not None and nvme.lookup(key, now):
                 g, tier = (NVME, 0, 0), NVME
             else:
-                ps, ps_tier = self.ctx.directory.serve(m, cid, key, size, now)
+                ps, ps_tier = self.ctx.directory.serve(m, cid, key, size, now, self.idx)
                 tier = OBJECT if ps_tier == OBJECT else REMOTE
                 g = (REMOTE, ps, ps_tier)
             groups[g] = groups.get(g, 0) + size

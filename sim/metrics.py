@@ -24,7 +24,8 @@ TIERS: tuple[str, ...] = ("hbm", "host", "nvme", "remote", "object")
 N_ACC = 1 + 2 * len(TIERS)  # param_wait, hits per tier, bytes per tier
 
 # request status codes
-PENDING, DONE, SHED, REJECTED = 0, 1, 2, 3
+# DEGRADED: answered with an explicit degraded result (parameters not had in time; issue 5)
+PENDING, DONE, SHED, REJECTED, DEGRADED = 0, 1, 2, 3, 4
 
 # event kinds written to the trace hash
 EV_ARRIVE, EV_ADMIT, EV_FIRST, EV_DONE, EV_SHED, EV_FETCH, EV_REPLICA, EV_REJECT = range(8)
@@ -112,7 +113,8 @@ def requests_frame(
             "input_tokens": wl.inp,
             "output_tokens": wl.out,
             "status": pd.Categorical.from_codes(
-                m.status.astype(np.int64), categories=["pending", "done", "shed", "rejected"]
+                m.status.astype(np.int64),
+                categories=["pending", "done", "shed", "rejected", "degraded"],
             ),
             "node": m.node,
             "param_wait_s": m.acc[:, 0],
@@ -170,6 +172,7 @@ def summarize(
         "shed": int((df["status"] == "shed").sum()),
         "rejected": int((df["status"] == "rejected").sum()),
         "unfinished": int((df["status"] == "pending").sum()),
+        "degraded": int((df["status"] == "degraded").sum()),
         "sim_time_s": sim_time,
         "throughput_rps": len(done) / span,
         "tokens_per_s": float(gen.sum()) / span,

@@ -137,6 +137,9 @@ class ComputeNode:
         self._carry = 0.0
         self._quantum = 0
         self._window = sc.prefetch.window_batches if sc.prefetch.enabled else 0
+        #: keep a layer pinned until the prefetches issued at its start have landed (the real
+        #: engine's deterministic mode; set by hwbench.validate, off by default)
+        self.hold_pins = False
         self._heat = HeatMap(half_life=sc.prefetch.heat_half_life)
         self._planner = PrefetchPlanner(window_batches=max(self._window, 1), heat=self._heat)
         self._inp = wl.inp
@@ -382,8 +385,7 @@ class ComputeNode:
         for layer in range(mr.n_layers):
             dt = t_total * float(mr.layer_frac[layer])
             if mr.layer_chunks[layer]:
-                if self._window:
-                    self._prefetch(m, layer, charge)
+                pf = self._prefetch(m, layer, charge) if self._window else []
                 while not ws.layer_resident(m, layer):
                     ev = ws.fetch(m, layer, ws.missing(m, layer), 0, charge)
                     if ev is None:  # cannot happen: a missing chunk is in HBM or in flight
@@ -413,6 +415,10 @@ class ComputeNode:
                     self._heat.record([mr.base | c for c in range(lo, hi)], env.now)
                 ws.pin_layer(m, layer, True)
                 yield env.timeout(dt)
+                if self.hold_pins and pf:  # the real engine's rule (engine.runtime, hold_pins)
+                    t0 = env.now
+                    yield simpy.AllOf(env, pf)
+                    wait += env.now - t0
                 ws.pin_layer(m, layer, False)
             elif dt > 0:
                 yield env.timeout(dt)
@@ -423,7 +429,7 @@ class ComputeNode:
         met.param_wait += wait
         cum[0] += wait
 
-    def _prefetch(self, m: int, layer: int, charge: Any) -> None:
+    def _prefetch(self, m: int, layer: int, charge: Any) -> list[simpy.Event]:
         """Plan the next ``window`` layers (wrapping into the next iteration) with the shared
         :class:`engine.prefetch.PrefetchPlanner` and start one fetch per planned layer, nearest
         first (priority = distance in layers; R7/R27)."""
@@ -435,5 +441,9 @@ class ComputeNode:
         by_dist: dict[int, list[int]] = {}
         for dist, key in plan:
             by_dist.setdefault(dist, []).append(int(key) & 0xFFFFFFFF)  # type: ignore[call-overload]
+        issued: list[simpy.Event] = []
         for dist in sorted(by_dist):
-            ws.fetch(m, layers[dist], by_dist[dist], dist + 1, charge)
+            ev = ws.fetch(m, layers[dist], by_dist[dist], dist + 1, charge)
+            if ev is not None:
+                issued.append(ev)
+        return issued

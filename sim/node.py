@@ -330,15 +330,15 @@ class ComputeNode:
         now = self.env.now
         ctx = self.ctx
         met = ctx.metrics
-        mr = ctx.models[m]
         cum = self.cum[m]
         while heap and heap[0][0] <= off:
-            _, rid = heapq.heappop(heap)
+            target, rid = heapq.heappop(heap)
             need, exact = self._kv_of.pop(rid)
             self.kv.give(need, exact, rid, m)
             self.b_n[m] -= 1
             self.running -= 1
-            self.b_base[m] -= int(self._inp[rid]) + 1 - (off - int(self._out[rid]) + 1)
+            # its share of base was inp + 1 - a, with a = target - out + 1 (first-token step)
+            self.b_base[m] -= int(self._inp[rid]) + 1 - (target - int(self._out[rid]) + 1)
             met.end[rid] = now
             met.acc[rid] += cum
             met.finish(rid, DONE)
@@ -347,7 +347,6 @@ class ComputeNode:
                 ctx.on_complete(rid)
         if self.b_n[m] == 0:
             self.b_base[m] = 0.0
-        del mr
 
     # -- one iteration ---------------------------------------------------------------------------
     def _execute(

@@ -91,3 +91,20 @@ def test_200_runs_on_local_cluster_interrupted_and_resumed(tiny: Path, tmp_path:
     assert set(df["seed"]) == {0, 1, 2, 3, 4}
     assert df["config_hash"].is_unique
     assert (df["completed"] == 12).all() and df["latency.p99"].gt(0).all()
+
+
+def test_existing_scheduler_address(tiny: Path, tmp_path: Path) -> None:
+    """``scheduler=tcp://...``: the sweep runs on a cluster it did not start and leaves it up."""
+    from dask.distributed import Client, LocalCluster
+
+    pts = build_points(tiny, {"workload.rate": [5, 10, 20]}, [0, 1])
+    with LocalCluster(
+        n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None
+    ) as cluster:
+        out = execute(pts, tmp_path / "sw", scheduler=cluster.scheduler_address)
+        assert (out.ran, out.failed) == (6, []) and out.complete
+        with Client(cluster.scheduler_address) as c:  # still running after the sweep
+            assert len(c.scheduler_info()["workers"]) == 2
+    local = execute(pts, tmp_path / "local")  # in-process: identical metrics
+    cols = ["config_hash", "latency.p99", "trace_hash"]
+    pd.testing.assert_frame_equal(out.frame[cols], local.frame[cols])

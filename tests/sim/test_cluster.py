@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sim.node import KvAccount
@@ -290,3 +290,45 @@ def test_ring_placement_unit(placement: str) -> None:
         assert any(len(s) > 1 for s in per_layer)  # chunks of a layer spread out
     used = {ps for c in range(mr.n_chunks) for ps in d.replicas(0, c)}
     assert used == {0, 1, 2, 3}
+
+
+@settings(max_examples=8)
+@given(
+    seed=st.integers(0, 2**16),
+    nodes=st.integers(1, 3),
+    max_batch=st.integers(1, 6),
+    policy=st.sampled_from(["random", "round-robin", "least-loaded", "score"]),
+    out_high=st.integers(1, 20),
+)
+def test_random_small_clusters_keep_request_invariants(
+    seed: int, nodes: int, max_batch: int, policy: str, out_high: int
+) -> None:
+    sc = _sc(
+        cluster={
+            "nodes": nodes,
+            "param_servers": 2,
+            "node": {"host": "4GiB", "weight_cache_fraction": 0.4, "max_batch": max_batch},
+        },
+        scheduler={"policy": policy},
+        workload={
+            "requests": 25,
+            "rate": 30.0,
+            "input_tokens": {"dist": "uniform", "low": 1, "high": 300},
+            "output_tokens": {"dist": "uniform", "low": 1, "high": out_high},
+        },
+    )
+    cl = _cluster_run(sc, seed)
+    met = cl.ctx.metrics
+    assert (met.status == 1).all()
+    assert (met.arrival <= met.start).all() and (met.start < met.first).all()
+    assert (met.first <= met.end).all()
+    for node in cl.ctx.nodes:  # everything released at the end
+        assert node.running == 0 and node.qlen == 0
+        assert node.kv.reserved == 0 and node.kv.needed == 0
+        assert all(b == 0 for b in node.b_n) and all(b == 0.0 for b in node.b_base)
+        assert node.ws.hbm.used <= node.ws.hbm.capacity
+        for m, mr in enumerate(cl.ctx.models):  # O(1) residency counters match the cache
+            for layer in range(mr.n_layers):
+                lo, hi = int(mr.layer_start[layer]), int(mr.layer_start[layer + 1])
+                real = sum((mr.base | c) in node.ws.hbm for c in range(lo, hi))
+                assert node.ws.counts[m][layer] == real

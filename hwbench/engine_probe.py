@@ -4,9 +4,9 @@ The generic probes (:mod:`hwbench.probes`) measure a machine's matmul rate, copy
 and a tiny layer's overhead. On a small CPU model those do not add up to the engine's real
 iteration time: every layer also pays NumPy temporaries and call overheads, and paged decode
 attention (many small batched products) costs far more per context token than its bytes and
-FLOPs say. This probe runs the engine's own decoder (the validation model,
-:func:`hwbench.validate.decoder_config`) exactly as the engine does -- all layers, KV
-allocation, paged decode attention -- for a few decode batches/contexts and prefill lengths.
+FLOPs say. This probe serves short workloads on the real engine itself (the validation decoder,
+:func:`hwbench.validate.decoder_config`, weights through the tier stack, prefetcher on) and
+reads its iteration log: every iteration's prefill tokens, decode batch and context, and time.
 
 :func:`fit_engine` then fits seven terms by least squares on log time:
 
@@ -16,115 +16,102 @@ allocation, paged decode attention -- for a few decode batches/contexts and pref
   per decode step (``attn_fixed_s``), a cost per context token of the batch
   (``attn_per_token_s``) and, in prefill, a cost per squared prompt token (``prefill_sq_s``).
 
-The profile keeps the points in ``fitted["engine_pass"]`` (kind 0 = decode, 1 = prefill) and
+The profile keeps the iteration shapes in ``fitted["engine_pass"]`` and
 the terms in ``fitted["engine_fit"]``; the roofline terms also replace the ``gpu`` block's
 values so the plain :class:`CostModel` benefits too. Link bandwidths are untouched.
 """
 
 from __future__ import annotations
 
-import time
-from dataclasses import dataclass
+import tempfile
+from dataclasses import dataclass, replace
+from pathlib import Path
 from types import ModuleType
 from typing import Any
 
 import numpy as np
 
-from engine.runtime.model import DecoderConfig, DecoderModel, unpack
-from engine.runtime.weights import ResidentWeights
 from sim.costmodel import CostModel, GpuProfile, Profile
 
 __all__ = ["EngineCostModel", "PassPoint", "calibrate_engine", "engine_probe", "fit_engine"]
 
-DECODE, PREFILL = 0, 1
-
 
 @dataclass(frozen=True)
 class PassPoint:
-    """One probed iteration shape and its mean time (``median_s`` holds the mean): ``kind`` DECODE (``batch`` sequences
-    of ``context`` tokens) or PREFILL (one prompt of ``tokens``)."""
+    """Engine iterations of one shape: ``tokens`` prompt tokens prefilled (0: none) and one
+    decode step of ``batch`` sequences holding ``context`` tokens in all (``batch`` 0: none);
+    ``mean_s`` is the mean of ``count`` measured iterations (a request's latency is a sum of
+    iteration times, which converges to the mean, OS pauses included)."""
 
-    kind: int
+    tokens: int
     batch: int
     context: int
-    tokens: int
-    median_s: float
-    q25_s: float
-    q75_s: float
+    mean_s: float
+    count: int
 
     def row(self) -> dict[str, float]:
         return {
-            "kind": float(self.kind),
+            "tokens": float(self.tokens),
             "batch": float(self.batch),
             "context": float(self.context),
-            "tokens": float(self.tokens),
-            "median_s": self.median_s,
-            "q25_s": self.q25_s,
-            "q75_s": self.q75_s,
+            "mean_s": self.mean_s,
+            "count": float(self.count),
         }
 
 
+#: probe runs: (requests arriving together, prompt tokens each, output tokens each)
+QUICK_RUNS: tuple[tuple[int, int, int], ...] = (
+    (1, 64, 48),
+    (2, 128, 32),
+    (4, 96, 32),
+    (8, 128, 24),
+    (16, 64, 16),
+    (1, 16, 1),
+    (1, 128, 1),
+    (1, 256, 1),
+    (1, 384, 1),
+    (1, 512, 1),
+)
+
+
 def engine_probe(
-    cfg: DecoderConfig,
     xp: ModuleType = np,
     *,
-    decode: tuple[tuple[int, int], ...] = (
-        (1, 64),
-        (1, 256),
-        (4, 128),
-        (8, 64),
-        (8, 256),
-        (16, 128),
-        (16, 256),
-    ),
-    prefill: tuple[int, ...] = (16, 64, 128, 256),
-    warmup: int = 1,
-    repeats: int = 5,
+    runs: tuple[tuple[int, int, int], ...] = QUICK_RUNS,
+    repeats: int = 2,
+    workdir: Path | None = None,
 ) -> list[PassPoint]:
-    """Mean seconds of whole engine iterations (every layer) for each shape."""
-    weights = ResidentWeights(11, cfg.layer_bytes(), xp)
-    weights.load()
-    layers = [unpack(cfg.layout(i), weights.layer(i, 0.0), xp) for i in range(cfg.n_layers)]
-    rng = np.random.default_rng(0)
-    need = max([b * (c + warmup + repeats + 1) for b, c in decode] + [max(prefill, default=1)])
-    model = DecoderModel(cfg, need + 64 * cfg.block_tokens, xp)
-    sid = 0
-    out: list[PassPoint] = []
+    """Serve short probe workloads on the real engine (the validation decoder, all weights
+    resident, prefetch on, exactly as ``pdsim validate`` runs it) and return its iterations
+    grouped by shape (total decode context in buckets of 64 tokens)."""
+    from hwbench.validate import engine_parts, run_engine
+    from hwbench.workloads import ValidationWorkload
 
-    def iteration(pre: list[tuple[int, np.ndarray]], dec: list[tuple[int, int]]) -> float:
-        t0 = time.perf_counter()
-        st = model.begin(pre, dec)
-        for i, w in enumerate(layers):
-            model.run_layer(st, i, w)
-        logits = st.logits_p if pre else st.logits_d
-        int(xp.argmax(logits[0]))
-        return time.perf_counter() - t0
-
-    for batch, ctx in decode:
-        seqs = []
-        for _ in range(batch):
-            sid += 1
-            iteration([(sid, rng.integers(0, cfg.vocab, ctx))], [])
-            seqs.append(sid)
-        ts = [iteration([], [(s, 1) for s in seqs]) for _ in range(warmup + repeats)][warmup:]
-        for s in seqs:
-            model.release(s)
-        out.append(_point(DECODE, batch, ctx + warmup + repeats // 2, 0, ts))
-    for tokens in prefill:
-        ts = []
-        for _ in range(warmup + repeats):
-            sid += 1
-            ts.append(iteration([(sid, rng.integers(0, cfg.vocab, tokens))], []))
-            model.release(sid)
-        out.append(_point(PREFILL, 1, 0, tokens, ts[warmup:]))
-    return out
-
-
-def _point(kind: int, batch: int, ctx: int, tokens: int, ts: list[float]) -> PassPoint:
-    # The MEAN, not the median: a request's latency is a sum of iteration times, which
-    # converges to the mean (pauses when the OS runs something else included).
-    q = np.percentile(ts, [25, 75])
-    return PassPoint(kind, batch, ctx, tokens, float(np.mean(ts)), float(q[0]), float(q[1]))
+    rows: dict[tuple[int, int, int], list[float]] = {}
+    with tempfile.TemporaryDirectory(prefix="pdsim-engine-probe-", dir=workdir) as tmp:
+        w0 = ValidationWorkload("probe", "engine probe", requests=1, hbm_fraction=1.5)
+        parts = engine_parts(w0, Path(tmp))
+        for rep in range(-1, repeats):  # round -1 warms caches and allocator; not kept
+            for i, (n, inp, out) in enumerate(runs):
+                w = replace(
+                    w0,
+                    requests=n,
+                    rate=1e9,
+                    input_low=inp,
+                    input_high=inp,
+                    output_low=out,
+                    output_high=out,
+                    max_batch=max(n, 1),
+                    max_batch_tokens=1 << 20,
+                    seed=100 * (rep + 1) + i,
+                )
+                res, _ = run_engine(w, Path(tmp), parts)
+                if rep < 0:
+                    continue
+                for _t0, dt, _nn, ptok, nd, ctx, _wait in res.iteration_log:
+                    key = (int(ptok), int(nd), int(ctx) // 64 * 64 + 32 if nd else 0)
+                    rows.setdefault(key, []).append(float(dt))
+    return [PassPoint(k[0], k[1], k[2], float(np.mean(v)), len(v)) for k, v in sorted(rows.items())]
 
 
 class EngineCostModel(CostModel):
@@ -169,9 +156,13 @@ TERMS: tuple[str, ...] = (
 
 
 def _predict(cost: CostModel, p: PassPoint) -> float:
-    if p.kind == DECODE:
-        return float(cost.decode_step_time(p.batch, p.batch * p.context))
-    return float(cost.prefill_time(p.tokens))
+    """The simulator node's charge for such an iteration (``ModelRt.iter_time``)."""
+    t = 0.0
+    if p.tokens:
+        t += float(cost.prefill_time(p.tokens))
+    if p.batch:
+        t += float(cost.decode_step_time(p.batch, p.context))
+    return t
 
 
 def _with_terms(profile: Profile, terms: dict[str, float], points: list[PassPoint]) -> Profile:
@@ -209,7 +200,8 @@ def fit_engine(profile: Profile, spec: Any, points: list[PassPoint]) -> Profile:
             1e-9,
         ]
     )
-    meas = np.log([p.median_s for p in points])
+    meas = np.log([p.mean_s for p in points])
+    weight = np.sqrt([p.count for p in points])  # shapes seen more often count more
 
     def terms(v: np.ndarray) -> dict[str, float]:
         return dict(zip(TERMS, (float(t) for t in np.exp(v)), strict=True))
@@ -217,7 +209,7 @@ def fit_engine(profile: Profile, spec: Any, points: list[PassPoint]) -> Profile:
     def loss(v: np.ndarray) -> float:
         cost = EngineCostModel(_with_terms(profile, terms(v), points), spec)
         pred = np.log([_predict(cost, p) for p in points])
-        return float(np.sum((pred - meas) ** 2))
+        return float(np.sum((weight * (pred - meas)) ** 2))
 
     best = loss(x)
     step = 2.0
@@ -233,7 +225,7 @@ def fit_engine(profile: Profile, spec: Any, points: list[PassPoint]) -> Profile:
         if not improved:
             step /= 2.0
     out = terms(x)
-    out["rms_log_error"] = float(np.sqrt(best / max(len(points), 1)))
+    out["rms_log_error"] = float(np.sqrt(best / max(float(np.sum(weight**2)), 1.0)))
     notes = profile.notes + (
         " Compute terms fitted to whole engine iterations of the validation decoder "
         "(hwbench.engine_probe; see fitted.engine_fit)."
@@ -242,11 +234,13 @@ def fit_engine(profile: Profile, spec: Any, points: list[PassPoint]) -> Profile:
     return fitted_profile.model_copy(update={"notes": notes})
 
 
-def calibrate_engine(profile: Profile, xp: ModuleType = np, *, quick: bool = True) -> Profile:
-    """Probe the validation decoder on backend ``xp`` and return the fitted profile."""
+def calibrate_engine(
+    profile: Profile, xp: ModuleType = np, *, quick: bool = True, workdir: Path | None = None
+) -> Profile:
+    """Probe the engine on backend ``xp`` and return ``profile`` with the fitted terms."""
     from hwbench.validate import decoder_config, sim_catalogue
 
     cfg = decoder_config()
     spec = sim_catalogue(cfg)[cfg.name]
-    points = engine_probe(cfg, xp, repeats=5 if quick else 15, warmup=1 if quick else 3)
+    points = engine_probe(xp, repeats=3 if quick else 8, workdir=workdir)
     return fit_engine(profile, spec, points)

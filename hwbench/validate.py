@@ -61,6 +61,9 @@ BASE_MODEL = "llama-2-7b"
 SHRINK = 16  # hidden, ffn and vocab / SHRINK; heads / (SHRINK // 2); 4 blocks
 N_BLOCKS = 4
 SEED = 7
+#: a layer stays pinned until the prefetches planned at its start have landed, in the engine
+#: and in the simulator: cache decisions then do not depend on thread timing
+HOLD_PINS = True
 
 
 def decoder_config(spec: ModelSpec | None = None, shrink: int = SHRINK) -> DecoderConfig:
@@ -174,7 +177,7 @@ def run_engine(
         model, kvb = DenseModel(cfg), 0
     sched = BatchScheduler(w.max_batch, w.max_batch_tokens, sz.kv, kvb, 16)
     t, inp, out = arrivals(w)
-    eng = Engine(model, weights, sched, window=w.window)
+    eng = Engine(model, weights, sched, window=w.window, hold_pins=HOLD_PINS)
     return eng.run(EngineWorkload(t, inp, out, seed=w.seed)), weights
 
 
@@ -234,6 +237,8 @@ def run_simulator(
             wr.writerow([repr(row[0]), row[1], row[2]])
     sc = validate_scenario(scenario_dict(w, sz, cfg.name, trace), source=f"<validate {w.name}>")
     cl = build(sc, 0, cat, profile, cost_cls)
+    for node in cl.ctx.nodes:
+        node.hold_pins = HOLD_PINS  # the engine's prefetch rule (see run_engine)
     end = cl.run()
     met = cl.ctx.metrics
     df = requests_frame(met, cl.wl, [cfg.name], [c.name for c in sc.workload.classes])

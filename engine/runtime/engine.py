@@ -37,6 +37,7 @@ from engine.runtime.weights import TIER_NAMES, TieredWeights, WeightSource
 __all__ = ["Engine", "EngineResult", "EngineWorkload"]
 
 _NT = len(TIER_NAMES)
+SPIN_S = 0.003  # the last seconds before an arrival are spun, not slept
 
 
 @dataclass
@@ -116,7 +117,9 @@ class Engine:
     ``model`` is a :class:`DecoderModel` or :class:`DenseModel`. ``weights`` is any
     :class:`WeightSource`; with :class:`TieredWeights` hits/bytes are counted and, when
     ``window > 0``, a :class:`Prefetcher` fetches ahead. ``keep_logits`` stores every logits
-    row (tests compare runs with it).
+    row (tests compare runs with it). ``hold_pins``: a layer stays pinned until the prefetches
+    planned at its start have landed (deterministic victims whatever the threads' timing;
+    else they land when the copy thread gets to them).
     """
 
     def __init__(
@@ -128,6 +131,7 @@ class Engine:
         window: int = 0,
         keep_logits: bool = False,
         sleep: Callable[[float], None] = time.sleep,
+        hold_pins: bool = False,
     ) -> None:
         self.model = model
         self.weights = weights
@@ -135,6 +139,7 @@ class Engine:
         self.window = window
         self.keep_logits = keep_logits
         self._sleep = sleep
+        self.hold_pins = hold_pins
         self.xp = model.xp
         self.layouts = [model.cfg.layout(i) for i in range(model.cfg.n_layers)]
 
@@ -196,7 +201,7 @@ class Engine:
                     nxt += 1
                 if not self.sched.running and not self.sched.queue:
                     if nxt < n:
-                        self._sleep(max(float(wl.arrival[nxt]) - clock(), 0.0))
+                        self._wait_until(float(wl.arrival[nxt]), clock)
                     continue
                 new = self.sched.admit(inp, seq)
                 if not new and not self.sched.running:
@@ -213,6 +218,15 @@ class Engine:
                 self.weights.on_charge = None
         res.wall_s = clock()
         return res
+
+    def _wait_until(self, t: float, clock: Callable[[], float]) -> None:
+        """Idle until ``t``: sleep, then spin the last ``SPIN_S`` (a sleeping thread wakes
+        late on a busy machine, and that lateness would add to every request's latency)."""
+        dt = t - clock()
+        if dt > SPIN_S:
+            self._sleep(dt - SPIN_S)
+        while clock() < t:
+            pass
 
     def _vocab(self) -> int:
         cfg = self.model.cfg
@@ -256,15 +270,16 @@ class Engine:
                 self.model.run_layer(state, layer, w)
             else:
                 state = self.model.run_layer(state, layer, w)
-            if self.prefetcher is not None:
-                # The prefetches planned at this layer land while it is pinned, as in the
-                # simulator when a transfer is shorter than a layer's compute: the same
-                # victims, whatever the threads' timing (the wait counts as param wait).
+            if self.prefetcher is not None and self.hold_pins:
+                # The prefetches planned at this layer land while it is pinned: the same
+                # victims whatever the threads' timing (the wait counts as param wait).
                 t = self.clock()
                 self.prefetcher.wait_idle()
                 wait += self.clock() - t
             self.weights.release(layer)
         now = self.clock()
+        if isinstance(self.weights, TieredWeights):
+            self.weights.touch(now)
         ctx = sum(len(self._prompts[r]) + len(res.tokens[r]) for r in running)
         ptok = sum(len(self._prompts[r]) for r in new)
         res.iteration_log.append((t_start, now - t_start, len(new), ptok, len(running), ctx, wait))

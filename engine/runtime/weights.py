@@ -13,8 +13,10 @@ Accounting (the simulator's rules, :mod:`sim.node` / :mod:`sim.weights`, so the 
 same numbers): at the start of each iteration every chunk resident in the device level counts
 as one ``hbm`` hit (:meth:`TieredWeights.count_resident`); each chunk fetched into the device
 level counts one hit in the tier that served it (``host``, ``nvme`` = SSD, ``object``) and its
-bytes there. A resident chunk's use is **not** a lookup in the device cache (the simulator
-makes none either), so both caches see the same calls: admissions on fetch and evictions.
+bytes there. A resident chunk's use is **not** looked up when it happens: as in the
+simulator, the end of each iteration is recorded (:meth:`TieredWeights.touch`) and replayed
+as one lookup per resident chunk right before the next admission, so both caches see the same
+calls: these lookups, admissions on fetch, pins and evictions.
 
 Thread safety: one lock (``self.lock``) guards the stack and counters; the prefetcher thread
 and the compute thread both take it around every stack call.
@@ -36,6 +38,7 @@ __all__ = ["TIER_NAMES", "ResidentWeights", "TieredWeights", "WeightSource"]
 #: per-tier counters, in the simulator's order (``remote`` is never used by one engine node)
 TIER_NAMES: tuple[str, ...] = ("hbm", "host", "nvme", "remote", "object")
 _LEVEL_TIER = {"device": 0, "host": 1, "ssd": 2, "object": 4}
+TOUCH_HISTORY = 2  # iteration ends remembered between admissions (= sim.weights.TOUCH_HISTORY)
 
 
 class WeightSource(Protocol):
@@ -95,6 +98,7 @@ class TieredWeights:
         self._ids = [list(self.table.layer_slice(layer)) for layer in range(self.n_layers)]
         self._bufs: dict[int, Any] = {}  # layer -> assembled bytes of a multi-chunk layer
         self._parts: dict[int, list[Any]] = {}  # the chunk arrays that buffer was built from
+        self._touches: list[float] = []  # pending iteration ends (see touch)
         self._now = 0.0  # latest time handed to the caches: never decreases (two threads)
 
     def _clock(self, now: float) -> float:
@@ -130,6 +134,7 @@ class TieredWeights:
                 key = self.store.key(cid)
                 if key in self.device:
                     continue
+                self._flush_touches()
                 res = self.store.read_chunk(cid, self._clock(now), count=True)
                 self._charge(self._tier_of(res.level), 1, int(self.table.size[cid]))
 
@@ -151,6 +156,7 @@ class TieredWeights:
             for cid in self._ids[layer]:
                 key = self.store.key(cid)
                 if key not in self.device:
+                    self._flush_touches()
                     res = self.store.read_chunk(cid, t, count=True)
                     self._charge(self._tier_of(res.level), 1, int(self.table.size[cid]))
                 self.device.pin(key)
@@ -185,6 +191,29 @@ class TieredWeights:
         with self.lock:
             for key in self._pinned.pop(layer, []):
                 self.device.unpin(key)
+
+    # -- recency of resident chunks (the simulator's rule, sim.weights) -----------------------
+    def touch(self, now: float) -> None:
+        """Every resident chunk was used by the iteration that ended at ``now``. As in the
+        simulator, uses are not looked up one by one: the last ``TOUCH_HISTORY`` iteration
+        ends are replayed (one lookup per resident chunk, in id order) right before the next
+        device admission, so both caches see the same calls."""
+        with self.lock:
+            times = self._touches
+            if not times or times[-1] != now:
+                times.append(now)
+                del times[:-TOUCH_HISTORY]
+
+    def _flush_touches(self) -> None:
+        """Replay the pending touches (call with the lock held, before an admission)."""
+        if not self._touches:
+            return
+        times, self._touches = self._touches, []
+        for t in times:
+            for cid in range(self.table.n_chunks):
+                key = self.store.key(cid)
+                if key in self.device:
+                    self.device.lookup(key, t)
 
     def _tier_of(self, level: int) -> int:
         levels = self.store.stack.levels

@@ -95,13 +95,15 @@ def test_engine_and_simulator_hbm_caches_decide_identically(tmp_path: Path, poli
     assert sorted(k & 0xFFFFFFFF for k in hbm) == sorted(k[1] for k in dev)
 
 
-@pytest.mark.parametrize("policy", ["lru", "lru-k"])
+@pytest.mark.parametrize("policy", ["lru"])
 def test_engine_run_and_simulator_run_admit_and_evict_the_same_chunks(
     tmp_path: Path, policy: str
 ) -> None:
     """Stronger: not a replay -- both sides run the workload themselves (requests far apart,
     so each runs alone and the batches are the same) and their HBM admissions, evictions,
-    pins and per-tier hit counts agree exactly."""
+    pins and per-tier hit counts agree exactly. (LRU only: the two clocks differ, and LRU-K
+    treats references at the *same* time as correlated, which simulated time produces and
+    real time does not; LRU-K's equality for equal ``now`` values is the replay test above.)"""
     import hwbench.validate as hv
 
     w = replace(get_workload("low-stream-lru"), requests=3, rate=1.0, policy=policy)
@@ -132,7 +134,10 @@ def test_engine_run_and_simulator_run_admit_and_evict_the_same_chunks(
         hv.build = real_build
 
     def decisions(lg: list[tuple[Any, ...]]) -> list[tuple[Any, ...]]:
-        return [(op[0], op[1]) for op in lg if op[0] in ("admit", "evict", "pin", "unpin")]
+        # a lookup that misses changes nothing (the engine's stack makes one per fetch,
+        # the simulator none); hits (recency replays) do, so they are compared
+        ops = ("admit", "evict", "pin", "unpin")
+        return [(o[0], o[1]) for o in lg if o[0] in ops or (o[0] == "lookup" and o[4])]
 
     assert len(decisions(log)) > 20
     assert decisions(log) == decisions(sim_log)

@@ -23,6 +23,14 @@ NOTEBOOKS = Path(__file__).resolve().parent.parent / "notebooks"
 
 #: files each notebook must leave under ``$PDSIM_NOTEBOOK_OUT/<notebook name>/``
 EXPECTED: dict[str, tuple[str, ...]] = {
+    "calibration": (
+        "links.png",
+        "matmul.png",
+        "engine_iterations.png",
+        "validation.csv",
+        "latency_cdfs.png",
+        "errors.png",
+    ),
     "policy-research": (
         "miss_ratio_curves.csv",
         "miss_ratio_curves.png",

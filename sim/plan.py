@@ -9,8 +9,8 @@ A plan file (YAML; unknown keys are errors)::
     min_pass_fraction: 1.0            # a probe passes when >= this share of its seeds pass
     slo:
       p99: {high: 500ms, low: 5s}     # P99 latency per workload class ("all": every request)
-      availability: 0.999             # answered (done or shed) / requests
-      degraded_rate: 0.01             # shed / requests
+      availability: 0.999             # see "SLOs" below
+      degraded_rate: 0.01             # (shed + degraded results) / requests
     size_key: cluster.nodes           # the integer size knob
     size_range: [1, 64]
     qps_key: workload.steps.0.rate    # the load knob (workload.rate for Poisson traffic)
@@ -23,6 +23,12 @@ A plan file (YAML; unknown keys are errors)::
 
 Every probe (alternative, size, load) runs all seeds through the sweep machinery (cached by
 config hash under ``OUT/runs``, so re-running or extending a plan reuses finished runs).
+
+**SLOs.** ``p99``: the class's P99 end-to-end latency. ``availability``: the summary's
+``availability`` if it has one, else the chaos report's ``faults.availability`` (requests
+answered within their class SLO / requests) when the scenario has a ``faults`` section, else
+1 - (rejected + unfinished) / requests (a shed or degraded answer is still an answer).
+``degraded_rate``: (shed + degraded results) / requests.
 
 **Pass rule.** A run passes when every SLO holds (a class with requests but none finished
 fails its P99). A probe passes when at least ``min_pass_fraction`` of its seeds pass; the
@@ -163,7 +169,7 @@ def run_passes(m: dict[str, Any] | None, slo: SloCfg) -> tuple[bool, list[str]]:
             why.append(f"{cls} p99 {v:.3g}s > {limit:.3g}s")
     req = max(int(m.get("requests") or 0), 1)
     if slo.availability is not None:
-        avail = m.get("availability")
+        avail = m.get("availability", m.get("faults.availability"))
         if avail is None:
             avail = 1.0 - (int(m.get("rejected") or 0) + int(m.get("unfinished") or 0)) / req
         if avail < slo.availability:
@@ -171,7 +177,7 @@ def run_passes(m: dict[str, Any] | None, slo: SloCfg) -> tuple[bool, list[str]]:
     if slo.degraded_rate is not None:
         deg = m.get("degraded_rate")
         if deg is None:
-            deg = int(m.get("shed") or 0) / req
+            deg = (int(m.get("shed") or 0) + int(m.get("degraded") or 0)) / req
         if deg > slo.degraded_rate:
             why.append(f"degraded rate {deg:.4g} > {slo.degraded_rate:.4g}")
     return not why, why

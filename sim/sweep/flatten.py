@@ -41,6 +41,10 @@ HEADLINE: tuple[str, ...] = (
     "r31.fragmentation",
     "availability",
     "degraded_rate",
+    "degraded",
+    "faults.availability",
+    "faults.requests_lost",
+    "faults.recovery_time_s",
 )
 _PER_CLASS = re.compile(r"^per_class\.[^.]+\.(latency\.p99|shed)$")
 
@@ -61,6 +65,9 @@ DIRECTION: dict[str, int] = {
     "param_load_p99_s": -1,
     "availability": 1,
     "degraded_rate": -1,
+    "degraded": -1,
+    "faults.availability": 1,
+    "faults.requests_lost": -1,
 }
 
 

@@ -141,3 +141,18 @@ def test_cli_ab(tmp_path: Path) -> None:
     )
     assert bad.exit_code == 2 and "cluster.nodez" in bad.output
     assert not (tmp_path / "b").exists()
+
+
+def test_ab_under_random_chaos_pairs_the_same_faults(tmp_path: Path) -> None:
+    """Seed s draws the same random fault schedule on both sides (faults have their own
+    stream), so the comparison isolates the policy even under chaos."""
+    chaos = [*SMALL, "faults.enabled=true", "faults.random.enabled=true", "faults.random.rate=2"]
+    res = run_ab(
+        DEMO, ["cache.hbm_policy=lru-k"], ["cache.hbm_policy=lru"], [0, 1, 2],
+        tmp_path / "ab", base=chaos, resamples=500,
+    )  # fmt: skip
+    runs = res.runs.set_index(["side", "seed"])
+    applied = runs["faults.applied"]
+    assert (applied.loc["A"] == applied.loc["B"]).all() and applied.gt(0).all()
+    by = {d.metric: d for d in res.diffs}
+    assert "faults.availability" in by

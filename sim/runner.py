@@ -92,6 +92,19 @@ def _extra(cl: Cluster, end: float) -> dict[str, Any]:
             "recovery_time_s": None,  # set by fault scenarios (issue 5)
         },
         "max_context_limit": {m.name: int(min(m.max_context, 1 << 30)) for m in ctx.models},
+        # for sim.plan (issue 7): which resource saturates first
+        "node_nic_utilisation": float(max(nic)) if nic else 0.0,
+        "ps_nic_utilisation": float(max(ps_nic)) if ps_nic else 0.0,
+        "ps_utilisation": float(
+            max(
+                (
+                    max(s.links["nic"].utilisation(env.now), s.links["ssd"].utilisation(env.now))
+                    for s in ctx.servers
+                ),
+                default=0.0,
+            )
+        ),
+        "hbm_bytes_per_node": int(ctx.nodes[0].ws.hbm.capacity + ctx.nodes[0].kv.capacity),
     }
 
 

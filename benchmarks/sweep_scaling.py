@@ -48,22 +48,27 @@ def main() -> None:
     ap.add_argument("--runs", type=int, default=24, help="runs per setting")
     ap.add_argument("--requests", type=int, default=600, help="requests per run")
     args = ap.parse_args()
+    load_before = os.getloadavg()[0]
     rows = []
     for label, workers, dask in (("in-process", 1, False), ("1", 1, True), ("2", 2, True)):
         rpm, per = measure(workers, args.runs, args.requests, dask)
         rows.append((label, workers, rpm, per))
+    load_after = os.getloadavg()[0]
     print(f"cores: {os.cpu_count()}, runs per setting: {args.runs}, requests/run: {args.requests}")
+    print(f"1-min load average before / after: {load_before:.2f} / {load_after:.2f} (other jobs")
+    print("on the machine take cores from the 2-worker setting first)")
     print(f"{'setting':<12} {'workers':>7} {'runs/min':>10} {'s/run (in worker)':>18}")
     for label, w, rpm, per in rows:
         print(f"{label:<12} {w:>7} {rpm:>10.1f} {per:>18.3f}")
-    rpm = {label: round(r, 1) for label, _, r, _ in rows}
-    speedup = rpm["2"] / rpm["1"] if rpm["1"] else None
-    print(f"speed-up 2 vs 1 Dask worker: {speedup:.2f}x (target >= 1.7x)")
+    rates = {label: round(r, 1) for label, _, r, _ in rows}
+    speedup = rates["2"] / rates["1"] if rates["1"] else None
+    print(f"speed-up 2 vs 1 Dask worker: {speedup or 0:.2f}x (target >= 1.7x)")
     out = {
-        "runs_per_minute": {"1": rpm["1"], "2": rpm["2"]},
-        "in_process_runs_per_minute": rpm["in-process"],
+        "runs_per_minute": {"1": rates["1"], "2": rates["2"]},
+        "in_process_runs_per_minute": rates["in-process"],
         "speedup_2_vs_1": round(speedup, 3) if speedup else None,
         "seconds_per_run": round(rows[1][3], 4),
+        "load_average": [round(load_before, 2), round(load_after, 2)],
     }
     print(json.dumps(out))
 

@@ -23,6 +23,15 @@ NOTEBOOKS = Path(__file__).resolve().parent.parent / "notebooks"
 
 #: files each notebook must leave under ``$PDSIM_NOTEBOOK_OUT/<notebook name>/``
 EXPECTED: dict[str, tuple[str, ...]] = {
+    "capacity-planning": (
+        "plan/frontier.parquet",
+        "plan/frontier.png",
+        "plan/plan.json",
+        "frontier.png",
+        "sweep.csv",
+        "p99_vs_nodes.png",
+        "saturation.png",
+    ),
     "calibration": (
         "links.png",
         "matmul.png",

@@ -380,11 +380,12 @@ def run_plan(
     seeds = seed_list(spec.seeds, source)
     folder = Path(out)
     rows: list[dict[str, Any]] = []
-    with Runner(workers, scheduler) as runner:
-        pl = Planner(spec, scenario, runner, RunCache(folder), seeds, progress, run_progress)
-        check_plan(spec, pl, source)
-        base_data = pl.points({}, spec.size_range[0], spec.qps[0] if spec.qps else 1.0)[0]
-        resolved = base_data.scenario.model_dump(mode="json")
+    runner = Runner(workers, scheduler)
+    pl = Planner(spec, scenario, runner, RunCache(folder), seeds, progress, run_progress)
+    check_plan(spec, pl, source)  # before any cluster starts or file is written
+    first = pl.points({}, spec.size_range[0], spec.qps[0] if spec.qps else spec.qps_range[0])
+    resolved = first[0].scenario.model_dump(mode="json")
+    with runner:
         for alt in alternatives(spec):
             for q in spec.qps:
                 size, boundary = pl.min_size(alt, q)

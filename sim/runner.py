@@ -117,6 +117,9 @@ def _run_one(
     progress: Callable[[float, float], None] | None,
 ) -> tuple[dict[str, Any], pd.DataFrame, pd.DataFrame, str]:
     cl = build(sc, seed, cat, prof, CostModel, base)
+    from sim.faultinject import attach  # control plane + faults (issue 5); None when off
+
+    ctl = attach(cl)
     end = cl.run(progress)
     ctx = cl.ctx
     names = [m.name for m in ctx.models]
@@ -126,6 +129,10 @@ def _run_one(
     h = ctx.trace.hexdigest()
     extra = _extra(cl, end)
     extra["trace_hash"] = h
+    if ctl is not None:
+        extra.update(ctl.finish(end, h))
+        h = extra["trace_hash"]
+        extra["r31"]["recovery_time_s"] = extra["faults"]["recovery_time_s"]
     summary = summarize(df, ctx.metrics, end, slos, extra)
     return summary, df, _timeseries(cl), h
 

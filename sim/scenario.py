@@ -21,6 +21,7 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationEr
 
 from engine.errors import InputError
 from engine.units import parse_duration, parse_rate, parse_size
+from sim.faults import FaultsCfg
 
 Size = Annotated[int, BeforeValidator(parse_size), Field(ge=0)]
 Rate = Annotated[float, BeforeValidator(parse_rate), Field(gt=0)]
@@ -240,6 +241,8 @@ class Scenario(_M):
     kv: KvCfg = KvCfg()
     workload: WorkloadCfg = WorkloadCfg()
     metrics: MetricsCfg = MetricsCfg()
+    #: control plane, checkers and fault injection (issue 5; sim.faults)
+    faults: FaultsCfg = FaultsCfg()
     claims: list[Claim] = []
     variants: list[Variant] = []
     #: where the scenario came from (not part of the file; set by the loader).

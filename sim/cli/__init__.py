@@ -13,7 +13,9 @@ import typer
 from sim.cli import ab as _ab
 from sim.cli import cache as _cache
 from sim.cli import calibrate as _calibrate
+from sim.cli import chaos as _chaos
 from sim.cli import plan as _plan
+from sim.cli import replay as _replay
 from sim.cli import run as _run
 from sim.cli import sweep as _sweep
 from sim.cli import validate as _validate
@@ -35,6 +37,8 @@ app.command("ab")(_ab.ab)
 app.command("plan")(_plan.plan)
 app.command("calibrate")(_calibrate.calibrate)
 app.command("validate")(_validate.validate)
+app.command("chaos")(_chaos.chaos)
+app.command("replay")(_replay.replay)
 
 
 def _version_callback(value: bool) -> None:

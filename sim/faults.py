@@ -1,0 +1,313 @@
+"""Fault schedules: the scenario's ``faults:`` section and the seeded random fault process.
+
+A fault is one :class:`FaultSpec` (``at`` seconds, ``kind``, a ``target`` and kind-specific
+knobs). Kinds:
+
+* ``kill`` / ``restart`` -- a parameter server (``ps<i>``), a compute node (``node<i>``) or a
+  Raft replica (``raft<i>``, or ``raft-leader`` for whoever leads at that moment); ``disk:
+  false`` restarts without persistent state (a PS loses its DRAM and SSD copies and is
+  re-replicated; a Raft replica rejoins empty, in recovering mode). With ``duration`` a kill
+  is followed by a restart that much later.
+* ``partition`` -- ``shape``: ``isolate`` (the target host vs every other), ``halves``,
+  ``majority-minority`` (a minority of the Raft hosts, including the target if given),
+  ``majorities-ring`` (host ``i`` reaches only ``i-1`` and ``i+1``: every host sees a majority,
+  no two the same one), ``bridge`` (two halves, one host in the middle sees both);
+  ``one_way: true`` cuts only messages from the first side to the second.
+* ``heal`` -- remove every partition.
+* ``degrade`` -- link degradation of the metadata traffic and the host's data links:
+  ``latency`` (extra seconds), ``loss`` / ``duplicate`` (probabilities), ``bandwidth``
+  (factor in (0, 1] applied to the target's links).
+* ``slow`` -- a slow node: ``factor`` in (0, 1] scales every link of the target host.
+* ``corrupt`` -- flip ``bits`` random bits of the stored copy of ``chunk`` (an int chunk id of
+  model ``model``, or a random one) on parameter server ``target``.
+* ``pause`` -- a clock-free pause of a host (GC-like): it neither serves nor receives
+  metadata messages (they wait) for ``duration`` seconds.
+* ``push`` -- a parameter update (model push / fine-tune) of ``model`` written by ``writer``
+  (a host name); two pushes at the same instant from different writers are concurrent.
+
+Every fault with ``duration`` reverts by itself (restart, heal, undo degradation, resume).
+
+The random process (:func:`random_schedule`) draws faults with exponential gaps from a seeded
+Generator (the run's ``faults`` stream) up to ``random.until`` seconds; the schedule is drawn
+in full before the run, so it is a pure function of (scenario, seed) and replays exactly.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+import numpy as np
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, model_validator
+
+from engine.units import parse_duration
+
+Duration = Annotated[float, BeforeValidator(parse_duration), Field(ge=0)]
+
+KINDS = ("kill", "restart", "partition", "heal", "degrade", "slow", "corrupt", "pause", "push")
+SHAPES = ("isolate", "halves", "majority-minority", "majorities-ring", "bridge")
+_TARGET_KINDS = ("kill", "restart", "slow", "corrupt", "pause", "degrade")
+
+
+class _F(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_default=True)
+
+
+class FaultSpec(_F):
+    """One fault (see the module docstring for the kinds and their fields)."""
+
+    at: Duration
+    kind: Literal[
+        "kill", "restart", "partition", "heal", "degrade", "slow", "corrupt", "pause", "push"
+    ]
+    target: str | None = None
+    duration: Duration | None = None
+    disk: bool = True
+    shape: Literal["isolate", "halves", "majority-minority", "majorities-ring", "bridge"] = (
+        "isolate"
+    )
+    one_way: bool = False
+    latency: Duration = 0.0
+    loss: float = Field(default=0.0, ge=0, lt=1)
+    duplicate: float = Field(default=0.0, ge=0, lt=1)
+    bandwidth: float = Field(default=1.0, gt=0, le=1)
+    factor: float = Field(default=1.0, gt=0, le=1)
+    model: int = Field(default=0, ge=0)
+    chunk: int | None = Field(default=None, ge=0)
+    bits: int = Field(default=1, ge=1, le=64)
+    writer: str = "ps0"
+
+    @model_validator(mode="after")
+    def _needs_target(self) -> FaultSpec:
+        if self.kind in _TARGET_KINDS and not self.target:
+            raise ValueError(
+                f"a {self.kind!r} fault needs a target (ps<i>, node<i>, raft<i> or raft-leader)"
+            )
+        if self.kind == "corrupt" and self.target and not self.target.startswith("ps"):
+            raise ValueError(f"corrupt targets a parameter server (ps<i>), not {self.target!r}")
+        return self
+
+
+class RandomFaultsCfg(_F):
+    """The seeded random fault process (off unless ``enabled``)."""
+
+    enabled: bool = False
+    #: mean faults per simulated second
+    rate: float = Field(default=2.0, gt=0)
+    start: Duration = 0.2
+    until: Duration = 3.0
+    #: relative weight of each kind (kinds left out are never drawn)
+    kinds: dict[str, float] = {
+        "kill": 3.0,
+        "partition": 2.0,
+        "degrade": 1.0,
+        "slow": 0.5,
+        "corrupt": 1.0,
+        "pause": 0.5,
+    }
+    #: how long a drawn fault lasts: U(lo, hi) seconds
+    duration: tuple[float, float] = (0.1, 0.8)
+    #: probability that a kill (or a partition, then isolating its host) targets the leader
+    leader_bias: float = Field(default=0.5, ge=0, le=1)
+    #: probability that a restart loses its disk
+    diskless: float = Field(default=0.2, ge=0, le=1)
+    #: leader hunting (figure 8 provocation): each newly elected leader is, with this
+    #: probability, crashed or cut off U(0, hunt_delay) seconds after it appears
+    hunt: float = Field(default=0.0, ge=0, le=1)
+    hunt_delay: Duration = 0.08
+
+    @model_validator(mode="after")
+    def _check(self) -> RandomFaultsCfg:
+        bad = [k for k in self.kinds if k not in KINDS or k in ("restart", "heal")]
+        if bad:
+            allowed = ", ".join(k for k in KINDS if k not in ("restart", "heal"))
+            raise ValueError(f"unknown fault kind(s) {bad}; allowed: {allowed}")
+        if any(v < 0 for v in self.kinds.values()) or not sum(self.kinds.values()) > 0:
+            raise ValueError("kind weights must be >= 0 with a positive sum")
+        lo, hi = self.duration
+        if not 0 < lo <= hi:
+            raise ValueError(f"duration {self.duration!r}: allowed 0 < lo <= hi")
+        return self
+
+
+class RaftCfg(_F):
+    """The metadata service's Raft group (R8)."""
+
+    replicas: Literal[1, 3, 5] = 3
+    election_timeout: tuple[float, float] = (0.15, 0.30)
+    heartbeat: Duration = 0.05
+    #: background metadata load: every compute node renews its membership this often (0: off)
+    lease_interval: Duration = 0.25
+    client_timeout: Duration = 0.3
+    #: software + network delay of one metadata message: min + U(0, jitter) seconds, added to
+    #: the latency of both hosts' NIC links
+    rpc_latency: tuple[float, float] = (0.001, 0.004)
+    #: baseline loss / duplication probability of every metadata message
+    loss: float = Field(default=0.0, ge=0, lt=1)
+    duplicate: float = Field(default=0.0, ge=0, lt=1)
+    #: TEST-ONLY planted bug of sim.raft (a leader commits old-term entries by counting)
+    unsafe_commit_old_terms: bool = False
+
+
+class FaultsCfg(_F):
+    """The scenario's ``faults:`` section: control plane, integrity, checkers, faults."""
+
+    #: run the Raft metadata service, integrity checks, versions and checkers at all
+    enabled: bool = False
+    raft: RaftCfg = RaftCfg()
+    schedule: list[FaultSpec] = []
+    random: RandomFaultsCfg = RandomFaultsCfg()
+    #: a request that cannot be placed on a node able to reach its parameters within this
+    #: many seconds ends with a degraded result (counted)
+    deadline: Duration = 2.0
+    #: verify CRC32C + SHA-256 of every chunk served by a parameter server (R28)
+    verify: bool = True
+    #: check linearizability of the metadata client history when it has at most this many ops
+    linearizability_max_ops: int = Field(default=300, ge=0)
+    #: stop the run at the first checker violation
+    stop_on_violation: bool = True
+
+
+def hosts(param_servers: int, nodes: int) -> list[str]:
+    """Every host name in the fixed order used by partitions and Raft placement."""
+    return [f"ps{i}" for i in range(param_servers)] + [f"node{i}" for i in range(nodes)]
+
+
+def raft_hosts(all_hosts: list[str], replicas: int) -> list[str]:
+    """Host of each Raft replica: parameter servers first, then compute nodes (wrapping)."""
+    return [all_hosts[i % len(all_hosts)] for i in range(replicas)]
+
+
+def random_schedule(
+    cfg: RandomFaultsCfg, rng: np.random.Generator, n_ps: int, n_nodes: int, n_raft: int
+) -> list[FaultSpec]:
+    """Draw the random fault schedule (see the module docstring); deterministic in ``rng``."""
+    kinds = [k for k in KINDS if cfg.kinds.get(k, 0.0) > 0]  # fixed order, not dict order
+    w = np.array([cfg.kinds[k] for k in kinds], dtype=float)
+    w /= w.sum()
+    out: list[FaultSpec] = []
+    t = cfg.start
+    while True:
+        t += float(rng.exponential(1.0 / cfg.rate))
+        if t >= cfg.until:
+            return out
+        kind = kinds[int(rng.choice(len(kinds), p=w))]
+        dur = float(rng.uniform(*cfg.duration))
+        spec: dict[str, Any] = {"at": t, "kind": kind, "duration": dur}
+        if kind == "kill":
+            r = float(rng.random())
+            if r < cfg.leader_bias:
+                spec["target"] = "raft-leader"
+            else:
+                pool = (
+                    [f"ps{i}" for i in range(n_ps)]
+                    + [f"node{i}" for i in range(n_nodes)]
+                    + [f"raft{i}" for i in range(n_raft)]
+                )
+                spec["target"] = pool[int(rng.integers(len(pool)))]
+            spec["disk"] = not bool(rng.random() < cfg.diskless)
+        elif kind == "partition":
+            spec["shape"] = SHAPES[int(rng.integers(len(SHAPES)))]
+            spec["one_way"] = bool(rng.random() < 0.3)
+            spec["target"] = hosts(n_ps, n_nodes)[int(rng.integers(n_ps + n_nodes))]
+            if float(rng.random()) < cfg.leader_bias:  # cut the leader's host off
+                spec["shape"], spec["target"] = "isolate", "raft-leader"
+        elif kind == "degrade":
+            spec["target"] = hosts(n_ps, n_nodes)[int(rng.integers(n_ps + n_nodes))]
+            spec["latency"] = float(rng.uniform(0.0, 0.02))
+            spec["loss"] = float(rng.uniform(0.0, 0.2))
+            spec["duplicate"] = float(rng.uniform(0.0, 0.1))
+            spec["bandwidth"] = float(rng.uniform(0.1, 1.0))
+        elif kind == "slow":
+            spec["target"] = f"node{int(rng.integers(n_nodes))}"
+            spec["factor"] = float(rng.uniform(0.05, 0.5))
+        elif kind == "corrupt":
+            spec["target"] = f"ps{int(rng.integers(n_ps))}"
+            spec["bits"] = int(rng.integers(1, 9))
+            spec["chunk"] = None
+            spec["duration"] = None
+        elif kind == "pause":
+            spec["target"] = hosts(n_ps, n_nodes)[int(rng.integers(n_ps + n_nodes))]
+        elif kind == "push":
+            spec["writer"] = f"ps{int(rng.integers(n_ps))}"
+            spec["duration"] = None
+        out.append(FaultSpec.model_validate(spec))
+
+
+def partition_cuts(
+    shape: str, all_hosts: list[str], target: str | None, raft: list[str], one_way: bool
+) -> list[tuple[str, str]]:
+    """Directed host pairs ``(a, b)`` whose messages ``a -> b`` are cut by a partition.
+
+    Sides are deterministic functions of the host order, the target and the Raft hosts.
+    """
+    n = len(all_hosts)
+    idx = {h: i for i, h in enumerate(all_hosts)}
+    t = idx.get(target or "", 0)
+    if shape == "majorities-ring":
+        order = all_hosts[t:] + all_hosts[:t]
+        pos = {h: i for i, h in enumerate(order)}
+        cuts = []
+        for a in all_hosts:
+            for b in all_hosts:
+                d = abs(pos[a] - pos[b])
+                if a != b and min(d, n - d) > 1:
+                    cuts.append((a, b))
+        return cuts  # symmetric by construction
+    if shape == "isolate":
+        left, right = [all_hosts[t]], [h for h in all_hosts if h != all_hosts[t]]
+    elif shape == "halves":
+        left, right = all_hosts[: n // 2], all_hosts[n // 2 :]
+    elif shape == "majority-minority":
+        k = (len(raft) - 1) // 2 or 1
+        rh = sorted(set(raft), key=lambda h: idx[h])
+        start = rh.index(all_hosts[t]) if all_hosts[t] in rh else 0
+        minority = [rh[(start + i) % len(rh)] for i in range(min(k, len(rh)))]
+        left, right = minority, [h for h in all_hosts if h not in minority]
+    else:  # bridge: the target sits in the middle and reaches both halves
+        rest = [h for h in all_hosts if h != all_hosts[t]]
+        left, right = rest[: len(rest) // 2], rest[len(rest) // 2 :]
+    cuts = [(a, b) for a in left for b in right]
+    if not one_way:
+        cuts += [(b, a) for a in left for b in right]
+    return cuts
+
+
+def check_faults(sc: Any) -> None:
+    """Raise :class:`InputError` naming the scenario file and field for a fault that names a
+    host, replica, model or writer the scenario does not have."""
+    from engine.errors import InputError
+
+    c = sc.cluster
+    f = sc.faults
+    all_hosts = hosts(c.param_servers, c.nodes)
+    replicas = [f"raft{i}" for i in range(f.raft.replicas)]
+    allowed = [*all_hosts, *replicas, "raft-leader"]
+    for i, spec in enumerate(f.schedule):
+        where = f"faults.schedule[{i}]"
+        if spec.target is not None and spec.target not in allowed:
+            if spec.kind == "partition" and spec.target in all_hosts:
+                continue
+            raise InputError(
+                f"unknown target {spec.target!r}; allowed: {', '.join(allowed)}",
+                source=sc.source,
+                where=f"{where}.target",
+            )
+        if spec.kind == "corrupt" and spec.target not in all_hosts[: c.param_servers]:
+            raise InputError(
+                f"corrupt needs a parameter server; allowed: "
+                f"{', '.join(all_hosts[: c.param_servers])}",
+                source=sc.source,
+                where=f"{where}.target",
+            )
+        if spec.kind in ("push", "corrupt") and spec.model >= len(sc.deployments):
+            raise InputError(
+                f"model index {spec.model} out of range; allowed: 0..{len(sc.deployments) - 1}",
+                source=sc.source,
+                where=f"{where}.model",
+            )
+        if spec.kind == "push" and spec.writer not in all_hosts:
+            raise InputError(
+                f"unknown writer {spec.writer!r}; allowed: {', '.join(all_hosts)}",
+                source=sc.source,
+                where=f"{where}.writer",
+            )

@@ -43,9 +43,11 @@ are rounded to 4 significant digits). Same spec and seeds -> same probes -> same
 
 **Saturation.** At the boundary probe that fails (or at the answer when nothing fails) the
 mean utilisation over seeds of: compute (busy share of nodes), HBM (peak per-node HBM use /
-HBM size), PCIe, network (the busiest NIC, nodes and parameter servers), parameter servers
-(``ps_utilisation`` when the summary has it, else the share of busy time spent waiting for
-parameters, a proxy). The largest one is named as the resource that saturates first.
+``hbm_bytes_per_node``), PCIe, network (busiest compute-node NIC, ``node_nic_utilisation``),
+parameter servers (``ps_utilisation``: busiest PS NIC or SSD). Older summaries without these
+fields fall back to the configured HBM size, ``r31.network_saturation`` (busiest NIC of any
+host) and the share of busy time spent waiting for parameters (a proxy). The largest one is
+named as the resource that saturates first.
 """
 
 from __future__ import annotations
@@ -184,13 +186,18 @@ def run_passes(m: dict[str, Any] | None, slo: SloCfg) -> tuple[bool, list[str]]:
 
 
 def utilisation(m: dict[str, Any], hbm_bytes: float) -> dict[str, float]:
-    """Per-resource utilisation (0..1) of one run from its flattened summary."""
+    """Per-resource utilisation (0..1) of one run from its flattened summary.
+
+    ``hbm_bytes`` is the fallback HBM size when the summary has no ``hbm_bytes_per_node``.
+    """
     ps = m.get("ps_utilisation")
+    net = m.get("node_nic_utilisation")
+    cap = m.get("hbm_bytes_per_node") or hbm_bytes
     return {
         "compute": float(m.get("compute_utilisation") or 0.0),
-        "hbm": float(m.get("peak_hbm_bytes_per_node") or 0.0) / max(hbm_bytes, 1.0),
+        "hbm": float(m.get("peak_hbm_bytes_per_node") or 0.0) / max(float(cap), 1.0),
         "pcie": float(m.get("pcie_utilisation") or 0.0),
-        "network": float(m.get("r31.network_saturation") or 0.0),
+        "network": float(net if net is not None else m.get("r31.network_saturation") or 0.0),
         "parameter_servers": float(ps if ps is not None else m.get("param_wait_share") or 0.0),
     }
 

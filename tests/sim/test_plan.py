@@ -80,6 +80,19 @@ def test_run_passes_rules() -> None:
     assert run_passes(None, SloCfg(p99={"all": 1.0})) == (False, ["run failed"])
 
 
+def test_utilisation_prefers_the_dedicated_fields() -> None:
+    m = {
+        "compute_utilisation": 0.5, "peak_hbm_bytes_per_node": 30.0, "hbm_bytes_per_node": 60.0,
+        "pcie_utilisation": 0.1, "node_nic_utilisation": 0.2, "r31.network_saturation": 0.9,
+        "ps_utilisation": 0.9, "param_wait_share": 0.05,
+    }  # fmt: skip
+    u = utilisation(m, 80.0)
+    assert u == {
+        "compute": 0.5, "hbm": 0.5, "pcie": 0.1, "network": 0.2, "parameter_servers": 0.9,
+    }  # fmt: skip
+    assert max(u, key=u.__getitem__) == "parameter_servers"
+
+
 def test_utilisation_reads_the_summary() -> None:
     u = utilisation(
         {"compute_utilisation": 0.9, "peak_hbm_bytes_per_node": 40.0, "pcie_utilisation": 0.1,

@@ -7,6 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pandas as pd
+import pytest
 
 from sim.sweep import RunCache, build_points, execute, run_point
 
@@ -65,32 +66,45 @@ def test_duplicate_configs_run_once(tiny: Path, tmp_path: Path) -> None:
     assert out.ran == 1 and out.total == 1
 
 
-def test_200_runs_on_local_cluster_interrupted_and_resumed(tiny: Path, tmp_path: Path) -> None:
-    rates = [float(5 + i) for i in range(40)]
+def _interrupt_and_resume(tiny: Path, tmp_path: Path, n_rates: int) -> None:
+    """A sweep of n_rates x 5 seeds on a 2-worker LocalCluster, stopped after half its runs
+    (run limit) and resumed: nothing runs twice, the Parquet holds every point."""
+    rates = [float(5 + i) for i in range(n_rates)]
     pts = build_points(tiny, {"workload.rate": rates}, [0, 1, 2, 3, 4])
-    assert len(pts) == 200
+    n = len(pts)
+    half = n // 2
     folder, counter = tmp_path / "sw", tmp_path / "count.txt"
-    first = execute(pts, folder, workers=2, max_runs=100, counter=counter)
-    assert (first.ran, first.missing, first.failed) == (100, 100, [])
-    assert len(_counted(counter)) == 100
-    assert len(pd.read_parquet(first.parquet)) == 100
+    first = execute(pts, folder, workers=2, max_runs=half, counter=counter)
+    assert (first.ran, first.missing, first.failed) == (half, n - half, [])
+    assert len(_counted(counter)) == half
+    assert len(pd.read_parquet(first.parquet)) == half
     done_first = set(RunCache(folder).done())
-    assert len(done_first) == 100
+    assert len(done_first) == half
 
     second = execute(pts, folder, workers=2, counter=counter)
-    assert (second.cached, second.ran, second.missing) == (100, 100, 0)
+    assert (second.cached, second.ran, second.missing) == (half, n - half, 0)
     assert second.complete
     counted = _counted(counter)
-    assert len(counted) == 200 and len(set(counted)) == 200  # nothing ran twice
-    assert not done_first & set(counted[100:])  # the resume ran only missing points
+    assert len(counted) == n and len(set(counted)) == n  # nothing ran twice
+    assert not done_first & set(counted[half:])  # the resume ran only missing points
 
     df = pd.read_parquet(second.parquet)
-    assert len(df) == 200 and (df["status"] == "ok").all()
-    assert list(df["point"]) == list(range(200))
+    assert len(df) == n and (df["status"] == "ok").all()
+    assert list(df["point"]) == list(range(n))
     assert sorted(df["workload.rate"].unique()) == rates
     assert set(df["seed"]) == {0, 1, 2, 3, 4}
     assert df["config_hash"].is_unique
     assert (df["completed"] == 12).all() and df["latency.p99"].gt(0).all()
+
+
+def test_30_runs_on_local_cluster_interrupted_and_resumed(tiny: Path, tmp_path: Path) -> None:
+    _interrupt_and_resume(tiny, tmp_path, 6)
+
+
+@pytest.mark.slow
+def test_200_runs_on_local_cluster_interrupted_and_resumed(tiny: Path, tmp_path: Path) -> None:
+    # ~30-60 s on 2 shared cores (two LocalCluster starts + 200 runs of ~0.1 s)
+    _interrupt_and_resume(tiny, tmp_path, 40)
 
 
 def test_existing_scheduler_address(tiny: Path, tmp_path: Path) -> None:

@@ -338,34 +338,36 @@ class Network:
         self._reallocate()
 
     def _reallocate(self) -> None:
-        """Recompute all rates (weighted max-min fair) and schedule the next completion."""
+        """Recompute all rates (weighted max-min fair) and schedule the next completion.
+
+        Cost O(flows x path length) dict operations plus O(links touched) heap operations per
+        call; the arithmetic (and so every rate, bit for bit) is the plain progressive filling
+        described in :meth:`_fill`.
+        """
         flows = list(self._flows.values())
-        links: dict[Link, float] = {}  # residual capacity, in first-use order
-        for flow in flows:
-            flow.rate = 0.0
-            for link in flow.path:
-                links.setdefault(link, link.bandwidth if link.up else 0.0)
+        residual: dict[Link, float] = {}  # filled lazily by _fill; shared across classes
         if self.priority_mode == "strict":
             classes = sorted({f.priority for f in flows})
             for cls in classes:
-                self._fill([f for f in flows if f.priority == cls], links)
+                self._fill([f for f in flows if f.priority == cls], residual)
         else:
-            self._fill(flows, links)
+            self._fill(flows, residual)
         for link in self._busy:
             link.rate = 0.0
         busy: dict[Link, None] = {}
+        soonest: float | None = None
         for flow in flows:
-            if flow.rate > 0:
+            rate = flow.rate
+            if rate > 0:
                 for link in flow.path:
-                    link.rate += flow.rate
+                    link.rate += rate  # summed in flow start order, as the counters expect
                     busy[link] = None
+                t = flow.remaining / rate
+                if soonest is None or t < soonest:
+                    soonest = t
         self._busy = busy
         # Invariant: for every link, link.rate <= link.bandwidth (up to float rounding).
         self._timer_gen += 1
-        soonest = min(
-            (f.remaining / f.rate for f in flows if f.rate > 0),
-            default=None,
-        )
         if soonest is not None:
             gen = self._timer_gen
             self.env.timeout(max(0.0, soonest)).callbacks.append(partial(self._timer_cb, gen))
@@ -375,46 +377,77 @@ class Network:
         """Progressive filling: raise all unfrozen flows' rates in proportion to their
         weights until a link saturates; freeze the flows crossing it; repeat.
 
+        ``residual`` maps a link to its capacity left (a link not yet in it starts at its
+        bandwidth, or 0 while down); it is updated in place, so strict priority classes can
+        fill one after another. Every flow in ``flows`` gets its ``rate``.
+
         Links wait in a heap keyed by their fair share per unit weight (residual / unfrozen
-        weight), updated lazily as flows freeze: cost O((flows x path length) log links).
-        Freezing flows at the current minimum share never lowers another link's share below
-        it, so the popped minimum is final.
+        weight), updated lazily as flows freeze: cost O((flows x path length) + pushes x
+        log links). Freezing flows at the current minimum share never lowers another link's
+        share below it, so the popped minimum is final.
+
+        Determinism (results are bit-for-bit those of the one-push-per-update textbook
+        version): per link, residuals and weights are updated flow by flow in start order;
+        after a link's flows freeze, each other link touched gets ONE new heap entry
+        (its final share after that round), and those entries are pushed in the order of
+        each link's last update, so ties between equal shares break as they always did.
         """
-        weight_on: dict[Link, float] = {}  # unfrozen weight per link
+        weight_on: dict[Link, float] = {}  # unfrozen weight per link, in first-use order
         count_on: dict[Link, int] = {}  # unfrozen flows per link; the link is done at 0
-        members: dict[Link, list[_Flow]] = {}
+        members: dict[Link, list[_Flow]] = {}  # flows per link, in start order
         for flow in flows:
+            w = flow.weight
             for link in flow.path:
-                weight_on[link] = weight_on.get(link, 0.0) + flow.weight
-                count_on[link] = count_on.get(link, 0) + 1
-                members.setdefault(link, []).append(flow)
+                group = members.get(link)
+                if group is None:
+                    members[link] = [flow]
+                    weight_on[link] = 0.0 + w
+                    count_on[link] = 1
+                    if link not in residual:
+                        residual[link] = link.bandwidth if link.up else 0.0
+                else:
+                    group.append(flow)
+                    weight_on[link] += w
+                    count_on[link] += 1
         version: dict[Link, int] = dict.fromkeys(weight_on, 0)
-        heap: list[tuple[float, int, int, Link]] = []  # (share, seq, version, link)
-        seq = 0
-        for link, w in weight_on.items():
-            heap.append((max(0.0, residual[link]) / w, seq, 0, link))
-            seq += 1
+        heap: list[tuple[float, int, int, Link]] = [  # (share, seq, version, link)
+            (max(0.0, residual[link]) / w, seq, 0, link)
+            for seq, (link, w) in enumerate(weight_on.items())
+        ]
+        seq = len(heap)
         heapq.heapify(heap)
+        heappop, heappush = heapq.heappop, heapq.heappush
         frozen: set[int] = set()  # flow ids; membership only
         while heap:
-            share, _, ver, link = heapq.heappop(heap)
+            share, _, ver, link = heappop(heap)
             if link not in count_on or ver != version[link]:
                 continue  # stale entry, or every flow on the link already frozen
+            touched: dict[Link, int] = {}  # other links updated this round -> last update
+            step = 0
             for flow in members[link]:
-                if flow.fid in frozen:
+                fid = flow.fid
+                if fid in frozen:
                     continue
-                frozen.add(flow.fid)
-                flow.rate = flow.weight * share
+                frozen.add(fid)
+                w = flow.weight
+                rate = w * share
+                flow.rate = rate
                 for lk in flow.path:
-                    residual[lk] -= flow.rate
+                    residual[lk] -= rate
                     left = count_on[lk] - 1
                     if left == 0:
                         del count_on[lk]
                         continue
                     count_on[lk] = left
-                    weight_on[lk] -= flow.weight
+                    weight_on[lk] -= w
                     if lk is not link:
-                        version[lk] += 1
-                        entry = (max(0.0, residual[lk]) / weight_on[lk], seq, version[lk], lk)
-                        heapq.heappush(heap, entry)
+                        touched[lk] = step
+                        step += 1
+            if touched:
+                order = sorted(touched, key=touched.__getitem__) if len(touched) > 1 else touched
+                for lk in order:
+                    if lk in count_on:
+                        v = version[lk] + 1
+                        version[lk] = v
+                        heappush(heap, (max(0.0, residual[lk]) / weight_on[lk], seq, v, lk))
                         seq += 1

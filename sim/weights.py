@@ -92,6 +92,14 @@ class WeightStore:
         self.full: list[int] = [0] * n
         self.resident_bytes: list[int] = [0] * n
         self.chunk_layer = [np.repeat(np.arange(m.n_layers), m.layer_chunks) for m in ctx.models]
+        # Plain-list views of the (immutable) model tables for the hot paths: indexing a list
+        # is several times cheaper than indexing a numpy array and converting the scalar.
+        self._base: list[int] = [m.base for m in ctx.models]
+        self._size: list[list[int]] = [m.chunk_size.tolist() for m in ctx.models]
+        self._layer_of: list[list[int]] = [cl.tolist() for cl in self.chunk_layer]
+        self._lstart: list[list[int]] = [m.layer_start.tolist() for m in ctx.models]
+        self._lchunks: list[list[int]] = [list(m.layer_chunks) for m in ctx.models]
+        self._nchunks: list[int] = [m.n_chunks for m in ctx.models]
         self.inflight: dict[tuple[int, int], list[simpy.Event]] = {}
         self.inflight_keys: set[int] = set()
         self.pending_touch: dict[int, list[float]] = {}
@@ -105,7 +113,7 @@ class WeightStore:
         return self.full[m] == self.ctx.models[m].nonempty_layers
 
     def layer_resident(self, m: int, layer: int) -> bool:
-        return self.counts[m][layer] == self.ctx.models[m].layer_chunks[layer]
+        return self.counts[m][layer] == self._lchunks[m][layer]
 
     def affinity(self, m: int) -> float:
         """Share of model ``m``'s bytes resident in HBM (shard affinity, R2)."""
@@ -114,9 +122,8 @@ class WeightStore:
     def preload(self, m: int, now: float) -> bool:
         """Make every chunk of model ``m`` resident (warm-up / coupled mode; no traffic
         counted). Returns False if HBM ran out of room."""
-        mr = self.ctx.models[m]
-        sizes = mr.chunk_size
-        return all(self._admit(m, cid, int(sizes[cid]), now) for cid in range(mr.n_chunks))
+        sizes = self._size[m]
+        return all(self._admit(m, cid, sizes[cid], now) for cid in range(self._nchunks[m]))
 
     def touch(self, m: int, now: float) -> None:
         """Model ``m``'s resident chunks were used at ``now`` (see the recency note)."""
@@ -134,32 +141,33 @@ class WeightStore:
         items = sorted((t, m) for m, times in self.pending_touch.items() for t in times)
         self.pending_touch.clear()
         hbm = self.hbm
+        lookup = hbm.lookup
         for t, m in items:
-            base = self.ctx.models[m].base
-            for cid in range(self.ctx.models[m].n_chunks):
-                key = base | cid
+            base = self._base[m]
+            for key in range(base, base + self._nchunks[m]):  # == base | cid, cid ascending
                 if key in hbm:
-                    hbm.lookup(key, t)
+                    lookup(key, t)
 
     def _admit(self, m: int, cid: int, size: int, now: float) -> bool:
-        key = self.ctx.models[m].base | cid
-        if key in self.hbm:
+        key = self._base[m] | cid
+        hbm = self.hbm
+        if key in hbm:
             return True
-        if not self.hbm.admit(key, size, now, color=self._colors[m]):
+        if not hbm.admit(key, size, now, color=self._colors[m]):
             return False
-        layer = int(self.chunk_layer[m][cid])
+        layer = self._layer_of[m][cid]
         c = self.counts[m]
         c[layer] += 1
         self.resident_bytes[m] += size
-        if c[layer] == self.ctx.models[m].layer_chunks[layer]:
+        if c[layer] == self._lchunks[m][layer]:
             self.full[m] += 1
         return True
 
     def _hbm_evicted(self, key: Any, size: int, color: str | None) -> None:
         m, cid = key >> 32, key & 0xFFFFFFFF
-        layer = int(self.chunk_layer[m][cid])
+        layer = self._layer_of[m][cid]
         c = self.counts[m]
-        if c[layer] == self.ctx.models[m].layer_chunks[layer]:
+        if c[layer] == self._lchunks[m][layer]:
             self.full[m] -= 1
         c[layer] -= 1
         self.resident_bytes[m] -= size
@@ -173,11 +181,11 @@ class WeightStore:
     # -- fetching ----------------------------------------------------------------------------
     def missing(self, m: int, layer: int) -> list[int]:
         """Chunk ids of ``layer`` neither resident in HBM nor in flight."""
-        mr = self.ctx.models[m]
-        base, hbm, fl = mr.base, self.hbm, self.inflight_keys
+        base, hbm, fl = self._base[m], self.hbm, self.inflight_keys
+        ls = self._lstart[m]
         return [
             cid
-            for cid in range(int(mr.layer_start[layer]), int(mr.layer_start[layer + 1]))
+            for cid in range(ls[layer], ls[layer + 1])
             if (base | cid) not in hbm and (base | cid) not in fl
         ]
 
@@ -195,27 +203,30 @@ class WeightStore:
         if not cids:
             pending = self.inflight.get((m, layer))
             return pending[-1] if pending else None
-        mr = self.ctx.models[m]
         env, now = self.env, self.env.now
         groups: dict[tuple[int, int, int], int] = {}
         counts = [0] * 5
         nbytes = [0] * 5
         host, nvme = self.host, self.nvme
+        base, sizes = self._base[m], self._size[m]
+        serve = self.ctx.directory.serve
+        inflight_add = self.inflight_keys.add
+        idx = self.idx
         for cid in cids:
-            key = mr.base | cid
-            size = int(mr.chunk_size[cid])
+            key = base | cid
+            size = sizes[cid]
             if host is not None and host.lookup(key, now):
                 g, tier = (HOST, 0, 0), HOST
             elif nvme is not None and nvme.lookup(key, now):
                 g, tier = (NVME, 0, 0), NVME
             else:
-                ps, ps_tier = self.ctx.directory.serve(m, cid, key, size, now, self.idx)
+                ps, ps_tier = serve(m, cid, key, size, now, idx)
                 tier = OBJECT if ps_tier == OBJECT else REMOTE
                 g = (REMOTE, ps, ps_tier)
             groups[g] = groups.get(g, 0) + size
             counts[tier] += 1
             nbytes[tier] += size
-            self.inflight_keys.add(key)
+            inflight_add(key)
         for tier in range(1, 5):
             if counts[tier]:
                 charge(tier, counts[tier], nbytes[tier])
@@ -246,9 +257,10 @@ class WeightStore:
         self, ev: simpy.Event, m: int, layer: int, cids: list[int], t0: float, done: simpy.Event
     ) -> None:
         now = self.env.now
-        mr = self.ctx.models[m]
+        base = self._base[m]
+        discard = self.inflight_keys.discard
         for cid in cids:
-            self.inflight_keys.discard(mr.base | cid)
+            discard(base | cid)
         pending = self.inflight.get((m, layer))
         if pending is not None:
             pending.remove(done)
@@ -260,15 +272,17 @@ class WeightStore:
             return
         self._flush_touches()
         self.ctx.metrics.fetch_lat.append(now - t0)
+        sizes, admit = self._size[m], self._admit
+        track, arrived_at = self.track_arrival, self.arrived_at
         for cid in cids:
-            self._admit(m, cid, int(mr.chunk_size[cid]), now)
-            if self.track_arrival:
-                self.arrived_at[mr.base | cid] = now
+            admit(m, cid, sizes[cid], now)
+            if track:
+                arrived_at[base | cid] = now
         done.succeed(True)
 
     def pin_layer(self, m: int, layer: int, pin: bool) -> None:
         """Pin (or unpin) every chunk of a fully resident layer while it computes."""
-        mr = self.ctx.models[m]
+        base, ls = self._base[m], self._lstart[m]
         f = self.hbm.pin if pin else self.hbm.unpin
-        for cid in range(int(mr.layer_start[layer]), int(mr.layer_start[layer + 1])):
-            f(mr.base | cid)
+        for key in range(base + ls[layer], base + ls[layer + 1]):  # == base | cid
+            f(key)

@@ -18,7 +18,9 @@ reads its iteration log: every iteration's prefill tokens, decode batch and cont
 
 The profile keeps the iteration shapes in ``fitted["engine_pass"]`` and
 the terms in ``fitted["engine_fit"]``; the roofline terms also replace the ``gpu`` block's
-values so the plain :class:`CostModel` benefits too. Link bandwidths are untouched.
+values so the plain :class:`CostModel` benefits too. :func:`fetch_probe` measures the rate
+the engine's prefetch thread moves layers host -> device while the engine computes; it
+replaces ``links.pcie.bandwidth`` (the other links are untouched).
 """
 
 from __future__ import annotations
@@ -33,7 +35,14 @@ import numpy as np
 
 from sim.costmodel import CostModel, GpuProfile, Profile
 
-__all__ = ["EngineCostModel", "PassPoint", "calibrate_engine", "engine_probe", "fit_engine"]
+__all__ = [
+    "EngineCostModel",
+    "PassPoint",
+    "calibrate_engine",
+    "engine_probe",
+    "fetch_probe",
+    "fit_engine",
+]
 
 
 @dataclass(frozen=True)
@@ -112,6 +121,33 @@ def engine_probe(
                     key = (int(ptok), int(nd), int(ctx) // 64 * 64 + 32 if nd else 0)
                     rows.setdefault(key, []).append(float(dt))
     return [PassPoint(k[0], k[1], k[2], float(np.mean(v)), len(v)) for k, v in sorted(rows.items())]
+
+
+def fetch_probe(xp: ModuleType = np, *, requests: int = 6, workdir: Path | None = None) -> float:
+    """Bytes per second the engine's prefetch thread achieves moving layers host -> device
+    while the engine computes (a streaming workload: HBM holds 60% of the weights). This is
+    the ``pcie`` link as the engine sees it, contention with its own compute included."""
+    from hwbench.validate import engine_parts, run_engine
+    from hwbench.workloads import ValidationWorkload
+
+    w = ValidationWorkload(
+        "probe-stream",
+        "engine fetch probe",
+        requests=requests,
+        rate=1e9,
+        hbm_fraction=0.6,
+        input_low=64,
+        input_high=128,
+        output_low=16,
+        output_high=16,
+    )
+    with tempfile.TemporaryDirectory(prefix="pdsim-fetch-probe-", dir=workdir) as tmp:
+        parts = engine_parts(w, Path(tmp))
+        run_engine(w, Path(tmp), parts)  # warm-up
+        weights = parts[1]
+        weights.fetch_s, weights.fetch_bytes = 0.0, 0
+        run_engine(replace(w, seed=w.seed + 1), Path(tmp), parts)
+        return weights.fetch_bytes / max(weights.fetch_s, 1e-9)
 
 
 class EngineCostModel(CostModel):
@@ -243,4 +279,11 @@ def calibrate_engine(
     cfg = decoder_config()
     spec = sim_catalogue(cfg)[cfg.name]
     points = engine_probe(xp, repeats=3 if quick else 8, workdir=workdir)
-    return fit_engine(profile, spec, points)
+    fitted = fit_engine(profile, spec, points)
+    bw = fetch_probe(xp, workdir=workdir)
+    links = fitted.links.model_copy(
+        update={"pcie": fitted.links.pcie.model_copy(update={"bandwidth": bw})}
+    )
+    fit = dict(fitted.fitted)
+    fit["engine_fit"] = [{**fit["engine_fit"][0], "pcie_bandwidth": bw}]
+    return fitted.model_copy(update={"links": links, "fitted": fit})

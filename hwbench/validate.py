@@ -177,7 +177,7 @@ def run_engine(
         model, kvb = DenseModel(cfg), 0
     sched = BatchScheduler(w.max_batch, w.max_batch_tokens, sz.kv, kvb, 16)
     t, inp, out = arrivals(w)
-    eng = Engine(model, weights, sched, window=w.window, hold_pins=HOLD_PINS)
+    eng = Engine(model, weights, sched, window=w.window, hold_pins=HOLD_PINS, exclude_cpu_wait=True)
     return eng.run(EngineWorkload(t, inp, out, seed=w.seed)), weights
 
 

@@ -15,8 +15,9 @@ Records (:meth:`EngineResult.frame`) have the columns of the simulator's ``reque
 simulator's rule: a request adds up the counters of every iteration it took part in; bytes
 fetched in an iteration are split evenly over that iteration's batch.
 
-Clock: ``time.perf_counter`` relative to the run's start; it is handed as ``now`` to the
-weights (caches) and the prefetcher, never read by policy code.
+Clock: :class:`~engine.runtime.clock.RunClock` from the run's start (wall time, or wall time
+minus the engine thread's waits for a CPU); it is handed as ``now`` to the weights (caches)
+and the prefetcher, never read by policy code.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from typing import Any
 import numpy as np
 
 from engine import backend
+from engine.runtime.clock import RunClock
 from engine.runtime.model import DecoderModel, DenseModel, unpack
 from engine.runtime.prefetcher import Prefetcher
 from engine.runtime.scheduler import BatchScheduler
@@ -73,6 +75,7 @@ class EngineResult:
     busy_s: float
     param_wait_s: float
     iterations: int
+    clock_excludes_cpu_wait: bool = False
     #: one row per iteration: (start s, seconds, new requests, prompt tokens, decode batch,
     #: decode context tokens, param wait s) -- the shapes the simulator's cost model charges
     iteration_log: list[tuple[float, float, int, int, int, int, float]] = field(
@@ -119,7 +122,8 @@ class Engine:
     ``window > 0``, a :class:`Prefetcher` fetches ahead. ``keep_logits`` stores every logits
     row (tests compare runs with it). ``hold_pins``: a layer stays pinned until the prefetches
     planned at its start have landed (deterministic victims whatever the threads' timing;
-    else they land when the copy thread gets to them).
+    else they land when the copy thread gets to them). ``exclude_cpu_wait``: the run's clock
+    leaves out time the engine thread waited for a CPU (:class:`~engine.runtime.clock.RunClock`).
     """
 
     def __init__(
@@ -132,6 +136,7 @@ class Engine:
         keep_logits: bool = False,
         sleep: Callable[[float], None] = time.sleep,
         hold_pins: bool = False,
+        exclude_cpu_wait: bool = False,
     ) -> None:
         self.model = model
         self.weights = weights
@@ -140,6 +145,7 @@ class Engine:
         self.keep_logits = keep_logits
         self._sleep = sleep
         self.hold_pins = hold_pins
+        self.exclude_cpu_wait = exclude_cpu_wait
         self.xp = model.xp
         self.layouts = [model.cfg.layout(i) for i in range(model.cfg.n_layers)]
 
@@ -147,11 +153,9 @@ class Engine:
     def run(self, wl: EngineWorkload) -> EngineResult:
         """Serve ``wl`` in real time; returns when every request is done or rejected."""
         n = wl.n
-        t0 = time.perf_counter()
-
-        def clock() -> float:
-            return time.perf_counter() - t0
-
+        run_clock = RunClock(self.exclude_cpu_wait)
+        self.run_clock = run_clock
+        clock = run_clock
         self.clock = clock
         res = EngineResult(
             arrival=wl.arrival.astype(np.float64).copy(),
@@ -212,11 +216,13 @@ class Engine:
                     res.acc[rid] -= self.cum
                 final += self._iteration(new)
         finally:
+            run_clock.close()
             if pf is not None:
                 pf.stop()
             if tiered:
                 self.weights.on_charge = None
         res.wall_s = clock()
+        res.clock_excludes_cpu_wait = run_clock.exclude_cpu_wait
         return res
 
     def _wait_until(self, t: float, clock: Callable[[], float]) -> None:
@@ -273,8 +279,15 @@ class Engine:
             if self.prefetcher is not None and self.hold_pins:
                 # The prefetches planned at this layer land while it is pinned: the same
                 # victims whatever the threads' timing (the wait counts as param wait).
-                t = self.clock()
-                self.prefetcher.wait_idle()
+                # While blocked here, the copy thread's own waits for a CPU are the
+                # machine's business, not the engine's: the run clock leaves them out.
+                pf = self.prefetcher
+                t, w0, p0 = self.clock(), pf.cpu_wait(), time.perf_counter()
+                pf.wait_idle()
+                # run-queue time is booked when the thread gets the CPU back, so it may
+                # include a wait begun before this block: never exclude more than the block
+                blocked = time.perf_counter() - p0
+                self.run_clock.exclude(min(pf.cpu_wait() - w0, blocked))
                 wait += self.clock() - t
             self.weights.release(layer)
         now = self.clock()

@@ -19,6 +19,7 @@ from typing import Any
 
 from engine import backend
 from engine.prefetch import HeatMap, PrefetchPlanner
+from engine.runtime.clock import thread_cpu_wait
 from engine.runtime.weights import TieredWeights
 
 __all__ = ["Prefetcher"]
@@ -42,6 +43,11 @@ class Prefetcher:
     def start(self) -> None:
         self._thread = threading.Thread(target=self._work, name="prefetcher", daemon=True)
         self._thread.start()
+
+    def cpu_wait(self) -> float:
+        """Seconds the worker thread has waited for a CPU so far (0.0 if unknown)."""
+        t = self._thread
+        return thread_cpu_wait(t.native_id) if t is not None and t.native_id else 0.0
 
     def stop(self) -> None:
         if self._thread is not None:

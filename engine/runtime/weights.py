@@ -25,6 +25,7 @@ and the compute thread both take it around every stack call.
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable
 from types import ModuleType
 from typing import Any, Protocol
@@ -98,6 +99,8 @@ class TieredWeights:
         self._ids = [list(self.table.layer_slice(layer)) for layer in range(self.n_layers)]
         self._bufs: dict[int, Any] = {}  # layer -> assembled bytes of a multi-chunk layer
         self._parts: dict[int, list[Any]] = {}  # the chunk arrays that buffer was built from
+        self.fetch_s = 0.0  # wall seconds spent in fetch() reads, and the bytes they moved
+        self.fetch_bytes = 0
         self._touches: list[float] = []  # pending iteration ends (see touch)
         self._now = 0.0  # latest time handed to the caches: never decreases (two threads)
 
@@ -135,7 +138,10 @@ class TieredWeights:
                 if key in self.device:
                     continue
                 self._flush_touches()
+                t0 = time.perf_counter()
                 res = self.store.read_chunk(cid, self._clock(now), count=True)
+                self.fetch_s += time.perf_counter() - t0
+                self.fetch_bytes += int(self.table.size[cid])
                 self._charge(self._tier_of(res.level), 1, int(self.table.size[cid]))
 
     def warm(self, now: float = 0.0) -> None:

@@ -89,8 +89,8 @@ class Control:
         for s in self.ctx.servers:
             self.meta.submit(s.name, "put", f"ring/{s.name}", 1)
         if self.cfg.raft.lease_interval > 0:
-            for n in self.ctx.nodes:
-                self.env.process(self._lease(n))
+            for host in (*self.ctx.servers, *self.ctx.nodes):
+                self.env.process(self._lease(host))
         self.env.process(self._inject())
         if self.cfg.random.enabled and self.cfg.random.hunt > 0:
             self.env.process(self._hunt())
@@ -125,7 +125,8 @@ class Control:
             self.apply(spec)
 
     def _lease(self, node: Any) -> Generator[simpy.Event, Any, None]:
-        """Membership lease renewals of one node (the metadata service's steady load)."""
+        """Membership lease renewals of one host, server or compute node, while it is up
+        (the metadata service's steady write load)."""
         k = 0
         while True:
             yield self.env.timeout(self.cfg.raft.lease_interval)
@@ -339,6 +340,7 @@ class Control:
                 for cid in range(mr.n_chunks)
                 if ps in self.directory.replicas(m, cid)
                 and (ps, mr.base | cid) not in self.integrity.bad
+                and not self.integrity.under_repair(ps, mr.base | cid)
             ]
             if held:
                 key = held[int(self.rng.integers(len(held)))]
@@ -346,7 +348,8 @@ class Control:
         if key is None:
             rec["skipped"] = "no chunk on that server"
             return
-        self.integrity.corrupt(ps, key, f.bits, self.rng)
+        if not self.integrity.corrupt(ps, key, f.bits, self.rng):
+            rec["skipped"] = "copy under repair"
 
     def _pause(self, f: FaultSpec) -> None:
         h = self._host_of(f.target)
@@ -403,6 +406,8 @@ class Control:
         last = max((f.at + (f.duration or 0.0) for f in self.schedule), default=0.0)
         if env.now < last:
             env.run(until=last)
+        while env.peek() <= last:  # events due exactly at `last` (run(until) stops before)
+            env.step()
         r = self.meta.reach
         r.cuts = set()
         for h in sorted(r.paused):

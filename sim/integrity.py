@@ -14,8 +14,9 @@ recomputes both checksums of the stored copy and compares them with the expected
   object store) and a repair starts (the server re-reads the chunk from the object store over
   its ``object`` link; when the transfer lands the copy is good again).
 
-Counts: ``injected``, ``detected`` (distinct corrupt copies found), ``detections`` (reads
-refused), ``repaired``, ``used_corrupt`` (must stay 0; only a run with ``verify: false`` --
+Counts: ``injected``, ``detected`` (injections whose corrupt copy was found, by a read or by
+the final :meth:`Integrity.scrub`), ``cancelled`` (a later flip restored the original bytes),
+``detections`` (reads refused), ``repaired`` (copies rewritten), ``used_corrupt`` (must stay 0; only a run with ``verify: false`` --
 test-only -- can use a corrupt copy, which the checkers then report).
 Invariant: a key is in ``bad`` exactly while that server's copy differs from the stand-in.
 """
@@ -46,7 +47,8 @@ class Integrity:
         self.bad: dict[tuple[int, int], bytes] = {}
         self._repairing: set[tuple[int, int]] = set()
         self.injected = self.detected = self.detections = 0
-        self.repaired = self.used_corrupt = self.scrubbed = 0
+        self.repaired = self.used_corrupt = self.scrubbed = self.cancelled = 0
+        self._pending: dict[tuple[int, int], int] = {}  # injections not yet detected, per copy
         self.events: list[tuple[float, str, int, int]] = []
         #: ``report(prop, detail)`` of the run's checkers (set by the control plane)
         self.report: Any = None
@@ -61,17 +63,32 @@ class Integrity:
         """The bytes server ``ps`` holds for ``key`` (its corrupt copy, if any)."""
         return self.bad.get((ps, key)) or stand_in(key)
 
-    def corrupt(self, ps: int, key: int, bits: int, rng: np.random.Generator) -> None:
-        """Flip ``bits`` distinct random bits of server ``ps``'s copy of ``key``."""
+    def under_repair(self, ps: int, key: int) -> bool:
+        return (ps, key) in self._repairing
+
+    def corrupt(self, ps: int, key: int, bits: int, rng: np.random.Generator) -> bool:
+        """Flip ``bits`` distinct random bits of server ``ps``'s copy of ``key``; False (and
+        nothing done) while that copy is being repaired (the repair would overwrite it)."""
+        if (ps, key) in self._repairing:
+            return False
         data = bytearray(self.stored(ps, key))
         for b in rng.choice(len(data) * 8, size=bits, replace=False).tolist():
             data[b // 8] ^= 1 << (b % 8)
         self.injected += 1
         if bytes(data) == stand_in(key):  # flipped back to the original: nothing is corrupt
             self.bad.pop((ps, key), None)
+            self.cancelled += self._pending.pop((ps, key), 0) + 1
         else:
             self.bad[(ps, key)] = bytes(data)
+            self._pending[(ps, key)] = self._pending.get((ps, key), 0) + 1
         self.events.append((self.ctx.env.now, "corrupt", ps, key))
+        return True
+
+    def _detect(self, ps: int, key: int, now: float, how: str) -> None:
+        self.detected += self._pending.pop((ps, key), 0)
+        self._repairing.add((ps, key))
+        self.events.append((now, how, ps, key))
+        self._repair(ps, key)
 
     def check_read(self, ps: int, key: int, now: float) -> bool:
         """Verify the copy of ``key`` on ``ps`` before it is served; False = refuse it."""
@@ -79,10 +96,7 @@ class Integrity:
         if self.verify and chunk_checksums(data) != self.expected(key):
             self.detections += 1
             if (ps, key) not in self._repairing:
-                self.detected += 1
-                self._repairing.add((ps, key))
-                self.events.append((now, "detected", ps, key))
-                self._repair(ps, key)
+                self._detect(ps, key, now, "detected")
             return False
         if (ps, key) in self.bad:
             self.used_corrupt += 1
@@ -112,14 +126,13 @@ class Integrity:
         a corrupt copy no read has met yet is detected here."""
         for ps, key in sorted(self.bad):
             if (ps, key) not in self._repairing:
-                self.detected += 1
-                self.scrubbed += 1
-                self._repairing.add((ps, key))
-                self.events.append((self.ctx.env.now, "scrub-detected", ps, key))
+                self.scrubbed += self._pending.get((ps, key), 0)
+                self._detect(ps, key, self.ctx.env.now, "scrub-detected")
 
     def summary(self) -> dict[str, int]:
         return {
             "injected": self.injected,
+            "cancelled": self.cancelled,
             "detected": self.detected,
             "detected_by_scrub": self.scrubbed,
             "reads_refused": self.detections,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 from rich.table import Table
@@ -77,3 +77,29 @@ def chaos(
     console.print(str(out / "chaos.json"))
     if agg["failing_seeds"]:
         raise typer.Exit(code=1)
+
+
+def fault_lines(s: dict[str, Any]) -> list[str]:
+    """Readable lines for a run summary's ``faults`` section (``pdsim run`` prints them)."""
+    f = s.get("faults")
+    if not f:
+        return []
+    i, d, r = f["integrity"], f["degradation"], f["raft"]
+    te = f["time_to_elect_s"]
+    rec = f["recovery_time_s"]
+    return [
+        f"faults applied: {f['applied']}  violations: {len(f['violations'])}"
+        + "".join(f"\n  violation: {v}" for v in f["violations"]),
+        f"availability (answered within SLO): {f['availability']:.4f}  requests lost: "
+        f"{f['requests_lost']}  degraded results: {d['degraded_results']}",
+        "time to elect a new leader: "
+        + (", ".join(f"{t:.3f}s" for t in te) if te else "-")
+        + f"  replication recovered in: {'-' if rec is None else f'{rec:.3f}s'}",
+        f"integrity: injected {i['injected']}, detected {i['detected']} "
+        f"({i['detected_by_scrub']} by scrub), reads refused {i['reads_refused']}, repaired "
+        f"{i['repaired']}, corrupted chunks used {i['corrupted_chunks_used']}",
+        f"degradation: replica retries {d['replica_retries']}, object-store fallbacks "
+        f"{d['object_store_fallbacks']}, migrated {d['migrated']}, shed {d['shed_on_failure']}",
+        f"raft: {r['leaders']} leaders, {r['acked_writes']} acked writes, {r['messages']} "
+        f"messages ({r['dropped']} dropped)",
+    ]

@@ -106,5 +106,9 @@ def run(
             console.print(_table(sc.name, s))
         for c in result.claims:
             console.print(format_claim(c))
+        from sim.cli.chaos import fault_lines  # the faults section (issue 5), if any
+
+        for line in fault_lines(s):
+            console.print(line)
         console.print(f"trace hash: {result.trace_hash}")
     console.print(str(result.out_dir))

@@ -286,7 +286,9 @@ def two_tenant_trace(rng: np.random.Generator) -> tuple[list[int], list[str], np
     return keys, colors, ph
 
 
-def run_isolation(policy: str, params: dict, keys: list[int], colors: list[str], ph: np.ndarray):
+def run_isolation(
+    policy: str, params: dict[str, object], keys: list[int], colors: list[str], ph: np.ndarray
+) -> tuple[pd.DataFrame, np.ndarray]:
     """Hit rate of each tenant in each phase under ``policy`` (one TierCache, unit sizes)."""
     cache = TierCache(
         capacity=CAP,

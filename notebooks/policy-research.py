@@ -147,10 +147,10 @@ summary
 frames = []
 for name, t in traces.items():
     ws = t.unique_bytes()
-    sizes = sorted({max(1, int(ws * f)) for f in FRACTIONS})
-    df = replay(t, POLICIES, sizes)
+    nominal = {max(1, int(ws * f)): f for f in sorted(FRACTIONS)}  # bytes -> fraction
+    df = replay(t, POLICIES, list(nominal))
     df.insert(0, "trace", name)
-    df["fraction"] = df["cache_bytes"] / ws
+    df["fraction"] = df["cache_bytes"].map(nominal)
     frames.append(df)
 curves = pd.concat(frames, ignore_index=True)
 curves.to_csv(OUT / "miss_ratio_curves.csv", index=False)

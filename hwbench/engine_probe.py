@@ -88,6 +88,7 @@ def engine_probe(
     *,
     runs: tuple[tuple[int, int, int], ...] = QUICK_RUNS,
     repeats: int = 2,
+    mixed: int = 1,
     workdir: Path | None = None,
 ) -> list[PassPoint]:
     """Serve short probe workloads on the real engine (the validation decoder, all weights
@@ -115,12 +116,33 @@ def engine_probe(
                     seed=100 * (rep + 1) + i,
                 )
                 res, _ = run_engine(w, Path(tmp), parts)
-                if rep < 0:
-                    continue
-                for _t0, dt, _nn, ptok, nd, ctx, _wait in res.iteration_log:
-                    key = (int(ptok), int(nd), int(ctx) // 64 * 64 + 32 if nd else 0)
-                    rows.setdefault(key, []).append(float(dt))
+                if rep >= 0:
+                    _collect(rows, res.iteration_log)
+        # A mixed open-loop run: Poisson arrivals, prefill and decode in the same iterations,
+        # idle gaps -- the engine as it serves (not the validation suite's workloads).
+        for seed in range(mixed):
+            w = replace(
+                w0,
+                requests=30,
+                rate=6.0,
+                input_low=16,
+                input_high=512,
+                output_low=1,
+                output_high=40,
+                seed=1000 + seed,
+            )
+            res, _ = run_engine(w, Path(tmp), parts)
+            _collect(rows, res.iteration_log)
     return [PassPoint(k[0], k[1], k[2], float(np.mean(v)), len(v)) for k, v in sorted(rows.items())]
+
+
+def _collect(rows: dict[tuple[int, int, int], list[float]], log: list[Any]) -> None:
+    """Group iterations by (prompt tokens, decode batch, decode context), both in buckets
+    (32 and 64 tokens, bucket centres)."""
+    for _t0, dt, _nn, ptok, nd, ctx, _wait in log:
+        p = int(ptok) // 32 * 32 + 16 if ptok else 0
+        key = (p, int(nd), int(ctx) // 64 * 64 + 32 if nd else 0)
+        rows.setdefault(key, []).append(float(dt))
 
 
 def fetch_probe(xp: ModuleType = np, *, requests: int = 6, workdir: Path | None = None) -> float:
@@ -237,7 +259,9 @@ def fit_engine(profile: Profile, spec: Any, points: list[PassPoint]) -> Profile:
         ]
     )
     meas = np.log([p.mean_s for p in points])
-    weight = np.sqrt([p.count for p in points])  # shapes seen more often count more
+    # each shape weighs its share of the measured time (what latencies are made of)
+    share = np.array([p.count * p.mean_s for p in points])
+    weight = np.sqrt(share / share.sum() * len(points))
 
     def terms(v: np.ndarray) -> dict[str, float]:
         return dict(zip(TERMS, (float(t) for t in np.exp(v)), strict=True))
@@ -247,19 +271,25 @@ def fit_engine(profile: Profile, spec: Any, points: list[PassPoint]) -> Profile:
         pred = np.log([_predict(cost, p) for p in points])
         return float(np.sum((weight * (pred - meas)) ** 2))
 
-    best = loss(x)
-    step = 2.0
-    while step > 0.01:
-        improved = False
-        for i in range(len(x)):
-            for sign in (1.0, -1.0):
-                y = x.copy()
-                y[i] += sign * step
-                v = loss(y)
-                if v < best:
-                    x, best, improved = y, v, True
-        if not improved:
-            step /= 2.0
+    def descend(x: np.ndarray) -> tuple[np.ndarray, float]:
+        best = loss(x)
+        step = 1.0
+        while step > 0.01:
+            improved = False
+            for i in range(len(x)):
+                for sign in (1.0, -1.0):
+                    y = x.copy()
+                    y[i] += sign * step
+                    v = loss(y)
+                    if v < best:
+                        x, best, improved = y, v, True
+            if not improved:
+                step /= 2.0
+        return x, best
+
+    # Two starts (the profile's own terms; typical NumPy-on-CPU terms); the better fit wins.
+    typical = np.log([1e-4, 5e-4, 5e10, 2e10, 1e-5, 4e-7, 1e-9])
+    x, best = min((descend(x0) for x0 in (x, typical)), key=lambda r: r[1])
     out = terms(x)
     out["rms_log_error"] = float(np.sqrt(best / max(float(np.sum(weight**2)), 1.0)))
     notes = profile.notes + (
@@ -278,7 +308,7 @@ def calibrate_engine(
 
     cfg = decoder_config()
     spec = sim_catalogue(cfg)[cfg.name]
-    points = engine_probe(xp, repeats=3 if quick else 8, workdir=workdir)
+    points = engine_probe(xp, repeats=2 if quick else 6, mixed=1 if quick else 3, workdir=workdir)
     fitted = fit_engine(profile, spec, points)
     bw = fetch_probe(xp, workdir=workdir)
     links = fitted.links.model_copy(

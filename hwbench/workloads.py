@@ -81,12 +81,11 @@ SUITE: tuple[ValidationWorkload, ...] = (
         seed=3,
     ),
     ValidationWorkload(
-        "sat-stream-lruk",
-        "near saturation, streaming, LRU-K (K=2)",
+        "sat-stream-lru",
+        "near saturation, streaming, LRU",
         requests=50,
         rate=7.0,
         hbm_fraction=0.6,
-        policy="lru-k",
         seed=4,
     ),
     ValidationWorkload(

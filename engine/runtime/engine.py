@@ -182,10 +182,10 @@ class Engine:
             np.random.default_rng([wl.seed, i]).integers(0, self._vocab(), int(wl.inp[i]))
             for i in range(n)
         ]
-        tiered = isinstance(self.weights, TieredWeights)
-        if tiered:
-            self.weights.on_charge = self._charge
-        pf = Prefetcher(self.weights, self.window, clock) if tiered and self.window > 0 else None
+        tw = self.weights if isinstance(self.weights, TieredWeights) else None
+        if tw is not None:
+            tw.on_charge = self._charge
+        pf = Prefetcher(tw, self.window, clock) if tw is not None and self.window > 0 else None
         self.prefetcher = pf
         if pf is not None:
             pf.start()
@@ -219,8 +219,8 @@ class Engine:
             run_clock.close()
             if pf is not None:
                 pf.stop()
-            if tiered:
-                self.weights.on_charge = None
+            if tw is not None:
+                tw.on_charge = None
         res.wall_s = clock()
         res.clock_excludes_cpu_wait = run_clock.exclude_cpu_wait
         return res

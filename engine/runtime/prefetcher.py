@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import queue
 import threading
-from typing import Any
+from typing import Any, cast
 
 from engine import backend
 from engine.prefetch import HeatMap, PrefetchPlanner
@@ -68,11 +68,15 @@ class Prefetcher:
         with w.lock, self._qlock:
             self.planner.heat.record(w.keys(layer), now)
             plan = self.planner.plan(upcoming, w.device, self._queued, now)
-            for _, key in plan:
-                self._queued.add(key)
-        if plan:
-            self.planned_chunks += len(plan)
-            self._q.put([int(key[1]) for _, key in plan])
+            keys = [cast(tuple[str, int], key) for _, key in plan]
+            self._queued.update(keys)
+        if keys:
+            self.planned_chunks += len(keys)
+            self._q.put([int(key[1]) for key in keys])
+
+    def busy(self) -> bool:
+        """Whether some queued fetch has not finished yet."""
+        return self._q.unfinished_tasks > 0
 
     def wait_idle(self) -> None:
         """Block until every queued fetch is done."""

@@ -210,6 +210,11 @@ class TieredWeights:
                 times.append(now)
                 del times[:-TOUCH_HISTORY]
 
+    def last_time(self) -> float:
+        """The latest ``now`` handed to the caches."""
+        with self.lock:
+            return self._now
+
     def _flush_touches(self) -> None:
         """Replay the pending touches (call with the lock held, before an admission)."""
         if not self._touches:

@@ -9,8 +9,11 @@ simulator, error -- and writes a PNG of the latency CDFs (``DIR/validate_cdf.png
 relative errors are fractions under keys ending in ``rel_error``, hit-rate differences
 (fractions) under keys ending in ``abs_error``.
 
-If ``P`` has no ``fitted.engine_fit`` (a profile from before the engine probe existed), the
-engine probe runs first and the fitted profile is used (and written to ``DIR``).
+If ``P`` has no ``fitted.engine_fit`` (``pdsim calibrate`` does not run the engine probe yet),
+the engine probe (:func:`hwbench.engine_probe.calibrate_engine`, ~10 s) runs first and the
+fitted profile is used and written to ``DIR/profile-with-engine-fit.json``. ``--refit``
+re-runs it right before every workload. The engine's clock leaves out time its threads waited
+for a CPU (:mod:`engine.runtime.clock`), so a shared machine's changing load matters less.
 Run with the BLAS thread count the profile was measured with (its notes say which).
 """
 
@@ -52,6 +55,13 @@ def validate(
     out: Annotated[
         Path, typer.Option("--out", "-o", help="Folder for the CDF plot (and a fitted profile).")
     ] = Path("validate-out"),
+    refit: Annotated[
+        bool,
+        typer.Option(
+            "--refit",
+            help="Re-run the engine probe right before each workload (a busy shared machine).",
+        ),
+    ] = False,
 ) -> None:
     """Run the validation suite on the engine and in the simulator and compare them."""
     with user_errors():
@@ -74,7 +84,7 @@ def validate(
         comps = []
         for w in chosen:
             err_console.print(f"[bold]{w.name}[/]: {w.description}")
-            comps.append(validate_workload(w, prof))
+            comps.append(validate_workload(w, prof, refit=refit))
         png = plot_cdfs(comps, out / "validate_cdf.png")
 
     for c in comps:

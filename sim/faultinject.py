@@ -96,7 +96,9 @@ class Control:
             self.env.process(self._hunt())
 
     def _hunt(self) -> Generator[simpy.Event, Any, None]:
-        """Leader hunting (figure 8 provocation): see ``faults.random.hunt``."""
+        """Leader hunting (figure 8 provocation, as in :mod:`sim.raft.chaos`): soon after a new
+        leader appears, crash it or cut its replication links (clients still reach it, so it
+        appends entries no other replica has); see ``faults.random.hunt``."""
         cfg, g, env = self.cfg.random, self.meta.group, self.env
         rng = self.ctx.rngs.get("fault-hunt")
         seen: tuple[int, int] | None = None
@@ -116,7 +118,7 @@ class Control:
                 spec = FaultSpec(
                     at=env.now,
                     kind="partition",
-                    shape="isolate",
+                    shape="replica",
                     target=f"raft{lead}",
                     duration=dur,
                 )
@@ -267,6 +269,14 @@ class Control:
         self.replication_recovery.append(now - t0)
 
     def _partition(self, f: FaultSpec) -> None:
+        if f.shape == "replica":
+            target = self._resolve(f.target)
+            r = self.meta.reach
+            r.cut_replicas = set() if target is None else {_split(target)[1]}
+            self._record(f, target, shape=f.shape)
+            if f.duration is not None:
+                self._later(f.duration, lambda: self._heal(FaultSpec(at=0, kind="heal")))
+            return
         target = self._host_of(f.target) if f.target else None
         cuts = partition_cuts(f.shape, self.hosts, target, self.meta.replica_host, f.one_way)
         self.meta.reach.cuts = set(cuts)
@@ -276,6 +286,7 @@ class Control:
 
     def _heal(self, f: FaultSpec) -> None:
         self.meta.reach.cuts = set()
+        self.meta.reach.cut_replicas = set()
         self._record(f, None)
 
     def _links(self, host: str) -> list[Any]:
@@ -410,6 +421,7 @@ class Control:
             env.step()
         r = self.meta.reach
         r.cuts = set()
+        r.cut_replicas = set()
         for h in sorted(r.paused):
             r.paused[h] = 1
             self._resume(h)

@@ -12,7 +12,9 @@ knobs). Kinds:
   ``majority-minority`` (a minority of the Raft hosts, including the target if given),
   ``majorities-ring`` (host ``i`` reaches only ``i-1`` and ``i+1``: every host sees a majority,
   no two the same one), ``bridge`` (two halves, one host in the middle sees both);
-  ``one_way: true`` cuts only messages from the first side to the second.
+  ``one_way: true`` cuts only messages from the first side to the second. ``replica``: only
+  the Raft replica ``target`` (``raft<i>`` / ``raft-leader``) is cut from the other replicas;
+  clients still reach it (its replication links failed; the leader hunt uses it).
 * ``heal`` -- remove every partition.
 * ``degrade`` -- link degradation of the metadata traffic and the host's data links:
   ``latency`` (extra seconds), ``loss`` / ``duplicate`` (probabilities), ``bandwidth``
@@ -62,9 +64,9 @@ class FaultSpec(_F):
     target: str | None = None
     duration: Duration | None = None
     disk: bool = True
-    shape: Literal["isolate", "halves", "majority-minority", "majorities-ring", "bridge"] = (
-        "isolate"
-    )
+    shape: Literal[
+        "isolate", "halves", "majority-minority", "majorities-ring", "bridge", "replica"
+    ] = "isolate"
     one_way: bool = False
     latency: Duration = 0.0
     loss: float = Field(default=0.0, ge=0, lt=1)
@@ -209,8 +211,8 @@ def random_schedule(
             spec["shape"] = SHAPES[int(rng.integers(len(SHAPES)))]
             spec["one_way"] = bool(rng.random() < 0.3)
             spec["target"] = hosts(n_ps, n_nodes)[int(rng.integers(n_ps + n_nodes))]
-            if float(rng.random()) < cfg.leader_bias:  # cut the leader's host off
-                spec["shape"], spec["target"] = "isolate", "raft-leader"
+            if float(rng.random()) < cfg.leader_bias:  # cut the leader off the other replicas
+                spec["shape"], spec["target"] = "replica", "raft-leader"
         elif kind == "degrade":
             spec["target"] = hosts(n_ps, n_nodes)[int(rng.integers(n_ps + n_nodes))]
             spec["latency"] = float(rng.uniform(0.0, 0.02))

@@ -49,6 +49,8 @@ class Reachability:
         self.loss: dict[str, float] = {}
         self.duplicate: dict[str, float] = {}
         self.base_loss = 0.0
+        #: Raft replicas cut from the other replicas (clients still reach them)
+        self.cut_replicas: set[int] = set()
         self.base_duplicate = 0.0
 
     def ok(self, a: str, b: str) -> bool:
@@ -81,8 +83,11 @@ class NetTransport:
     def register(self, node: int, deliver: Callable[[Any], None]) -> None:
         self._endpoints[node] = deliver
 
-    def _passes(self, a: str, b: str) -> bool:
+    def _passes(self, src: int, dst: int, a: str, b: str) -> bool:
         na, nb = self.nic(a), self.nic(b)
+        cut = self.reach.cut_replicas
+        if cut and src < CLIENT_ID_BASE and dst < CLIENT_ID_BASE and (src in cut) != (dst in cut):
+            return False
         return self.reach.ok(a, b) and na.up and nb.up
 
     def send(self, src: int, dst: int, msg: Any) -> None:
@@ -92,7 +97,7 @@ class NetTransport:
         loss = r.base_loss + r.loss.get(a, 0.0) + r.loss.get(b, 0.0)
         # one draw per message whatever the fault state, so faults do not shift the stream
         u_loss, u_dup, u_jit = self.rng.random(3)
-        if not self._passes(a, b) or u_loss < loss:
+        if not self._passes(src, dst, a, b) or u_loss < loss:
             self.dropped += 1
             return
         copies = 1
@@ -107,7 +112,7 @@ class NetTransport:
 
     def _arrive(self, src: int, dst: int, msg: Any, _ev: Any = None) -> None:
         a, b = self.host_of(src), self.host_of(dst)
-        if not self._passes(a, b) or dst not in self._endpoints:
+        if not self._passes(src, dst, a, b) or dst not in self._endpoints:
             self.dropped += 1
             return
         if self.reach.is_paused(b):  # a paused host handles it when it resumes

@@ -3,8 +3,9 @@
 A *push* (model update / fine-tune) of model ``m`` by writer ``w`` writes the metadata key
 ``chunk/model<m>`` (one record per model: a push replaces every chunk of the model, so the
 per-chunk versions move together) with a :class:`sim.vclock.Version` whose clock is the
-writer's last *seen* clock ticked for ``w``. Two pushes from different writers that saw the
-same clock are concurrent: the state machine detects it and keeps the winner of
+writer's last *seen* clock (its own acknowledged pushes merged with the committed version it
+learnt through the watch) ticked for ``w``. Two pushes from different writers that saw the
+same clock (the second sent before the first was committed) are concurrent: the state machine detects it and keeps the winner of
 :func:`sim.vclock.resolve`'s documented rule (higher Lamport sum, then writer name); the loser
 is recorded as a conflict (counted here when its write is acknowledged with the winner).
 
@@ -27,7 +28,7 @@ from typing import Any
 import simpy
 
 from sim.raft.statemachine import Change
-from sim.vclock import VectorClock, Version
+from sim.vclock import VectorClock, Version, merge
 
 POLL_S = 0.02  # how often a node with a pending version switch re-checks its batch
 
@@ -48,7 +49,11 @@ class VersionTracker:
 
     def push(self, m: int, writer: str) -> None:
         """Write a new version of model ``m`` from ``writer`` (see the module docstring)."""
-        clock = self.seen.get(writer, VectorClock.empty()).tick(writer)
+        seen = self.seen.get(writer, VectorClock.empty())
+        cur = self.committed[m]
+        if cur is not None:  # the writer reads the committed version first (watch)
+            seen = merge(seen, cur.clock)
+        clock = seen.tick(writer)
         v = Version(clock, writer, (m, clock.as_dict()))
         self.pushes += 1
 

@@ -212,8 +212,8 @@ class MetaService:
         q, c = self._queues[host], self._clients[host]
         while True:
             if not q:
-                self._wake[host] = self.env.event()
-                yield self._wake[host]
+                wake = self._wake[host] = self.env.event()
+                yield wake
                 self._wake[host] = None
                 continue
             op, key, value, done = q.popleft()

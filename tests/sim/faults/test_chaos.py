@@ -95,3 +95,11 @@ def test_replay_until_dumps_the_state(tmp_path: Path) -> None:
 def test_2000_random_fault_seeds_have_no_violations() -> None:
     rows = run_chaos(small(), list(range(2000)), workers=2)
     assert not aggregate(rows)["failing_seeds"], _describe(rows)
+
+
+def test_dask_workers_give_the_same_rows_as_in_process(tmp_path: Path) -> None:
+    seeds = [1, 2, 3, 4]
+    local = run_chaos(small(), seeds)
+    dist = run_chaos(small(), seeds, workers=2)
+    key = ["seed", "ok", "trace_hash", "availability", "faults"]
+    assert [[r[k] for k in key] for r in dist] == [[r[k] for k in key] for r in local]

@@ -20,7 +20,7 @@ The profile keeps the iteration shapes in ``fitted["engine_pass"]`` and
 the terms in ``fitted["engine_fit"]``; the roofline terms also replace the ``gpu`` block's
 values so the plain :class:`CostModel` benefits too. :func:`fetch_probe` measures the rate
 the engine's prefetch thread moves layers host -> device while the engine computes; it
-replaces ``links.pcie.bandwidth`` (the other links are untouched).
+replaces ``links.pcie`` (latency and bandwidth; the other links are untouched).
 """
 
 from __future__ import annotations
@@ -145,11 +145,15 @@ def _collect(rows: dict[tuple[int, int, int], list[float]], log: list[Any]) -> N
         rows.setdefault(key, []).append(float(dt))
 
 
-def fetch_probe(xp: ModuleType = np, *, requests: int = 6, workdir: Path | None = None) -> float:
-    """Bytes per second the engine's prefetch thread achieves moving layers host -> device
-    while the engine computes (a streaming workload: HBM holds 60% of the weights). This is
-    the ``pcie`` link as the engine sees it, contention with its own compute included."""
-    from hwbench.validate import engine_parts, run_engine
+def fetch_probe(
+    xp: ModuleType = np, *, requests: int = 6, workdir: Path | None = None
+) -> tuple[float, float]:
+    """``(latency s, bandwidth B/s)`` of the engine's prefetch path host -> device while the
+    engine computes (a streaming workload: HBM holds 60% of the weights): each prefetch job's
+    time from planning to landed (less the copy thread's CPU waits) is fitted as
+    ``latency + bytes / bandwidth``. This is the ``pcie`` link as the engine sees it: thread
+    hand-off, Python bookkeeping and contention with its own compute included."""
+    from hwbench.validate import engine_for, engine_parts, run_engine, workload_for
     from hwbench.workloads import ValidationWorkload
 
     w = ValidationWorkload(
@@ -166,10 +170,21 @@ def fetch_probe(xp: ModuleType = np, *, requests: int = 6, workdir: Path | None 
     with tempfile.TemporaryDirectory(prefix="pdsim-fetch-probe-", dir=workdir) as tmp:
         parts = engine_parts(w, Path(tmp))
         run_engine(w, Path(tmp), parts)  # warm-up
-        weights = parts[1]
-        weights.fetch_s, weights.fetch_bytes = 0.0, 0
-        run_engine(replace(w, seed=w.seed + 1), Path(tmp), parts)
-        return weights.fetch_bytes / max(weights.fetch_s, 1e-9)
+        jobs: list[tuple[float, int]] = []
+        for k in (1, 2):
+            eng = engine_for(replace(w, seed=w.seed + k), parts)
+            eng.run(workload_for(replace(w, seed=w.seed + k)))
+            assert eng.prefetcher is not None
+            jobs += eng.prefetcher.job_log
+    d = np.array([j[0] for j in jobs])
+    b = np.array([j[1] for j in jobs], dtype=float)
+    if len(set(b.tolist())) > 1:
+        slope, lat = np.polyfit(b, d, 1)
+    else:
+        slope, lat = float(np.mean(d) / b[0]), 0.0
+    if slope <= 0:  # sizes too close to separate: all of it as bandwidth
+        slope, lat = float(np.sum(d) / np.sum(b)), 0.0
+    return max(float(lat), 0.0), 1.0 / float(slope)
 
 
 class EngineCostModel(CostModel):
@@ -310,10 +325,10 @@ def calibrate_engine(
     spec = sim_catalogue(cfg)[cfg.name]
     points = engine_probe(xp, repeats=2 if quick else 6, mixed=1 if quick else 3, workdir=workdir)
     fitted = fit_engine(profile, spec, points)
-    bw = fetch_probe(xp, workdir=workdir)
+    lat, bw = fetch_probe(xp, workdir=workdir)
     links = fitted.links.model_copy(
-        update={"pcie": fitted.links.pcie.model_copy(update={"bandwidth": bw})}
+        update={"pcie": fitted.links.pcie.model_copy(update={"bandwidth": bw, "latency": lat})}
     )
     fit = dict(fitted.fitted)
-    fit["engine_fit"] = [{**fit["engine_fit"][0], "pcie_bandwidth": bw}]
+    fit["engine_fit"] = [{**fit["engine_fit"][0], "pcie_bandwidth": bw, "pcie_latency_s": lat}]
     return fitted.model_copy(update={"links": links, "fitted": fit})

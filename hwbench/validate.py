@@ -169,16 +169,31 @@ def run_engine(
 ) -> tuple[EngineResult, TieredWeights]:
     """Serve ``w`` on the engine (NumPy backend); see the module docstring. ``parts``: what
     :func:`engine_parts` returned, to reuse a warm stack (else it is built here)."""
-    cfg, weights, sz = parts if parts is not None else engine_parts(w, workdir)
+    parts = parts if parts is not None else engine_parts(w, workdir)
+    eng = engine_for(w, parts)
+    return eng.run(workload_for(w)), parts[1]
+
+
+def engine_for(
+    w: ValidationWorkload, parts: tuple[DecoderConfig | DenseConfig, TieredWeights, Sizes]
+) -> Engine:
+    """The engine that serves ``w`` over the warm stack ``parts`` (see :func:`run_engine`)."""
+    cfg, weights, sz = parts
     if isinstance(cfg, DecoderConfig):
         model: DecoderModel | DenseModel = DecoderModel(cfg, sz.kv // cfg.kv_bytes_per_token)
         kvb = cfg.kv_bytes_per_token
     else:
         model, kvb = DenseModel(cfg), 0
     sched = BatchScheduler(w.max_batch, w.max_batch_tokens, sz.kv, kvb, 16)
+    return Engine(
+        model, weights, sched, window=w.window, hold_pins=HOLD_PINS, exclude_cpu_wait=True
+    )
+
+
+def workload_for(w: ValidationWorkload) -> EngineWorkload:
+    """``w``'s requests as the engine takes them."""
     t, inp, out = arrivals(w)
-    eng = Engine(model, weights, sched, window=w.window, hold_pins=HOLD_PINS, exclude_cpu_wait=True)
-    return eng.run(EngineWorkload(t, inp, out, seed=w.seed)), weights
+    return EngineWorkload(t, inp, out, seed=w.seed)
 
 
 # -- simulator ---------------------------------------------------------------------------------

@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import queue
 import threading
+import time
+from collections import deque
 from typing import Any, cast
 
 from engine import backend
@@ -39,6 +41,9 @@ class Prefetcher:
         self._thread: threading.Thread | None = None
         self.error: BaseException | None = None
         self.planned_chunks = 0
+        #: per job: (seconds from planning to landed, less the worker's CPU waits; bytes)
+        self.job_log: list[tuple[float, int]] = []
+        self._enqueued: deque[float] = deque()
 
     def start(self) -> None:
         self._thread = threading.Thread(target=self._work, name="prefetcher", daemon=True)
@@ -72,6 +77,7 @@ class Prefetcher:
             self._queued.update(keys)
         if keys:
             self.planned_chunks += len(keys)
+            self._enqueued.append(time.perf_counter())
             self._q.put([int(key[1]) for key in keys])
 
     def busy(self) -> bool:
@@ -90,6 +96,8 @@ class Prefetcher:
             try:
                 if job is None:
                     return
+                t_enq = self._enqueued.popleft()
+                w0 = thread_cpu_wait(threading.get_native_id())
                 if self.error is None:
                     try:
                         if stream is not None:
@@ -104,5 +112,8 @@ class Prefetcher:
                         with self._qlock:
                             for cid in job:
                                 self._queued.discard(self.weights.store.key(cid))
+                    waited = thread_cpu_wait(threading.get_native_id()) - w0
+                    nbytes = sum(int(self.weights.table.size[c]) for c in job)
+                    self.job_log.append((time.perf_counter() - t_enq - waited, nbytes))
             finally:
                 self._q.task_done()

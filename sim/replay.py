@@ -223,3 +223,17 @@ def replay(path: str | Path, until: float | None = None) -> ReplayReport:
 
 def _norm(x: Any) -> str:
     return json.dumps(x, sort_keys=True, default=str)
+
+
+def violation_report(sc: Scenario, seed: int, exc: BaseException, out_dir: str | Path) -> str:
+    """The message for a run stopped by a checker: the violation, and -- for a scenario
+    without variants -- a replay file written under ``out_dir`` (the run is repeated under
+    :func:`run_checked`, which reproduces it exactly)."""
+    lines = [f"checker violation: {exc}"]
+    if sc.variants:
+        lines.append("(scenario has variants: run the failing variant alone for a replay file)")
+        return "\n".join(lines)
+    out = run_checked(sc, seed)
+    p = write_replay(Path(out_dir) / f"{sc.name}-seed{seed}.replay.json", sc, seed, out)
+    lines.append(f"replay file: {p}  (pdsim replay {p} [--until T])")
+    return "\n".join(lines)

@@ -103,3 +103,18 @@ def fault_lines(s: dict[str, Any]) -> list[str]:
         f"raft: {r['leaders']} leaders, {r['acked_writes']} acked writes, {r['messages']} "
         f"messages ({r['dropped']} dropped)",
     ]
+
+
+def run_or_report(sc: Any, seed: int, out: Path, **kwargs: Any) -> Any:
+    """``run_scenario`` for ``pdsim run``; a run stopped by a checker prints the violation and
+    where its replay file went, and exits 1 (no traceback)."""
+    from sim.checkers import CheckerViolation
+    from sim.raft import SafetyViolation
+    from sim.replay import violation_report
+    from sim.runner import run_scenario
+
+    try:
+        return run_scenario(sc, seed, out, **kwargs)
+    except (CheckerViolation, SafetyViolation) as exc:
+        err_console.print(violation_report(sc, seed, exc, out), soft_wrap=True, markup=False)
+        raise typer.Exit(code=1) from None

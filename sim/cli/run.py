@@ -76,13 +76,14 @@ def run(
     ] = False,
 ) -> None:
     """Simulate SCENARIO and write its run folder (config, summary, Parquet records, plots)."""
-    from sim.runner import format_claim, run_scenario
+    from sim.cli.chaos import run_or_report  # checker violations -> report + replay
+    from sim.runner import format_claim
     from sim.scenario import load_scenario
 
     with user_errors():
         sc = load_scenario(scenario, list(set_ or []))
         if quiet:
-            result = run_scenario(sc, seed, out)
+            result = run_or_report(sc, seed, out)
         else:
             with Progress(
                 TextColumn("[bold]{task.description}"),
@@ -96,7 +97,7 @@ def run(
                 def prog(frac: float, label: str) -> None:
                     bar.update(task, completed=frac, description=label)
 
-                result = run_scenario(sc, seed, out, progress=prog)
+                result = run_or_report(sc, seed, out, progress=prog)
     s = result.summary
     if not quiet:
         if "variants" in s:

@@ -49,3 +49,28 @@ def test_planted_bug_caught_repeatedly_and_clean_stress_seeds() -> None:
     assert len(aggregate(bad)["failing_seeds"]) >= 3
     good = run_chaos(_stress(), list(range(1000)), workers=2)
     assert not aggregate(good)["failing_seeds"]
+
+
+def test_pdsim_run_stops_on_a_violation_with_a_report_and_replay_file(tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from sim.cli import app
+
+    args = [
+        "run",
+        str(SCEN / "raft-stress.yaml"),
+        "--seed",
+        "7",
+        "--out",
+        str(tmp_path),
+        "--quiet",
+        *("--set", "faults.raft.replicas=3", "--set", "faults.schedule=[]"),
+        *("--set", "faults.random.enabled=true"),
+        *("--set", "faults.raft.unsafe_commit_old_terms=true"),
+    ]
+    r = CliRunner().invoke(app, args)
+    assert r.exit_code == 1, r.output
+    assert "checker violation" in r.output and "replay file" in r.output
+    (f,) = tmp_path.glob("*.replay.json")
+    rep = replay(f)
+    assert rep.matches and rep.outcome.findings

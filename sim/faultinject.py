@@ -128,14 +128,21 @@ class Control:
 
     def _lease(self, node: Any) -> Generator[simpy.Event, Any, None]:
         """Membership lease renewals of one host, server or compute node, while it is up
-        (the metadata service's steady write load)."""
+        (the metadata service's steady write load); every third tick it reads the next
+        host's lease instead (membership lookup), so the linearizability checker sees reads
+        and writes of shared keys."""
         k = 0
+        names = self.hosts
+        peer = names[(names.index(node.name) + 1) % len(names)]
         while True:
             yield self.env.timeout(self.cfg.raft.lease_interval)
             q = self.meta._queues.get(node.name)
             if node.up and not q:
                 k += 1
-                self.meta.submit(node.name, "put", f"ring/{node.name}", k)
+                if k % 3 == 0:
+                    self.meta.submit(node.name, "get", f"ring/{peer}")
+                else:
+                    self.meta.submit(node.name, "put", f"ring/{node.name}", k)
 
     def _inject(self) -> Generator[simpy.Event, Any, None]:
         for f in self.schedule:

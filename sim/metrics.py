@@ -33,24 +33,36 @@ EV_ARRIVE, EV_ADMIT, EV_FIRST, EV_DONE, EV_SHED, EV_FETCH, EV_REPLICA, EV_REJECT
 _PACK = struct.Struct("<dBqq").pack
 
 
+_FLUSH_RECORDS = 4096  # packed records buffered before they are fed to the hash
+
+
 class TraceRecorder:
-    """Incremental blake2b of compact event records ``(time, kind, a, b)``."""
+    """Incremental blake2b of compact event records ``(time, kind, a, b)``.
+
+    The digest is that of the concatenation of every record packed as ``<dBqq`` (25 bytes),
+    in ``rec`` order; ``hexdigest`` may be called at any point and recording may go on.
+    Records are buffered as a list of ``bytes`` and hashed in batches (cheaper per record
+    than growing a ``bytearray``; blake2b does not care how its input is split).
+    """
 
     def __init__(self) -> None:
         self._h = hashlib.blake2b(digest_size=16)
-        self._buf = bytearray()
+        self._parts: list[bytes] = []
         self.count = 0
 
     def rec(self, t: float, kind: int, a: int, b: int = 0) -> None:
-        self._buf += _PACK(t, kind, a, b)
+        parts = self._parts
+        parts.append(_PACK(t, kind, a, b))
         self.count += 1
-        if len(self._buf) > 1 << 16:
-            self._h.update(self._buf)
-            self._buf.clear()
+        if len(parts) >= _FLUSH_RECORDS:
+            self._flush()
+
+    def _flush(self) -> None:
+        self._h.update(b"".join(self._parts))
+        self._parts.clear()
 
     def hexdigest(self) -> str:
-        self._h.update(self._buf)
-        self._buf.clear()
+        self._flush()
         return self._h.hexdigest()
 
 

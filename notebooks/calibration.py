@@ -42,8 +42,9 @@ ROOT = Path(engine.__file__).resolve().parent.parent
 OUT = Path(os.environ.get("PDSIM_NOTEBOOK_OUT", ROOT / "runs" / "notebooks")) / "calibration"
 #: the measured profile to load (a path, or a shipped profile name such as "a100-80gb")
 PROFILE = ROOT / "profiles" / "cpu-vm.json"
-#: validation workloads (names from hwbench.workloads.SUITE); each takes ~10-20 s of real time
-WORKLOADS = ["low-resident-lru", "low-stream-lru", "sat-stream-lruk"]
+#: validation workloads (names from hwbench.workloads.SUITE; each takes ~10-20 s of real
+#: time); None picks the suite's first all-resident and first two streaming workloads
+WORKLOADS: list[str] | None = None
 
 # %%
 import sys
@@ -58,7 +59,7 @@ import pandas as pd
 
 from hwbench.engine_probe import EngineCostModel, calibrate_engine
 from hwbench.validate import decoder_config, sim_catalogue, validate_workload
-from hwbench.workloads import get_workload
+from hwbench.workloads import SUITE, get_workload
 from sim.cli.validate import LIMITS
 from sim.costmodel import LINK_NAMES, load_profile
 
@@ -211,6 +212,10 @@ if not passes.empty:
 # `LIMITS` (relative errors) and 1 percentage point on hit rates.
 
 # %%
+if WORKLOADS is None:
+    resident = [w.name for w in SUITE if w.hbm_fraction >= 1][:1]
+    streaming = [w.name for w in SUITE if w.hbm_fraction < 1][:2]
+    WORKLOADS = resident + streaming
 comps = []
 for name in WORKLOADS:
     w = get_workload(name)

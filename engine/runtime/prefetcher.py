@@ -41,8 +41,10 @@ class Prefetcher:
         self._thread: threading.Thread | None = None
         self.error: BaseException | None = None
         self.planned_chunks = 0
-        #: per job: (seconds from planning to landed, less the worker's CPU waits; bytes)
+        #: per job: (service seconds: from planned -- or from the previous job's end if it
+        #: queued behind one -- to landed, less the worker's CPU waits; bytes)
         self.job_log: list[tuple[float, int]] = []
+        self._last_done = 0.0
         self._enqueued: deque[float] = deque()
 
     def start(self) -> None:
@@ -96,7 +98,7 @@ class Prefetcher:
             try:
                 if job is None:
                     return
-                t_enq = self._enqueued.popleft()
+                t_enq = max(self._enqueued.popleft(), self._last_done)
                 w0 = thread_cpu_wait(threading.get_native_id())
                 if self.error is None:
                     try:
@@ -114,6 +116,7 @@ class Prefetcher:
                                 self._queued.discard(self.weights.store.key(cid))
                     waited = thread_cpu_wait(threading.get_native_id()) - w0
                     nbytes = sum(int(self.weights.table.size[c]) for c in job)
-                    self.job_log.append((time.perf_counter() - t_enq - waited, nbytes))
+                    self._last_done = time.perf_counter()
+                    self.job_log.append((self._last_done - t_enq - waited, nbytes))
             finally:
                 self._q.task_done()

@@ -80,6 +80,8 @@ def test_random_schedule_is_a_pure_function_of_the_seed(seed: int) -> None:
     times = [f.at for f in a]
     assert times == sorted(times) and all(cfg.start < t < cfg.until for t in times)
     assert {f.kind for f in a} <= {k for k, w in cfg.kinds.items() if w > 0}
+    # Raft replicas always come back with their disks (diskless votes are unsafe)
+    assert all(f.disk for f in a if f.kind == "kill" and (f.target or "").startswith("raft"))
 
 
 def test_random_schedule_respects_zero_weights() -> None:

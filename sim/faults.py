@@ -51,32 +51,50 @@ _TARGET_KINDS = ("kill", "restart", "slow", "corrupt", "pause", "degrade")
 
 
 class _F(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_default=True)
+    # Every field carries a one-line attribute docstring (its description in the generated
+    # docs/scenario-reference.md, see sim.docgen).
+    model_config = ConfigDict(extra="forbid", validate_default=True, use_attribute_docstrings=True)
 
 
 class FaultSpec(_F):
     """One fault (see the module docstring for the kinds and their fields)."""
 
     at: Duration
+    """Simulated time the fault strikes, seconds or a duration (>= 0)."""
     kind: Literal[
         "kill", "restart", "partition", "heal", "degrade", "slow", "corrupt", "pause", "push"
     ]
+    """What happens; see the fault kinds below."""
     target: str | None = None
+    """ps<i>, node<i>, raft<i> or raft-leader; needed by all kinds but partition/heal/push."""
     duration: Duration | None = None
+    """Seconds until the fault reverts by itself (restart, heal, undo, resume); null: never."""
     disk: bool = True
+    """kill/restart: false restarts without state (a PS loses DRAM+SSD, Raft rejoins empty)."""
     shape: Literal[
         "isolate", "halves", "majority-minority", "majorities-ring", "bridge", "replica"
     ] = "isolate"
+    """partition: which hosts are cut from which; see the module docstring of sim.faults."""
     one_way: bool = False
+    """partition: cut only messages from the first side to the second."""
     latency: Duration = 0.0
+    """degrade: extra latency added to the target's links, seconds or a duration."""
     loss: float = Field(default=0.0, ge=0, lt=1)
+    """degrade: probability a metadata message is lost, in [0, 1)."""
     duplicate: float = Field(default=0.0, ge=0, lt=1)
+    """degrade: probability a metadata message is delivered twice, in [0, 1)."""
     bandwidth: float = Field(default=1.0, gt=0, le=1)
+    """degrade: factor applied to the bandwidth of the target's links, in (0, 1]."""
     factor: float = Field(default=1.0, gt=0, le=1)
+    """slow: factor applied to every link of the target host, in (0, 1]."""
     model: int = Field(default=0, ge=0)
+    """corrupt/push: deployment index of the model (0-based)."""
     chunk: int | None = Field(default=None, ge=0)
+    """corrupt: chunk id to corrupt; null: a random chunk."""
     bits: int = Field(default=1, ge=1, le=64)
+    """corrupt: number of random bits flipped in the stored copy (R28), 1..64."""
     writer: str = "ps0"
+    """push: host that writes the new parameter version (R4)."""
 
     @model_validator(mode="after")
     def _needs_target(self) -> FaultSpec:
@@ -93,11 +111,13 @@ class RandomFaultsCfg(_F):
     """The seeded random fault process (off unless ``enabled``)."""
 
     enabled: bool = False
-    #: mean faults per simulated second
+    """Draw random faults for this run (from the run's `faults` seed stream)."""
     rate: float = Field(default=2.0, gt=0)
+    """Mean faults per simulated second (exponential gaps), > 0."""
     start: Duration = 0.2
+    """No random fault before this time, seconds or a duration."""
     until: Duration = 3.0
-    #: relative weight of each kind (kinds left out are never drawn)
+    """No random fault from this time on, seconds or a duration."""
     kinds: dict[str, float] = {
         "kill": 3.0,
         "partition": 2.0,
@@ -106,16 +126,17 @@ class RandomFaultsCfg(_F):
         "corrupt": 1.0,
         "pause": 0.5,
     }
-    #: how long a drawn fault lasts: U(lo, hi) seconds
+    """Relative weight of each fault kind (kinds left out are never drawn; not restart/heal)."""
     duration: tuple[float, float] = (0.1, 0.8)
-    #: probability that a kill (or a partition, then isolating its host) targets the leader
+    """How long a drawn fault lasts: U(lo, hi) seconds, 0 < lo <= hi."""
     leader_bias: float = Field(default=0.5, ge=0, le=1)
-    #: probability that a restart of a server or node loses its disk (Raft replicas keep theirs)
+    """Probability a kill (or a partition, then cutting its replica off) targets the Raft leader."""
     diskless: float = Field(default=0.2, ge=0, le=1)
-    #: leader hunting (figure 8 provocation): each newly elected leader is, with this
-    #: probability, crashed or cut off U(0, hunt_delay) seconds after it appears
+    """Probability a killed server or node restarts without its disk (Raft replicas keep theirs)."""
     hunt: float = Field(default=0.0, ge=0, le=1)
+    """Leader hunting: probability each new leader is crashed or cut off soon after election."""
     hunt_delay: Duration = 0.08
+    """Leader hunting: the hunt strikes U(0, hunt_delay) seconds after a leader appears."""
 
     @model_validator(mode="after")
     def _check(self) -> RandomFaultsCfg:
@@ -135,38 +156,44 @@ class RaftCfg(_F):
     """The metadata service's Raft group (R8)."""
 
     replicas: Literal[1, 3, 5] = 3
+    """Raft replicas (1, 3 or 5), placed on parameter servers first, then compute nodes."""
     election_timeout: tuple[float, float] = (0.15, 0.30)
+    """A follower without a heartbeat starts an election after U(lo, hi) seconds."""
     heartbeat: Duration = 0.05
-    #: background metadata load: every compute node renews its membership this often (0: off)
+    """Interval of the leader's heartbeats (AppendEntries), seconds or a duration."""
     lease_interval: Duration = 0.25
+    """Background metadata load: each compute node renews its membership this often; 0: off."""
     client_timeout: Duration = 0.3
-    #: software + network delay of one metadata message: min + U(0, jitter) seconds, added to
-    #: the latency of both hosts' NIC links
+    """A metadata client retries (another replica) after this many seconds without an answer."""
     rpc_latency: tuple[float, float] = (0.001, 0.004)
-    #: baseline loss / duplication probability of every metadata message
+    """Delay of one metadata message: min + U(0, jitter) seconds, added to the NIC latencies."""
     loss: float = Field(default=0.0, ge=0, lt=1)
+    """Baseline probability that a metadata message is lost, in [0, 1)."""
     duplicate: float = Field(default=0.0, ge=0, lt=1)
-    #: TEST-ONLY planted bug of sim.raft (a leader commits old-term entries by counting)
+    """Baseline probability that a metadata message is delivered twice, in [0, 1)."""
     unsafe_commit_old_terms: bool = False
+    """TEST ONLY: plant a Raft bug (a leader commits old-term entries by counting)."""
 
 
 class FaultsCfg(_F):
     """The scenario's ``faults:`` section: control plane, integrity, checkers, faults."""
 
-    #: run the Raft metadata service, integrity checks, versions and checkers at all
     enabled: bool = False
+    """Run the Raft metadata service, integrity checks, versions and checkers at all."""
     raft: RaftCfg = RaftCfg()
+    """The metadata service's Raft group (R8)."""
     schedule: list[FaultSpec] = []
+    """Faults at fixed times (see `FaultSpec`)."""
     random: RandomFaultsCfg = RandomFaultsCfg()
-    #: a request that cannot be placed on a node able to reach its parameters within this
-    #: many seconds ends with a degraded result (counted)
+    """The seeded random fault process."""
     deadline: Duration = 2.0
-    #: verify CRC32C + SHA-256 of every chunk served by a parameter server (R28)
+    """A request not placed on a node that reaches its parameters by then ends degraded (R28)."""
     verify: bool = True
-    #: check linearizability of the metadata client history when it has at most this many ops
+    """Verify CRC32C + SHA-256 of every chunk a parameter server serves (R28)."""
     linearizability_max_ops: int = Field(default=300, ge=0)
-    #: stop the run at the first checker violation
+    """Check linearizability of the metadata history when it has at most this many ops."""
     stop_on_violation: bool = True
+    """Stop the run at the first checker violation."""
 
 
 def hosts(param_servers: int, nodes: int) -> list[str]:

@@ -29,75 +29,119 @@ Duration = Annotated[float, BeforeValidator(parse_duration), Field(ge=0)]
 
 
 class _M(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_default=True)
+    # Every field below carries a one-line attribute docstring: pydantic turns it into the
+    # field's description, which sim.docgen prints in docs/scenario-reference.md.
+    model_config = ConfigDict(extra="forbid", validate_default=True, use_attribute_docstrings=True)
 
 
 class Deployment(_M):
     """One model served by the cluster and its share of the traffic."""
 
     model: str
+    """Model name from the catalogue (shipped: `sim/data/models.yaml`; plus `catalogue`)."""
     share: float = Field(default=1.0, gt=0)
+    """Relative share of the requests that go to this model (> 0; shares are normalised)."""
     version: int = Field(default=1, ge=1)
-    #: every request of this model gets this workload class (else classes are drawn by share)
+    """Parameter version the model starts at (R1/R4: chunks carry it; pushes raise it)."""
     cls: str | None = None
+    """Workload class every request of this model gets; null: classes drawn by their share."""
 
 
 class NodeCfg(_M):
     """A compute node. ``hbm``/``host`` default to the profile's figures when 0."""
 
     hbm: Size = 0
+    """GPU memory (HBM) per node, bytes or a size like `80GiB`; 0: profile `gpu.hbm_bytes`."""
     weight_cache_fraction: float = Field(default=0.5, gt=0, le=1)
+    """Share of HBM used as the weight cache (the rest holds the KV cache); in (0, 1]."""
     host: Size = 0
+    """Pinned host memory tier per node (R7), bytes; 0: the profile's `host.dram_bytes`."""
     nvme: Size = "2TiB"  # type: ignore[assignment]
+    """Local NVMe SSD weight cache per node (R25), bytes; 0: no NVMe tier."""
     max_batch: int = Field(default=64, ge=1)
+    """Most sequences in one continuous batch on a node (>= 1)."""
     max_batch_tokens: int = Field(default=16384, ge=1)
+    """Most prompt tokens a node admits into one batch step (>= 1)."""
     max_steps_per_turn: int = Field(default=64, ge=1)
+    """Decode steps one model runs before a node with several models switches (>= 1)."""
 
 
 class PsCfg(_M):
     """A parameter server: DRAM cache over an SSD over the object store."""
 
     dram: Size = "256GiB"  # type: ignore[assignment]
+    """DRAM chunk cache of each parameter server (hot tier, R23), bytes or a size."""
     ssd: Size = "4TiB"  # type: ignore[assignment]
+    """SSD chunk cache of each parameter server (warm tier, R23), bytes or a size."""
     ssd_bandwidth: Rate = "7GB/s"  # type: ignore[assignment]
+    """Read bandwidth of a parameter server's SSD, bytes/s or a rate like `7GB/s` (> 0)."""
     nic: Rate = "200Gbit/s"  # type: ignore[assignment]
+    """NIC bandwidth of each parameter server, bytes/s or a rate like `200Gbit/s` (> 0)."""
 
 
 class NetworkCfg(_M):
     """Links; zero/None values fall back to the hardware profile."""
 
     rdma: Rate | None = None
+    """Compute-node NIC (RDMA) bandwidth, bytes/s or a rate (R3); null: profile `links.rdma`."""
     rdma_latency: Duration | None = None
+    """RDMA first-byte latency, seconds or a duration like `5us`; null: the profile's."""
     object_store: Rate | None = None
+    """Object-store bandwidth (cold tier, R23), bytes/s or a rate; null: the profile's."""
     object_store_latency: Duration | None = None
+    """Object-store first-byte latency, seconds or a duration; null: the profile's."""
 
 
 class ClusterCfg(_M):
+    """The machines: compute nodes, parameter servers and the links between them."""
+
     nodes: int = Field(default=4, ge=1, le=4096)
+    """Number of compute (GPU) nodes, 1..4096."""
     param_servers: int = Field(default=2, ge=1, le=1024)
+    """Number of parameter servers (R1/R8), 1..1024."""
     node: NodeCfg = NodeCfg()
+    """Per compute node memory and batching (every node is alike)."""
     ps: PsCfg = PsCfg()
+    """Per parameter server tiers and bandwidths (every server is alike)."""
     network: NetworkCfg = NetworkCfg()
+    """Link overrides; unset values come from the hardware profile."""
 
 
 class ChunkCfg(_M):
+    """How model weights are cut into chunks (R1, R20, R26)."""
+
     size: Size = "4MiB"  # type: ignore[assignment]
+    """Chunk size in bytes or a size like `4MiB` (R30 suggests 4-16 MB)."""
     sharding: Literal["layer", "layer-head", "layer-head-seq"] = "layer"
+    """Sharding (R26): `layer`, `layer-head` (per attention-head group) or `layer-head-seq`."""
 
 
 class CacheCfg(_M):
+    """Eviction policies of the node tiers (R3, R13, R24) and HBM watermarks (R30)."""
+
     hbm_policy: str = "lru"
+    """Eviction policy of the HBM weight cache; one of the eviction policies listed below."""
     host_policy: str = "lru"
+    """Eviction policy of the pinned host memory tier; an eviction policy name."""
     nvme_policy: str = "lru"
+    """Eviction policy of the node NVMe tier; an eviction policy name."""
     params: dict[str, Any] = {}
+    """Keyword parameters of the HBM policy, e.g. `{k: 2}` for `lru-k`; unknown ones are errors."""
     high_watermark: float = Field(default=1.0, gt=0, le=1)
+    """HBM cache evicts when use exceeds this share of capacity (R30: 0.8); 1.0: only when full."""
     low_watermark: float = Field(default=1.0, gt=0, le=1)
+    """Eviction after crossing the high watermark stops at this share (capped at the high one)."""
 
 
 class PrefetchCfg(_M):
+    """Asynchronous weight prefetch guided by an access heat map (R7, R30)."""
+
     enabled: bool = True
+    """Prefetch the weights of the next batches while the current one computes."""
     window_batches: int = Field(default=3, ge=1, le=16)
+    """How many batches ahead to prefetch (R30 suggests 3-5), 1..16."""
     heat_half_life: Duration = 10.0
+    """Half-life of the access heat map, seconds or a duration."""
 
 
 class RingCfg(_M):
@@ -105,27 +149,43 @@ class RingCfg(_M):
     following ``chunks.sharding``) or per ``chunk``."""
 
     vnodes: int = Field(default=128, ge=1)
+    """Virtual nodes per parameter server on the consistent-hash ring (R1), >= 1."""
     replication: int = Field(default=1, ge=1)
+    """Initial replicas of each chunk (capped at the number of parameter servers), >= 1."""
     load_factor: float | None = Field(default=None, gt=1)
+    """Bounded-load cap: a server holds at most this x its fair share (> 1); null: unbounded."""
     placement: Literal["shard", "chunk"] = "shard"
+    """Ring key: `shard` (a layer or head group lives on one server) or `chunk` (each chunk)."""
 
 
 class SchedulerCfg(_M):
+    """Request placement on compute nodes (R2)."""
+
     policy: Literal["random", "round-robin", "least-loaded", "score"] = "least-loaded"
+    """Placement policy (see the placement policies below); `score` uses the weights below."""
     w_fragmentation: float = 1.0
+    """`score`: weight of the node's KV-memory fragmentation (R2)."""
     w_pcie: float = 1.0
+    """`score`: weight of the node's PCIe link utilisation (R2)."""
     w_affinity: float = 2.0
+    """`score`: weight (subtracted) of the share of the model already resident in HBM (R2)."""
     w_load: float = 1.0
+    """`score`: weight of (queued + running) / max_batch."""
 
 
 class DegradationCfg(_M):
     """Tiered degradation (R11): under overload, shed or hold non-protected classes."""
 
     enabled: bool = False
+    """Turn tiered degradation on."""
     protected: list[str] = ["high"]
+    """Workload class names that are never shed (always queued)."""
     action: Literal["shed", "queue"] = "shed"
+    """What happens to a non-protected request under overload: `shed` or `queue` (held)."""
     queue_per_node: int = Field(default=64, ge=1)
+    """A node is overloaded when this many requests wait in its queue (>= 1)."""
     max_wait: Duration = 1.0
+    """... or when its oldest queued request has waited this long, seconds or a duration."""
 
 
 class HotShardCfg(_M):
@@ -134,18 +194,26 @@ class HotShardCfg(_M):
     ``max_replicas``."""
 
     enabled: bool = False
+    """Turn hot-shard detection and dynamic replication on."""
     window: Duration = 1.0
+    """Length of one counting window, seconds or a duration."""
     factor: float = Field(default=3.0, gt=1)
+    """A chunk is hot when its window count exceeds this x its baseline (> 1)."""
     min_count: int = Field(default=8, ge=1)
+    """... and at least this many requests in the window (>= 1)."""
     max_replicas: int = Field(default=3, ge=1)
+    """Most replicas a hot chunk may reach (>= 1)."""
 
 
 class WarmupCfg(_M):
     """Cold-start warm-up (R8): preload the hottest chunks into PS DRAM (and node HBM)."""
 
     enabled: bool = True
+    """Preload before the first request arrives (at no simulated cost)."""
     ps_fraction: float = Field(default=1.0, ge=0, le=1)
+    """Share of parameter-server DRAM filled with the hottest chunks, 0..1."""
     node_hbm: bool = False
+    """Also preload node HBM weight caches (always done in `coupled` mode)."""
 
 
 class KvCfg(_M):
@@ -154,51 +222,90 @@ class KvCfg(_M):
     longest context a node can serve (:class:`engine.kv.chunks.AttentionMemoryModel`)."""
 
     block_tokens: Literal[8, 16, 32, 64, 128, 256, 512] = 16
-    #: "engine": block tables in engine.kv.allocator.KVBlockAllocator; "count": byte counts only
+    """Tokens per paged KV block (R9 uses 64-128); one of 8, 16, ..., 512."""
     allocator: Literal["engine", "count"] = "engine"
+    """`engine`: block tables in engine.kv.allocator.KVBlockAllocator; `count`: byte counts only."""
     attention: Literal["chunked", "unchunked"] = "chunked"
+    """Attention memory model (R12): `chunked` (O(chunk) scratch) or `unchunked` (O(context^2))."""
     chunk_tokens: int = Field(default=512, ge=1)
+    """`chunked`: KV tokens attended per piece (R12: 512), >= 1."""
 
 
 class TokenDist(_M):
+    """A distribution of token counts, clipped to ``[max(low, 1), high]``."""
+
     dist: Literal["fixed", "uniform", "lognormal"] = "fixed"
+    """`fixed` (always `mean`), `uniform` on [low, high], or `lognormal` with mean `mean`."""
     mean: float = Field(default=256, gt=0)
+    """Mean tokens (> 0); the value itself for `fixed`."""
     low: int = Field(default=1, ge=0)
+    """Smallest count (clip; at least 1 is used)."""
     high: int = Field(default=4096, ge=1)
+    """Largest count (clip), >= 1."""
     sigma: float = Field(default=0.5, ge=0)
+    """`lognormal`: sigma of the underlying normal, >= 0."""
 
 
 class ClassCfg(_M):
+    """A workload class (e.g. ``high`` / ``low`` priority) with its latency SLO."""
+
     name: str
+    """Class name (referenced by `degradation.protected` and `deployments[].cls`)."""
     share: float = Field(default=1.0, gt=0)
+    """Relative share of requests in this class (> 0)."""
     slo: Duration = 10.0
+    """End-to-end latency objective of the class, seconds or a duration (availability counts it)."""
 
 
 class StepCfg(_M):
+    """One step of a ``step`` workload: from ``at`` on, arrivals come at ``rate``."""
+
     at: Duration
+    """Time the step starts, seconds or a duration (>= 0)."""
     rate: float = Field(gt=0)
+    """Arrival rate from then on, requests/s (> 0)."""
 
 
 class WorkloadCfg(_M):
+    """The requests: arrival process, token counts and classes."""
+
     kind: Literal["poisson", "step", "diurnal", "closed-loop", "trace"] = "poisson"
+    """Arrival process; see the workload kinds below."""
     requests: int = Field(default=1000, ge=1)
+    """Number of requests to generate (a trace: at most this many records), >= 1."""
     rate: float = Field(default=10.0, gt=0)
+    """Mean arrival rate, requests/s (`poisson`, `diurnal`; `step` before its first step)."""
     steps: list[StepCfg] = []
+    """`step`: the rate changes, in time order (R11: 50 -> 1200 QPS)."""
     period: Duration = 60.0
+    """`diurnal`: period of the sinusoidal rate, seconds or a duration."""
     amplitude: float = Field(default=0.5, ge=0, lt=1)
+    """`diurnal`: rate = rate x (1 + amplitude x sin(2 pi t / period)), in [0, 1)."""
     clients: int = Field(default=16, ge=1)
+    """`closed-loop`: concurrent clients, each waiting for its answer before the next request."""
     think_time: Duration = 0.5
+    """`closed-loop`: mean exponential think time between a client's requests, seconds."""
     trace: str | None = None
+    """`trace`: path of the trace file (relative to the scenario file)."""
     trace_format: Literal["mooncake", "csv"] = "mooncake"
+    """`trace`: `mooncake` JSONL (timestamp ms, input_length, output_length) or `csv`."""
     trace_time_scale: float = Field(default=1.0, gt=0)
+    """`trace`: multiply trace inter-arrival times by this (< 1 replays faster), > 0."""
     input_tokens: TokenDist = TokenDist()
+    """Prompt length distribution (not for `trace`)."""
     output_tokens: TokenDist = TokenDist(mean=64)
+    """Generated length distribution (not for `trace`)."""
     classes: list[ClassCfg] = [ClassCfg(name="normal")]
+    """Workload classes, drawn by share per request."""
 
 
 class MetricsCfg(_M):
-    interval: Duration = 0.0  # 0: pick ~200 samples over the run
+    """Time series sampling and run-time invariant checks."""
+
+    interval: Duration = 0.0
+    """Time-series sampling interval, seconds or a duration; 0: about 200 samples per run."""
     check_invariants: bool = False
+    """Check cache and allocator invariants during the run (slower; for tests)."""
 
 
 class Claim(_M):
@@ -209,44 +316,77 @@ class Claim(_M):
     """
 
     id: str
+    """Requirement id of the claim, e.g. `R3`."""
     article: str
+    """The article's figure as text, e.g. `+23% hit rate vs LRU`."""
     metric: str
+    """Dotted path of the summary metric compared, e.g. `hit_rate.hbm` or `latency.p99`."""
     kind: Literal["value", "relative", "ratio"] = "value"
+    """`value`, `relative` ((variant - baseline) / baseline, %) or `ratio` (variant / baseline)."""
     variant: str | None = None
+    """Variant measured; null: the first variant (or the base run)."""
     baseline: str | None = None
+    """Variant compared against (`relative`, `ratio`); null: the first variant."""
 
 
 class Variant(_M):
+    """A named variant of the scenario: overrides applied to the base before running."""
+
     name: str
+    """Variant name (used by claims and in results)."""
     set: dict[str, Any] = {}
+    """Overrides as `dotted.key: value`, like `--set` on the command line."""
 
 
 class Scenario(_M):
+    """A whole scenario file (see ``scenarios/*.yaml``)."""
+
     name: str = "scenario"
+    """Scenario name shown in summaries and results."""
     description: str = ""
+    """Free text describing the scenario."""
     profile: str = "a100-80gb"
+    """Hardware profile: a shipped profile name (listed below) or a profile JSON path."""
     catalogue: str | None = None
+    """Extra model catalogue YAML (same schema as the shipped one); null: shipped models only."""
     mode: Literal["pd", "coupled"] = "pd"
-    duration: Duration = 0.0  # 0: until the workload is served
+    """`pd`: weights fetched from parameter servers (R19); `coupled`: all weights in HBM (R18)."""
+    duration: Duration = 0.0
+    """Simulated time limit, seconds or a duration; 0: until the workload is served."""
     deployments: list[Deployment] = Field(min_length=1)
+    """The models served (at least one)."""
     cluster: ClusterCfg = ClusterCfg()
+    """Compute nodes, parameter servers and links."""
     chunks: ChunkCfg = ChunkCfg()
+    """Weight chunking and sharding (R1, R26)."""
     cache: CacheCfg = CacheCfg()
+    """Node cache eviction policies and watermarks (R3, R13, R30)."""
     prefetch: PrefetchCfg = PrefetchCfg()
+    """Weight prefetch (R7)."""
     ring: RingCfg = RingCfg()
+    """Consistent-hash placement of chunks on parameter servers (R1, R8)."""
     scheduler: SchedulerCfg = SchedulerCfg()
+    """Request placement (R2)."""
     degradation: DegradationCfg = DegradationCfg()
+    """Tiered degradation under overload (R11)."""
     hot_shards: HotShardCfg = HotShardCfg()
+    """Hot-shard detection and dynamic replication (R8, R11)."""
     warmup: WarmupCfg = WarmupCfg()
+    """Cold-start warm-up (R8)."""
     kv: KvCfg = KvCfg()
+    """Paged KV cache accounting (R9, R12)."""
     workload: WorkloadCfg = WorkloadCfg()
+    """Requests: arrivals, token counts, classes."""
     metrics: MetricsCfg = MetricsCfg()
-    #: control plane, checkers and fault injection (issue 5; sim.faults)
+    """Time series and invariant checks."""
     faults: FaultsCfg = FaultsCfg()
+    """Control plane (Raft), integrity checks, checkers and fault injection (R4, R8, R17, R28)."""
     claims: list[Claim] = []
+    """Article figures to measure and print next to the run's (see `Claim`)."""
     variants: list[Variant] = []
-    #: where the scenario came from (not part of the file; set by the loader).
+    """Named variants; with any, the scenario runs once per variant."""
     source: str = Field(default="<memory>", exclude=True)
+    """Where the scenario came from (set by the loader; not a key of the file)."""
 
 
 def _format_loc(loc: tuple[Any, ...]) -> str:

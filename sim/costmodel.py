@@ -51,43 +51,59 @@ LINK_NAMES: tuple[str, ...] = ("pcie", "nvlink", "rdma", "nvme", "object_store")
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
 
 
 class LinkProfile(_Strict):
     """A link's sustained bandwidth (bytes/s) and first-byte latency (s)."""
 
     bandwidth: Rate
+    """Sustained bandwidth, bytes/s or a rate like `25GB/s` (> 0)."""
     latency: Seconds
+    """First-byte latency, seconds or a duration like `5us`."""
 
 
 class GpuProfile(_Strict):
     """One accelerator."""
 
     hbm_bytes: Size
+    """GPU memory, bytes or a size like `80GB`."""
     hbm_bandwidth: Rate
-    flops_fp16: float = Field(gt=0)  # dense FLOP/s
+    """GPU memory bandwidth, bytes/s or a rate like `2TB/s`."""
+    flops_fp16: float = Field(gt=0)
+    """Dense FP16/BF16 peak, FLOP/s (used for models with dtype_bytes <= 2)."""
     flops_fp32: float = Field(gt=0)
-    compute_efficiency: float = Field(gt=0, le=1)  # achieved / peak for large matmuls
+    """Dense FP32 peak, FLOP/s (used for models with dtype_bytes > 2)."""
+    compute_efficiency: float = Field(gt=0, le=1)
+    """Achieved / peak FLOP/s for large matmuls, in (0, 1]."""
     kernel_launch_s: Seconds
+    """Overhead charged once per prefill or decode step, seconds (R16)."""
     per_layer_overhead_s: Seconds
+    """Overhead charged per layer call, seconds."""
 
 
 class HostProfile(_Strict):
     """The host's DRAM (pinned host memory tier)."""
 
     dram_bytes: Size
+    """Host DRAM (the pinned host memory tier's default size), bytes or a size."""
     dram_bandwidth: Rate
+    """Host DRAM bandwidth, bytes/s or a rate."""
 
 
 class LinksProfile(_Strict):
     """The links a node uses, one profile each."""
 
     pcie: LinkProfile
+    """Host <-> GPU PCIe link."""
     nvlink: LinkProfile
+    """GPU <-> GPU NVLink."""
     rdma: LinkProfile
+    """Node NIC (RDMA) to parameter servers (R3)."""
     nvme: LinkProfile
+    """Local NVMe SSD."""
     object_store: LinkProfile
+    """Object store (cold tier, R23)."""
 
 
 class Profile(_Strict):
@@ -96,14 +112,23 @@ class Profile(_Strict):
     name, e.g. ``{"matmul": [{"m": 4096, "n": 4096, "k": 4096, "flops_per_s": 6.1e14}]}``)."""
 
     name: str
+    """Profile name, e.g. `a100-80gb`."""
     source: Literal["datasheet", "measured"]
+    """`datasheet` (vendor figures) or `measured` (written by `pdsim calibrate`)."""
     measured_at: str | None = None
+    """When it was measured (ISO 8601); null for datasheets."""
     hostname: str | None = None
+    """Machine measured; null for datasheets."""
     notes: str = ""
+    """Free text: sources of the figures, caveats."""
     gpu: GpuProfile
+    """The accelerator."""
     host: HostProfile
+    """The host's DRAM."""
     links: LinksProfile
+    """The links a node uses."""
     fitted: dict[str, list[dict[str, float]]] = Field(default_factory=dict)
+    """Optional fitted tables: rows of numbers by table name (e.g. `matmul`)."""
 
 
 def _loc(parts: tuple[int | str, ...]) -> str:

@@ -61,29 +61,43 @@ Bytes = Annotated[int, BeforeValidator(_size), Field(ge=0)]
 class LayerSpec(BaseModel):
     """One execution layer: weights read together and computed together."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
 
     name: str
+    """Layer name, e.g. `block0`."""
     param_bytes: Bytes
-    flops_per_token: float = Field(default=0.0, ge=0)  # decoders: weight-matmul FLOPs per token
-    flops_per_sample: float = Field(default=0.0, ge=0)  # CNNs: FLOPs per input sample
-    attention: bool = False  # decoder layer with self-attention over the KV cache
+    """Weight bytes of the layer, bytes or a size like `24MiB`."""
+    flops_per_token: float = Field(default=0.0, ge=0)
+    """Decoders: weight-matmul FLOPs per token (a multiply-accumulate is 2 FLOPs)."""
+    flops_per_sample: float = Field(default=0.0, ge=0)
+    """CNNs: FLOPs per input sample."""
+    attention: bool = False
+    """Decoder layer with self-attention over the KV cache."""
 
 
 class ModelSpec(BaseModel):
     """A servable model: its layers in execution order and its attention dimensions."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
 
     name: str
+    """Model name (the catalogue key)."""
     kind: Literal["decoder", "cnn"]
+    """`decoder` (autoregressive, KV cache) or `cnn` (one pass per sample)."""
     layers: list[LayerSpec] = Field(min_length=1)
-    kv_bytes_per_token: Bytes = 0  # all layers together; 0 for CNNs
+    """Execution layers in order (at least one)."""
+    kv_bytes_per_token: Bytes = 0
+    """KV-cache bytes per token, all layers together; 0 for CNNs."""
     heads: int = Field(default=0, ge=0)
+    """Attention (query) heads."""
     kv_heads: int = Field(default=0, ge=0)
+    """Key/value heads (GQA: fewer than `heads`)."""
     head_dim: int = Field(default=0, ge=0)
+    """Dimension of one attention head."""
     hidden: int = Field(default=0, ge=0)
+    """Hidden (model) dimension."""
     dtype_bytes: int = Field(default=2, ge=1, le=8)
+    """Bytes per parameter (2: FP16/BF16, 4: FP32), 1..8."""
 
     @property
     def param_bytes(self) -> int:
@@ -124,58 +138,83 @@ class ModelSpec(BaseModel):
 class LlamaShape(BaseModel):
     """A LLaMA-style decoder: RMSNorm, GQA attention, SwiGLU MLP (3 matrices), no biases."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
 
     family: Literal["llama"]
+    """Shape family tag: `llama`."""
     n_layers: int = Field(ge=1)
+    """Transformer blocks, >= 1."""
     hidden: int = Field(ge=1)
+    """Hidden dimension (divisible by `heads`)."""
     heads: int = Field(ge=1)
-    kv_heads: int | None = Field(default=None, ge=1)  # default: = heads (no GQA)
+    """Attention heads, >= 1."""
+    kv_heads: int | None = Field(default=None, ge=1)
+    """Key/value heads (GQA); null: = heads."""
     ffn: int = Field(ge=1)
+    """SwiGLU MLP inner dimension."""
     vocab: int = Field(ge=1)
+    """Vocabulary size."""
     tie_embeddings: bool = False
+    """The LM head shares the embedding matrix."""
 
 
 class ResNetShape(BaseModel):
     """A torchvision-style ResNet (v1.5: stride on the 3x3 conv of a bottleneck)."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
 
     family: Literal["resnet"]
+    """Shape family tag: `resnet`."""
     blocks: list[int] = Field(min_length=1)
+    """Residual blocks per stage, e.g. `[3, 4, 6, 3]` for ResNet-50."""
     bottleneck: bool
+    """Bottleneck blocks (1x1-3x3-1x1, ResNet-50 and up) rather than basic ones."""
     widths: list[int] = Field(default_factory=lambda: [64, 128, 256, 512])
+    """Base channel width per stage (one per entry of `blocks`)."""
     num_classes: int = Field(default=1000, ge=1)
+    """Classes of the final fully connected layer."""
     image: int = Field(default=224, ge=32)
-    max_layers: int = Field(
-        default=20, ge=3
-    )  # blocks are grouped so the model has at most this many
+    """Input image side in pixels, >= 32."""
+    max_layers: int = Field(default=20, ge=3)
+    """Blocks are grouped so the model has at most this many execution layers, >= 3."""
 
 
 class ModelEntry(BaseModel):
     """One ``models:`` item in a catalogue file: a shape to expand or explicit layers."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
 
     name: str = Field(min_length=1)
+    """Model name, unique within a file (a user file replaces a shipped model of that name)."""
     kind: Literal["decoder", "cnn"]
+    """`decoder` or `cnn` (must match the shape family)."""
     dtype_bytes: int = Field(default=2, ge=1, le=8)
+    """Bytes per parameter, 1..8."""
     shape: LlamaShape | ResNetShape | None = Field(default=None, discriminator="family")
+    """A shape to expand (`family: llama` or `resnet`); give exactly one of shape and layers."""
     layers: list[LayerSpec] | None = None
+    """Explicit layers instead of a shape."""
     kv_bytes_per_token: Bytes = 0
+    """Explicit layers: KV bytes per token (decoders)."""
     heads: int = Field(default=0, ge=0)
+    """Explicit layers: attention heads."""
     kv_heads: int = Field(default=0, ge=0)
+    """Explicit layers: key/value heads."""
     head_dim: int = Field(default=0, ge=0)
+    """Explicit layers: head dimension."""
     hidden: int = Field(default=0, ge=0)
+    """Explicit layers: hidden dimension."""
     notes: str = ""
+    """Free text: where the shape comes from."""
 
 
 class CatalogueFile(BaseModel):
     """A catalogue YAML file."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
 
     models: list[ModelEntry]
+    """The models of the file."""
 
 
 def _llama(entry: ModelEntry, s: LlamaShape) -> ModelSpec:

@@ -84,31 +84,49 @@ RESOURCES: tuple[str, ...] = ("compute", "hbm", "pcie", "network", "parameter_se
 class SloCfg(BaseModel):
     """Service-level objectives a run must meet."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
     p99: dict[str, Duration] = {}
+    """P99 end-to-end latency limit per workload class (`all`: every request), durations."""
     availability: float | None = Field(None, gt=0, le=1)
+    """Least availability, in (0, 1] (see "SLOs" in sim.plan); null: not checked."""
     degraded_rate: float | None = Field(None, ge=0, le=1)
+    """Most (shed + degraded results) / requests, in [0, 1]; null: not checked."""
 
 
 class PlanFile(BaseModel):
     """The schema of a plan file (see the module docstring)."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
     scenario: str
+    """Scenario file of the workload (relative to the plan file, else the working directory)."""
     set: dict[str, Any] = {}
+    """Base overrides `dotted.key: value` applied to the scenario, like `--set`."""
     variant: str | None = None
+    """One of the scenario's variants as the base; null: the base scenario."""
     seeds: int | list[int] = 3
+    """Seeds per probe: n -> 0..n-1, or an explicit list of distinct integers >= 0."""
     min_pass_fraction: float = Field(1.0, gt=0, le=1)
+    """A probe passes when at least this share of its seeds pass, in (0, 1] (1.0: all)."""
     slo: SloCfg
+    """The service-level objectives every passing run meets."""
     size_key: str = "cluster.nodes"
+    """Scenario key of the integer size knob the smallest-size search varies."""
     size_range: tuple[int, int] = (1, 64)
+    """Bounds [low, high] of the size search, 1 <= low <= high."""
     qps_key: str = "workload.rate"
+    """Scenario key of the load knob (e.g. `workload.steps.0.rate` for step traffic)."""
     qps: list[float] = []
+    """Question 1: the smallest size meeting the SLOs at each of these loads (requests/s)."""
     sizes: list[int] = []
+    """Question 2: the highest load each of these sizes sustains."""
     qps_range: tuple[float, float] = (1.0, 10000.0)
+    """Bounds [low, high] of the load search, requests/s, 0 < low < high."""
     qps_tolerance: float = Field(0.02, gt=0, lt=1)
+    """Load bisection stops when the bracket is narrower than this x its top, in (0, 1)."""
     alternatives: dict[str, list[Any]] = {}
+    """Other knobs `key: [values]`; every combination is planned."""
     costs: dict[str, float] = {}
+    """Cost per unit of a knob (`key: cost`); the cheapest answer is marked."""
 
 
 def load_plan_file(path: str | Path) -> PlanFile:

@@ -38,13 +38,18 @@ from sim.scenario import Scenario, apply_overrides, config_hash, load_raw, valid
 class SweepFile(BaseModel):
     """The schema of a sweep file (see the module docstring)."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
 
     scenario: str
+    """Scenario file (relative to the sweep file, else the working directory)."""
     set: dict[str, Any] = {}
+    """Base overrides `dotted.key: value`, applied before the grid, like `--set`."""
     variant: str | None = None
+    """One of the scenario's variants as the base; null: the base scenario."""
     grid: dict[str, list[Any]] = {}
+    """Key path -> values; the sweep runs every combination (key order kept)."""
     seeds: int | list[int] = Field(1)
+    """Seeds per grid point: n -> 0..n-1, or an explicit list of distinct integers >= 0."""
 
 
 @dataclass(frozen=True)

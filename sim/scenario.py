@@ -17,8 +17,9 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 
+from engine.configfile import read_mapping, validate_model
 from engine.errors import InputError
 from engine.units import parse_duration, parse_rate, parse_size
 from sim.faults import FaultsCfg
@@ -389,41 +390,10 @@ class Scenario(_M):
     """Where the scenario came from (set by the loader; not a key of the file)."""
 
 
-def _format_loc(loc: tuple[Any, ...]) -> str:
-    out = ""
-    for part in loc:
-        if isinstance(part, int):
-            out += f"[{part}]"
-        else:
-            out += ("." if out else "") + str(part)
-    return out or "(top level)"
-
-
-def _explain(err: dict[str, Any]) -> str:
-    typ = err.get("type", "")
-    msg = str(err.get("msg", ""))
-    if typ == "extra_forbidden":
-        return "unknown key (check the spelling)"
-    if typ == "literal_error":
-        return f"{err.get('input')!r} is not allowed; {msg.replace('Input should be', 'allowed:')}"
-    if typ == "missing":
-        return "required field is missing"
-    if msg.startswith("Value error, "):
-        msg = msg[len("Value error, ") :]
-    return f"{err.get('input')!r}: {msg}" if typ != "value_error" else msg
-
-
 def validate(data: Any, source: str = "<memory>") -> Scenario:
-    """Validate a parsed mapping; ``InputError`` naming ``source`` and the field otherwise."""
-    if not isinstance(data, dict):
-        raise InputError("a scenario must be a mapping of keys to values", source=source)
-    try:
-        sc = Scenario.model_validate(data)
-    except ValidationError as err:
-        first = err.errors()[0]
-        raise InputError(
-            _explain(dict(first)), source=source, where=_format_loc(first["loc"])
-        ) from None
+    """Validate a parsed mapping; ``InputError`` naming ``source`` and the field otherwise
+    (:func:`engine.configfile.validate_model`)."""
+    sc = validate_model(Scenario, data, source)
     sc.source = source
     return sc
 
@@ -508,16 +478,7 @@ def _inner_model(annotation: Any) -> Any:
 
 def load_raw(path: str | Path) -> dict[str, Any]:
     """Read a scenario file as a mapping (``InputError`` for a missing or unparsable file)."""
-    p = Path(path)
-    if not p.is_file():
-        raise InputError("no such scenario file", source=str(path))
-    try:
-        data = yaml.safe_load(p.read_text(encoding="utf-8"))
-    except yaml.YAMLError as err:
-        raise InputError(f"not valid YAML: {err}", source=str(path)) from None
-    if not isinstance(data, dict):
-        raise InputError("a scenario must be a mapping of keys to values", source=str(path))
-    return data
+    return read_mapping(path, "scenario")
 
 
 def load_scenario(path: str | Path, overrides: list[str] | None = None) -> Scenario:

@@ -1,0 +1,222 @@
+"""One loader for the configuration files pdsim reads (scenario, plan, sweep, profile, model
+catalogue, chunk manifest): text -> mapping -> validated pydantic model.
+
+Every problem becomes one :class:`engine.errors.InputError` naming the file, the place inside
+it and what is allowed, for example::
+
+    scenarios/x.yaml: cluster.nodez: unknown key (check the spelling); allowed: nodes, ...
+    scenarios/x.yaml: line 3: not valid YAML: ...
+    profiles/p.json: gpu.compute_efficiency: 1.5: Input should be less than or equal to 1
+
+* :func:`read_mapping` -- a file on disk (``.json`` read as JSON, anything else as YAML).
+* :func:`parse_mapping` -- the same for text already in memory (a packaged resource, a blob
+  from a store).
+* :func:`validate_model` -- a pydantic ``ValidationError`` turned into the message above: the
+  field path is written the way the user wrote it (``a.b[2].c``; pydantic's union and
+  discriminator tags are left out), unknown keys list the keys allowed there, literals list
+  their values.
+
+This module lives in ``engine`` because ``engine`` may not import ``sim``; it needs pydantic
+and PyYAML (core dependencies) and no other part of pdsim but :mod:`engine.errors`.
+"""
+
+from __future__ import annotations
+
+import json
+import types
+from pathlib import Path
+from typing import Annotated, Any, Literal, TypeVar, Union, get_args, get_origin
+
+import yaml
+from pydantic import BaseModel, ValidationError
+
+from engine.errors import InputError
+
+M = TypeVar("M", bound=BaseModel)
+
+__all__ = ["explain", "format_loc", "parse_mapping", "read_mapping", "validate_model"]
+
+
+def parse_mapping(
+    text: str, source: str, kind: str, fmt: Literal["yaml", "json"] = "yaml"
+) -> dict[str, Any]:
+    """Parse ``text`` (from ``source``; ``kind`` names the file in messages, e.g. "plan") as
+    YAML or JSON and return the top-level mapping.
+
+    ``InputError`` (naming ``source`` and the line) for text that does not parse, and for a
+    document whose top level is not a mapping (an empty file included).
+    """
+    if fmt == "json":
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as err:
+            raise InputError(
+                f"not valid JSON: {err.msg}", source=source, where=f"line {err.lineno}"
+            ) from None
+    else:
+        try:
+            data = yaml.safe_load(text)
+        except yaml.YAMLError as err:
+            mark = getattr(err, "problem_mark", None)
+            where = f"line {mark.line + 1}" if mark is not None else None
+            raise InputError(f"not valid YAML: {err}", source=source, where=where) from None
+    if not isinstance(data, dict):
+        got = "an empty file" if data is None else f"a {type(data).__name__}"
+        raise InputError(
+            f"a {kind} file must be a mapping of keys to values, not {got}", source=source
+        )
+    return data
+
+
+def read_mapping(path: str | Path, kind: str, hint: str = "") -> dict[str, Any]:
+    """Read the file at ``path`` (JSON when it ends in ``.json``, else YAML) as a mapping.
+
+    ``InputError`` naming the file for a missing or unreadable file (``no such {kind} file``,
+    followed by ``; {hint}`` when given, e.g. the shipped names), text that is not UTF-8 or
+    does not parse, or a top level that is not a mapping.
+    """
+    p = Path(path)
+    tail = f"; {hint}" if hint else ""
+    if not p.is_file():
+        raise InputError(f"no such {kind} file{tail}", source=str(path))
+    try:
+        text = p.read_text(encoding="utf-8")
+    except OSError as err:
+        raise InputError(
+            f"cannot read {kind} file ({err.strerror}){tail}", source=str(path)
+        ) from None
+    except UnicodeDecodeError as err:
+        raise InputError(
+            f"not UTF-8 text (byte {err.start}); a {kind} file is YAML or JSON", source=str(path)
+        ) from None
+    fmt: Literal["yaml", "json"] = "json" if p.suffix.lower() == ".json" else "yaml"
+    return parse_mapping(text, str(path), kind, fmt)
+
+
+def validate_model(cls: type[M], data: Any, source: str) -> M:
+    """``cls.model_validate(data)``; on failure one ``InputError`` naming ``source``, the field
+    path of the first error and what is allowed there (see the module docstring)."""
+    if not isinstance(data, dict):
+        got = "nothing" if data is None else f"a {type(data).__name__}"
+        raise InputError(f"expected a mapping of keys to values, got {got}", source=source)
+    try:
+        return cls.model_validate(data)
+    except ValidationError as err:
+        error = err.errors()[0]
+        first: dict[str, Any] = dict(error)
+        where, parent = _walk(cls, tuple(error["loc"]))
+        raise InputError(
+            explain(first, parent), source=source, where=where or "(top level)"
+        ) from None
+
+
+def format_loc(cls: type[BaseModel], loc: tuple[Any, ...]) -> str:
+    """Pydantic's error location as the user wrote the path: ``cluster.nodes[2].hbm``."""
+    return _walk(cls, loc)[0]
+
+
+def explain(err: dict[str, Any], parent: Any = None) -> str:
+    """The message of one pydantic error dict; ``parent`` is the model the failing key belongs
+    to (for the keys allowed next to an unknown one)."""
+    typ = str(err.get("type", ""))
+    msg = str(err.get("msg", ""))
+    value = err.get("input")
+    if typ == "extra_forbidden":
+        fields = _fields(parent)
+        allowed = f"; allowed: {', '.join(fields)}" if fields else ""
+        return f"unknown key (check the spelling){allowed}"
+    if typ == "literal_error":
+        return f"{value!r} is not allowed; {msg.replace('Input should be', 'allowed:')}"
+    if typ == "missing":
+        return "required field is missing"
+    if typ == "union_tag_invalid":
+        ctx = err.get("ctx") or {}
+        return (
+            f"{ctx.get('discriminator', 'tag')} {ctx.get('tag')!r} is not allowed; "
+            f"allowed: {ctx.get('expected_tags')}"
+        )
+    if typ in ("model_type", "model_attributes_type", "dict_type"):
+        return f"{value!r}: expected a mapping of keys to values"
+    if typ == "value_error":
+        # raised by our own validators (units, cross-field checks): already a full sentence
+        return msg.removeprefix("Value error, ")
+    return f"{value!r}: {msg}"
+
+
+# -- location walking --------------------------------------------------------------------------
+def _unwrap(tp: Any) -> Any:
+    """``Annotated[X, ...]`` -> ``X``; ``X | None`` -> ``X``."""
+    while True:
+        if get_origin(tp) is Annotated:
+            tp = get_args(tp)[0]
+            continue
+        if get_origin(tp) in (Union, types.UnionType):
+            args = [a for a in get_args(tp) if a is not type(None)]
+            if len(args) == 1:
+                tp = args[0]
+                continue
+        return tp
+
+
+def _fields(model: Any) -> list[str]:
+    """The keys a user may write in ``model`` (fields excluded from dumps are set by code)."""
+    if isinstance(model, type) and issubclass(model, BaseModel):
+        return [n for n, f in model.model_fields.items() if not f.exclude]
+    return []
+
+
+def _tag_member(union: Any, tag: str) -> Any:
+    """The member of ``union`` that pydantic's location ``tag`` names (a discriminator value
+    such as ``llama``, or a type name such as ``list[int]``); ``None`` if none does."""
+    for member in get_args(union):
+        m = _unwrap(member)
+        if isinstance(m, type) and issubclass(m, BaseModel):
+            for f in m.model_fields.values():
+                if get_origin(f.annotation) is Literal and tag in get_args(f.annotation):
+                    return m
+            if tag == m.__name__:
+                return m
+        name = getattr(m, "__name__", None) if get_origin(m) is None else None
+        if tag in (name, repr(m), str(m)) or str(m).replace("typing.", "") == tag:
+            return m
+    return None
+
+
+def _walk(root: type[BaseModel], loc: tuple[Any, ...]) -> tuple[str, Any]:
+    """(path text, model owning the last key) for a pydantic location under ``root``."""
+    out = ""
+    tp: Any = root
+    parent: Any = root
+    for part in loc:
+        tp = _unwrap(tp)
+        origin = get_origin(tp)
+        if isinstance(part, int):
+            out += f"[{part}]"
+            args = get_args(tp)
+            if origin is list and args:
+                tp = args[0]
+            elif origin is tuple and part < len(args):
+                tp = args[part]
+            else:
+                tp = Any
+            continue
+        text = str(part)
+        if origin in (Union, types.UnionType):
+            member = _tag_member(tp, text)
+            if member is not None:
+                tp = member
+                continue  # a union/discriminator tag, not a key the user wrote
+        if text.startswith(("function-", "tagged-", "union[", "nullable[")):
+            continue  # pydantic-internal schema step
+        out += f".{text}" if out else text
+        if isinstance(tp, type) and issubclass(tp, BaseModel):
+            parent = tp
+            field = tp.model_fields.get(text)
+            tp = field.annotation if field is not None else Any
+        elif origin is dict:
+            parent = None
+            tp = get_args(tp)[1] if len(get_args(tp)) == 2 else Any
+        else:
+            parent = None
+            tp = Any
+    return out, parent

@@ -63,9 +63,9 @@ from pathlib import Path
 from typing import Any
 
 import pandas as pd
-import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field
 
+from engine.configfile import read_mapping, validate_model
 from engine.errors import InputError
 from sim.scenario import Duration
 from sim.sweep.cache import RunCache, write_atomic
@@ -131,26 +131,7 @@ class PlanFile(BaseModel):
 
 def load_plan_file(path: str | Path) -> PlanFile:
     """Read and validate a plan file (``InputError`` naming the file and field)."""
-    p = Path(path)
-    if not p.is_file():
-        raise InputError("no such plan file", source=str(path))
-    try:
-        data = yaml.safe_load(p.read_text(encoding="utf-8"))
-    except yaml.YAMLError as err:
-        raise InputError(f"not valid YAML: {err}", source=str(path)) from None
-    if not isinstance(data, dict):
-        raise InputError("a plan file must be a mapping of keys to values", source=str(path))
-    try:
-        return PlanFile.model_validate(data)
-    except ValidationError as err:
-        first = err.errors()[0]
-        where = ".".join(str(x) for x in first["loc"]) or "(top level)"
-        msg = (
-            "unknown key (check the spelling)"
-            if first["type"] == "extra_forbidden"
-            else f"{first.get('input')!r}: {first['msg']}"
-        )
-        raise InputError(msg, source=str(path), where=where) from None
+    return validate_model(PlanFile, read_mapping(path, "plan"), str(path))
 
 
 def _round_sig(x: float, digits: int = 4) -> float:

@@ -29,8 +29,9 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field
 
+from engine.configfile import read_mapping, validate_model
 from engine.errors import InputError
 from sim.scenario import Scenario, apply_overrides, config_hash, load_raw, validate
 
@@ -130,26 +131,7 @@ def override_text(key: str, value: Any) -> str:
 
 def load_sweep_file(path: str | Path) -> SweepFile:
     """Read and validate a sweep file; ``InputError`` naming the file and field otherwise."""
-    p = Path(path)
-    if not p.is_file():
-        raise InputError("no such sweep file", source=str(path))
-    try:
-        data = yaml.safe_load(p.read_text(encoding="utf-8"))
-    except yaml.YAMLError as err:
-        raise InputError(f"not valid YAML: {err}", source=str(path)) from None
-    if not isinstance(data, dict):
-        raise InputError("a sweep file must be a mapping of keys to values", source=str(path))
-    try:
-        return SweepFile.model_validate(data)
-    except ValidationError as err:
-        first = err.errors()[0]
-        where = ".".join(str(x) for x in first["loc"]) or "(top level)"
-        msg = (
-            "unknown key (allowed: scenario, set, variant, grid, seeds)"
-            if first["type"] == "extra_forbidden"
-            else f"{first.get('input')!r}: {first['msg']}"
-        )
-        raise InputError(msg, source=str(path), where=where) from None
+    return validate_model(SweepFile, read_mapping(path, "sweep"), str(path))
 
 
 def resolve_scenario_path(scenario: str, relative_to: Path | None) -> Path:

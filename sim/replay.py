@@ -157,12 +157,30 @@ def replay_record(sc: Scenario, seed: int, out: Outcome) -> dict[str, Any]:
     }
 
 
-def write_replay(path: str | Path, sc: Scenario, seed: int, out: Outcome) -> Path:
-    """Write the replay file atomically (temp file + rename); returns its path."""
+def run_replay_record(sc: Scenario, seed: int, result: Any) -> dict[str, Any]:
+    """The replay record of an ordinary run (a :class:`sim.runner.RunResult` without variants).
+
+    Its ``trace_hash`` is the run's (the combined data-plane + control-plane hash when faults
+    are on) and its schedule the unrounded one applied, so ``pdsim replay`` of it re-runs
+    under the checkers and must match.
+    """
+    out = Outcome(
+        seed,
+        str(result.summary["trace_hash"]),
+        applied=list(result.faults_applied[0]) if result.faults_applied else [],
+        sim_time=float(result.summary.get("sim_time_s", 0.0)),
+    )
+    return replay_record(sc, seed, out)
+
+
+def write_replay(path: str | Path, sc: Scenario, seed: int, out: Outcome | dict[str, Any]) -> Path:
+    """Write a replay file atomically (temp file + rename); returns its path. ``out`` is an
+    :class:`Outcome` or an already-built record (:func:`run_replay_record`)."""
     p = Path(path)
     p.parent.mkdir(parents=True, exist_ok=True)
+    rec = out if isinstance(out, dict) else replay_record(sc, seed, out)
     tmp = p.with_suffix(p.suffix + ".tmp")
-    tmp.write_text(json.dumps(replay_record(sc, seed, out), indent=1, default=str) + "\n")
+    tmp.write_text(json.dumps(rec, indent=1, default=str) + "\n")
     tmp.replace(p)
     return p
 

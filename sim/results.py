@@ -1,7 +1,8 @@
 """The run folder (ARCHITECTURE "Results"): written to a temp folder, renamed at the end.
 
 Layout of ``<root>/<scenario-name>-<config-hash>/``: ``config.yaml`` (resolved scenario and
-seed), ``summary.json``, ``requests.parquet``, ``timeseries.parquet`` and PNG plots. The name
+seed), ``summary.json``, ``requests.parquet``, ``timeseries.parquet``, PNG plots and, for a
+scenario without variants, ``replay.json`` (re-run it with ``pdsim replay``). The name
 is a hash of the resolved config and seed, so a different run never lands in the same folder;
 re-running an identical config replaces the folder with identical content.
 """
@@ -41,6 +42,10 @@ def write_run(root: Path, sc: Scenario, seed: int, result: Any) -> Path:
         result.requests.to_parquet(tmp / "requests.parquet", index=False)
         result.timeseries.to_parquet(tmp / "timeseries.parquet", index=False)
         write_plots(tmp, result)
+        if not sc.variants:  # every single run can be replayed bit for bit (pdsim replay)
+            from sim.replay import run_replay_record, write_replay
+
+            write_replay(tmp / "replay.json", sc, seed, run_replay_record(sc, seed, result))
         if final.exists():
             old = final.with_name(final.name + ".old")
             os.replace(final, old)

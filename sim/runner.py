@@ -41,6 +41,8 @@ class RunResult:
     config: dict[str, Any]
     out_dir: Path | None = None
     claims: list[dict[str, Any]] = field(default_factory=list)
+    #: the fault schedule actually applied, unrounded (one list per variant, in order)
+    faults_applied: list[list[dict[str, Any]]] = field(default_factory=list)
 
 
 def _timeseries(cl: Cluster) -> pd.DataFrame:
@@ -115,7 +117,7 @@ def _run_one(
     prof: Any,
     base: Path | None,
     progress: Callable[[float, float], None] | None,
-) -> tuple[dict[str, Any], pd.DataFrame, pd.DataFrame, str]:
+) -> tuple[dict[str, Any], pd.DataFrame, pd.DataFrame, str, list[dict[str, Any]]]:
     cl = build(sc, seed, cat, prof, CostModel, base)
     from sim.faultinject import attach  # control plane + faults (issue 5); None when off
 
@@ -134,7 +136,8 @@ def _run_one(
         h = extra["trace_hash"]
         extra["r31"]["recovery_time_s"] = extra["faults"]["recovery_time_s"]
     summary = summarize(df, ctx.metrics, end, slos, extra)
-    return summary, df, _timeseries(cl), h
+    applied = list(ctl.applied) if ctl is not None else []
+    return summary, df, _timeseries(cl), h, applied
 
 
 def lookup_metric(summary: dict[str, Any], path: str) -> Any:
@@ -203,6 +206,7 @@ def run_scenario(
         check_feasible(sc, cat, prof)
     base = Path(scenario.source).parent if scenario.source != "<memory>" else None
     summaries: dict[str, dict[str, Any]] = {}
+    applied_all: list[list[dict[str, Any]]] = []
     reqs, series = [], []
     hashes = hashlib.blake2b(digest_size=16)
     for i, (name, sc) in enumerate(runs):
@@ -211,7 +215,8 @@ def run_scenario(
             if progress is not None:
                 progress((i + frac) / len(runs), f"{name or scenario.name} t={now:.2f}s")
 
-        s, df, ts, h = _run_one(sc, seed, cat, prof, base, prog)
+        s, df, ts, h, applied = _run_one(sc, seed, cat, prof, base, prog)
+        applied_all.append(applied)
         summaries[name] = s
         df.insert(0, "variant", name)
         ts.insert(0, "variant", name)
@@ -231,6 +236,7 @@ def run_scenario(
         trace_hash=str(summary["trace_hash"]),
         config={"scenario": resolved_dict(scenario), "seed": seed},
         claims=claims,
+        faults_applied=applied_all,
     )
     if out_dir is not None:
         from sim.results import write_run

@@ -514,6 +514,16 @@ class KVBlockAllocator:
         table = self._tables.pop(seq_id)
         del self._ntok[seq_id]
         ref, bkey, free = self._ref, self._bkey, self._free
+        if not self._kblock:
+            # Fast path (the simulator never passes keys). No block has a key, and a block is
+            # shared (ref > 1) only if it has one (see check_invariants), so every block of
+            # ``table`` has ref 1 and goes to the free list -- in the same order as the
+            # tail-first loop below would append them.
+            for b in table:
+                ref[b] = 0
+            table.reverse()
+            free.extend(table)
+            return
         size = self.block_bytes
         for b in reversed(table):  # tail first: the policy then evicts tails before heads
             r = ref[b] - 1
@@ -537,5 +547,13 @@ class KVBlockAllocator:
         return fragmentation_snapshot(self)
 
     def check_invariants(self) -> None:
-        """Raise ``AssertionError`` if any documented invariant fails (O(pool); for tests)."""
+        """Raise ``AssertionError`` if any documented invariant fails (O(pool); for tests).
+
+        Besides :func:`engine.kv.snapshot.check_allocator_invariants`: a block held by more
+        than one sequence has a content key (sharing happens only through ``_kblock``; a key
+        is dropped only by ``_evict``, at refcount 0). ``_release``'s fast path relies on it.
+        """
         check_allocator_invariants(self)
+        for b, r in enumerate(self._ref):
+            if r > 1 and self._bkey[b] is None:
+                raise AssertionError(f"block {b} is shared by {r} sequences but has no key")

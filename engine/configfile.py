@@ -68,8 +68,11 @@ def parse_mapping(
     return data
 
 
-def read_mapping(path: str | Path, kind: str, hint: str = "") -> dict[str, Any]:
-    """Read the file at ``path`` (JSON when it ends in ``.json``, else YAML) as a mapping.
+def read_mapping(
+    path: str | Path, kind: str, hint: str = "", fmt: Literal["yaml", "json"] | None = None
+) -> dict[str, Any]:
+    """Read the file at ``path`` as a mapping: ``fmt``, or by default JSON when the name ends
+    in ``.json`` and YAML otherwise.
 
     ``InputError`` naming the file for a missing or unreadable file (``no such {kind} file``,
     followed by ``; {hint}`` when given, e.g. the shipped names), text that is not UTF-8 or
@@ -89,7 +92,8 @@ def read_mapping(path: str | Path, kind: str, hint: str = "") -> dict[str, Any]:
         raise InputError(
             f"not UTF-8 text (byte {err.start}); a {kind} file is YAML or JSON", source=str(path)
         ) from None
-    fmt: Literal["yaml", "json"] = "json" if p.suffix.lower() == ".json" else "yaml"
+    if fmt is None:
+        fmt = "json" if p.suffix.lower() == ".json" else "yaml"
     return parse_mapping(text, str(path), kind, fmt)
 
 
@@ -131,10 +135,8 @@ def explain(err: dict[str, Any], parent: Any = None) -> str:
         return "required field is missing"
     if typ == "union_tag_invalid":
         ctx = err.get("ctx") or {}
-        return (
-            f"{ctx.get('discriminator', 'tag')} {ctx.get('tag')!r} is not allowed; "
-            f"allowed: {ctx.get('expected_tags')}"
-        )
+        key = str(ctx.get("discriminator", "tag")).strip("'")
+        return f"{key} {ctx.get('tag')!r} is not allowed; allowed: {ctx.get('expected_tags')}"
     if typ in ("model_type", "model_attributes_type", "dict_type"):
         return f"{value!r}: expected a mapping of keys to values"
     if typ == "value_error":

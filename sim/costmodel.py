@@ -30,15 +30,14 @@ sizes simulated); calibration folds them into ``compute_efficiency`` and the ove
 
 from __future__ import annotations
 
-import json
 from importlib import resources
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import numpy as np
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 
-from engine.errors import InputError
+from engine.configfile import parse_mapping, read_mapping, validate_model
 from engine.units import parse_duration, parse_rate, parse_size
 from sim.models import ModelSpec
 
@@ -131,30 +130,9 @@ class Profile(_Strict):
     """Optional fitted tables: rows of numbers by table name (e.g. `matmul`)."""
 
 
-def _loc(parts: tuple[int | str, ...]) -> str:
-    out = ""
-    for part in parts:
-        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
-    return out
-
-
 def parse_profile(text: str, source: str) -> Profile:
     """Parse profile JSON ``text``; :class:`InputError` naming ``source`` and the field."""
-    try:
-        raw = json.loads(text)
-    except json.JSONDecodeError as err:
-        raise InputError(
-            f"not valid JSON: {err.msg}", source=source, where=f"line {err.lineno}"
-        ) from None
-    try:
-        return Profile.model_validate(raw)
-    except ValidationError as err:
-        first = err.errors()[0]
-        hint = " (unknown key; check the spelling)" if first["type"] == "extra_forbidden" else ""
-        msg = f"{first['msg']}{hint}; got {first.get('input')!r}"
-        raise InputError(
-            msg, source=source, where=_loc(tuple(first["loc"])) or "<top level>"
-        ) from None
+    return validate_model(Profile, parse_mapping(text, source, "profile", fmt="json"), source)
 
 
 def load_profile(name_or_path: str | Path) -> Profile:
@@ -164,14 +142,9 @@ def load_profile(name_or_path: str | Path) -> Profile:
         text = resources.files("sim").joinpath(f"data/profiles/{name}.json").read_text("utf-8")
         return parse_profile(text, f"sim/data/profiles/{name}.json")
     path = Path(name_or_path)
-    try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as err:
-        raise InputError(
-            f"cannot read profile ({err.strerror}); shipped profiles: {', '.join(SHIPPED_PROFILES)}",
-            source=str(path),
-        ) from None
-    return parse_profile(text, str(path))
+    hint = f"shipped profiles: {', '.join(SHIPPED_PROFILES)}"
+    raw = read_mapping(path, "profile", hint=hint, fmt="json")
+    return validate_model(Profile, raw, str(path))
 
 
 class CostModel:

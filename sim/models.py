@@ -44,9 +44,9 @@ from importlib import resources
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-import yaml
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
 
+from engine.configfile import parse_mapping, read_mapping, validate_model
 from engine.errors import InputError
 from engine.units import parse_size
 
@@ -329,44 +329,17 @@ def build_model(entry: ModelEntry) -> ModelSpec:
     )
 
 
-def _loc(parts: tuple[int | str, ...]) -> str:
-    out = ""
-    prev: int | str | None = None
-    for part in parts:
-        if prev == "shape" and part in ("llama", "resnet"):
-            prev = part
-            continue  # pydantic's discriminator tag, not a key the user wrote
-        prev = part
-        if isinstance(part, int):
-            out += f"[{part}]"
-        else:
-            out += f".{part}" if out else str(part)
-    return out
-
-
 def parse_catalogue(text: str, source: str) -> dict[str, ModelSpec]:
     """Parse catalogue YAML ``text`` (from ``source``, used in messages) into model specs.
 
     Raises :class:`InputError` naming ``source`` and the field path on any problem.
     """
-    try:
-        raw = yaml.safe_load(text)
-    except yaml.YAMLError as err:
-        mark = getattr(err, "problem_mark", None)
-        where = f"line {mark.line + 1}" if mark is not None else None
-        raise InputError(f"not valid YAML: {err}", source=source, where=where) from None
-    try:
-        parsed = CatalogueFile.model_validate(raw)
-    except ValidationError as err:
-        first = err.errors()[0]
-        loc = _loc(
-            tuple(p for p in first["loc"] if not str(p).startswith(("function-", "tagged-")))
-        )
-        allowed = ""
-        if first["type"] == "extra_forbidden":
-            allowed = " (unknown key; check the spelling)"
-        msg = f"{first['msg']}{allowed}; got {first.get('input')!r}"
-        raise InputError(msg, source=source, where=loc or "<top level>") from None
+    raw = parse_mapping(text, source, "model catalogue")
+    return _build_all(validate_model(CatalogueFile, raw, source), source)
+
+
+def _build_all(parsed: CatalogueFile, source: str) -> dict[str, ModelSpec]:
+    """Expand every entry (``InputError`` naming ``source`` for a duplicate or bad entry)."""
     out: dict[str, ModelSpec] = {}
     for i, entry in enumerate(parsed.models):
         if entry.name in out:
@@ -386,12 +359,6 @@ def load_catalogue(extra_path: str | Path | None = None) -> dict[str, ModelSpec]
     shipped = resources.files("sim").joinpath("data/models.yaml").read_text(encoding="utf-8")
     out = parse_catalogue(shipped, "sim/data/models.yaml")
     if extra_path is not None:
-        path = Path(extra_path)
-        try:
-            text = path.read_text(encoding="utf-8")
-        except OSError as err:
-            raise InputError(
-                f"cannot read model catalogue: {err.strerror}", source=str(path)
-            ) from None
-        out.update(parse_catalogue(text, str(path)))
+        raw = read_mapping(extra_path, "model catalogue", fmt="yaml")
+        out.update(_build_all(validate_model(CatalogueFile, raw, str(extra_path)), str(extra_path)))
     return out

@@ -72,7 +72,10 @@ def _err(data: Any) -> str:
         ({"name": "x", "table": {"k": [1, "z"]}}, "table.k[1]: 'z': Input should be a valid"),
         ({"name": "x", "seeds": "many"}, "f.yaml: seeds: 'many': Input should be a valid integer"),
         ({"name": "x", "pet": {"family": "dog", "lives": 3}}, "pet.lives: unknown key"),
-        ({"name": "x", "pet": {"family": "cow"}}, "pet: 'family' 'cow' is not allowed; allowed:"),
+        (
+            {"name": "x", "pet": {"family": "cow"}},
+            "pet: family 'cow' is not allowed; allowed: 'cat', 'dog'",
+        ),
         ({"name": "x", "pair": [1, "q"]}, "pair[1]: 'q': Input should be a valid number"),
         ({"name": "x", "inner": 3}, "inner: 3: expected a mapping of keys to values"),
         ([1, 2], "f.yaml: expected a mapping of keys to values, got a list"),

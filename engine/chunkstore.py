@@ -30,6 +30,7 @@ from typing import Any, cast
 import numpy as np
 
 from engine.chunks import DEFAULT_CHUNK_BYTES, ChunkTable, chunk_checksums, chunk_model
+from engine.configfile import parse_mapping
 from engine.errors import InputError
 from engine.policy.base import Key
 from engine.tiers.base import Tier, TierMiss
@@ -125,12 +126,7 @@ class Manifest:
     @classmethod
     def from_json(cls, text: str, source: str) -> Manifest:
         """Parse a manifest; :class:`InputError` naming ``source`` and the bad field."""
-        try:
-            raw = json.loads(text)
-        except json.JSONDecodeError as err:
-            raise InputError(
-                f"not valid JSON: {err.msg}", source=source, where=f"line {err.lineno}"
-            ) from None
+        raw = parse_mapping(text, source, "manifest", fmt="json")
         fields = (
             "model",
             "version",
@@ -141,10 +137,10 @@ class Manifest:
             "chunks",
             "format",
         )
-        if not isinstance(raw, dict) or sorted(raw) != sorted(fields):
-            got = sorted(raw) if isinstance(raw, dict) else type(raw).__name__
+        if sorted(raw) != sorted(fields):
             raise InputError(
-                f"manifest keys {got} not allowed; allowed: {sorted(fields)}", source=source
+                f"manifest keys {sorted(raw)} not allowed; allowed: {sorted(fields)}",
+                source=source,
             )
         if raw["dtype"] not in DTYPES:
             raise InputError(

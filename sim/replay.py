@@ -28,6 +28,7 @@ from typing import Any
 
 import numpy as np
 
+from engine.configfile import read_mapping
 from engine.errors import InputError
 from sim.checkers import CheckerViolation
 from sim.cluster import build, check_feasible
@@ -187,15 +188,7 @@ def write_replay(path: str | Path, sc: Scenario, seed: int, out: Outcome | dict[
 
 def load_replay(path: str | Path) -> tuple[dict[str, Any], Scenario]:
     """Read and validate a replay file: ``(record, scenario)``; InputError names the file."""
-    p = Path(path)
-    if not p.is_file():
-        raise InputError("no such replay file", source=str(path))
-    try:
-        rec = json.loads(p.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as err:
-        raise InputError(f"not a JSON replay file ({err})", source=str(path)) from None
-    if not isinstance(rec, dict):
-        raise InputError("a replay file holds one JSON object", source=str(path))
+    rec = read_mapping(path, "replay", fmt="json")
     for key in ("format", "scenario", "seed", "trace_hash"):
         if key not in rec:
             raise InputError("required field is missing", source=str(path), where=key)

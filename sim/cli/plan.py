@@ -38,6 +38,7 @@ def plan(
     quiet: Annotated[bool, typer.Option("--quiet", help="No progress or table.")] = False,
 ) -> None:
     """Answer a capacity question by bisection over runs (several seeds per probe)."""
+    from engine.configfile import validate_model
     from engine.errors import InputError
     from sim.plan import PlanFile, plan_from_file, run_plan
     from sim.scenario import parse_override
@@ -68,10 +69,7 @@ def plan(
                 k, v = text.split("=", 1)
                 slo["p99"][k.strip()] = v.strip()
             data["slo"] = slo
-        try:
-            spec = PlanFile.model_validate(data)
-        except Exception as err:
-            raise InputError(f"bad option: {err}", source=str(plan_file)) from None
+        spec = validate_model(PlanFile, data, f"{plan_file} (with the command-line options)")
         folder = out if out is not None else Path("runs") / f"plan-{plan_file.stem}"
         with run_progress(f"plan {plan_file.stem}", quiet) as prog:
             res = run_plan(

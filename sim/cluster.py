@@ -33,6 +33,12 @@ from sim.scheduler import Scheduler
 from sim.weights import WeightStore
 from sim.workload import Workload, make_workload
 
+#: open-loop arrivals are read this many at a time as plain Python lists
+_ARRIVAL_SLICE = 4096
+
+
+_simpy_step = simpy.Environment.step
+
 
 class CountingEnvironment(simpy.Environment):
     """A SimPy environment that counts processed events (``steps``)."""
@@ -43,7 +49,7 @@ class CountingEnvironment(simpy.Environment):
 
     def step(self) -> None:
         self.steps += 1
-        super().step()
+        _simpy_step(self)
 
 
 def _node_sizes(sc: Scenario, profile: Any) -> tuple[int, int]:
@@ -175,33 +181,58 @@ class Cluster:
         self.ctx, self.wl, self.scheduler, self.horizon = ctx, wl, scheduler, horizon
         self.env: CountingEnvironment = ctx.env  # type: ignore[assignment]
         self._next = 0
+        self._rejected: np.ndarray | None = None  # rejected_mask(), computed on first use
 
     # -- arrivals ------------------------------------------------------------------------------
+    def rejected_mask(self) -> np.ndarray:
+        """Per request: True if it can never run (longer than its model's max context, or a
+        KV reservation larger than a node's whole KV capacity). Vectorised, exact integer
+        arithmetic (int64) of :meth:`sim.node.KvAccount.size`."""
+        ctx, wl = self.ctx, self.wl
+        kv = ctx.nodes[0].kv
+        bpt = np.array([m.kv_bytes_per_token for m in ctx.models], dtype=np.int64)[wl.model]
+        limit = [min(int(m.max_context), 1 << 62) for m in ctx.models]
+        max_ctx = np.array(limit, dtype=np.int64)[wl.model]
+        tokens = wl.inp.astype(np.int64) + wl.out.astype(np.int64)
+        bt = kv.block_tokens
+        need = -(-tokens // bt) * bt * bpt
+        return np.asarray((tokens > max_ctx) | (need > kv.capacity), dtype=bool)
+
     def _reject_or_dispatch(self, rid: int) -> None:
+        if self._rejected is None:
+            self._rejected = self.rejected_mask()
+        if self._rejected[rid]:
+            self._reject(rid)
+        else:
+            self.scheduler.dispatch(rid)
+
+    def _reject(self, rid: int) -> None:
         ctx = self.ctx
-        m = ctx.models[int(self.wl.model[rid])]
-        tokens = int(self.wl.inp[rid]) + int(self.wl.out[rid])
-        kv_need = ctx.nodes[0].kv.size(tokens, m.kv_bytes_per_token)[0]
-        if tokens > m.max_context or kv_need > ctx.nodes[0].kv.capacity:
-            met = ctx.metrics
-            met.arrival[rid] = ctx.env.now
-            met.n_arrived += 1
-            met.finish(rid, REJECTED)
-            ctx.trace.rec(ctx.env.now, EV_REJECT, rid, 0)
-            if ctx.on_complete is not None:
-                ctx.on_complete(rid)
-            return
-        self.scheduler.dispatch(rid)
+        met = ctx.metrics
+        met.arrival[rid] = ctx.env.now
+        met.n_arrived += 1
+        met.finish(rid, REJECTED)
+        ctx.trace.rec(ctx.env.now, EV_REJECT, rid, 0)
+        if ctx.on_complete is not None:
+            ctx.on_complete(rid)
 
     def _open_loop(self) -> Any:
         env, arr, n = self.env, self.wl.arrival, self.wl.n
-        i = 0
-        while i < n:
-            dt = float(arr[i]) - env.now
-            if dt > 0:
-                yield env.timeout(dt)
-            self._reject_or_dispatch(i)
-            i += 1
+        if self._rejected is None:
+            self._rejected = self.rejected_mask()
+        dispatch, reject = self.scheduler.dispatch, self._reject
+        # Requests in slices of plain Python values (no numpy scalar per request; bounded memory).
+        for lo in range(0, n, _ARRIVAL_SLICE):
+            hi = min(lo + _ARRIVAL_SLICE, n)
+            rej = self._rejected[lo:hi].tolist()
+            for rid, t in enumerate(arr[lo:hi].tolist(), lo):
+                dt = t - env.now
+                if dt > 0:
+                    yield env.timeout(dt)
+                if rej[rid - lo]:
+                    reject(rid)
+                else:
+                    dispatch(rid)
 
     def _closed_next(self, rid: int) -> None:
         if self._next >= self.wl.n:

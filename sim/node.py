@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import heapq
 from collections import deque
-from collections.abc import Generator
+from collections.abc import Callable, Generator
 from typing import Any
 
 import numpy as np
@@ -114,6 +114,11 @@ class ComputeNode:
         self.b_base = [0.0] * nm
         self.b_heap: list[list[tuple[int, int]]] = [[] for _ in range(nm)]
         self.cum = [np.zeros(N_ACC) for _ in range(nm)]
+        # Element views for the per-turn hit counts (a memoryview element update is the same
+        # float64 addition as numpy's, at half the cost). Invariant: these arrays are never
+        # replaced, only updated in place.
+        self._cum_mv = [memoryview(c) for c in self.cum]
+        self._hits_mv = memoryview(ctx.metrics.tier_hits)
         allocs = None
         if sc.kv.allocator == "engine":
             allocs = [
@@ -130,7 +135,8 @@ class ComputeNode:
         self._kv_of: dict[int, tuple[int, int]] = {}
         self.wake: simpy.Event | None = None
         self.seg_model = -1
-        self.up = True
+        self._up_watchers: list[Callable[[], None]] = []
+        self._up = True
         self.busy = 0.0
         self.proc: simpy.Process | None = None
         self._cur = -1
@@ -159,6 +165,22 @@ class ComputeNode:
         self.up = False
 
     @property
+    def up(self) -> bool:
+        """Whether the node takes work. Setting it (``start``/``stop``, faults) calls every
+        watcher (the scheduler's cached live-node list)."""
+        return self._up
+
+    @up.setter
+    def up(self, value: bool) -> None:
+        self._up = value
+        for fn in self._up_watchers:
+            fn()
+
+    def watch_up(self, fn: Callable[[], None]) -> None:
+        """Call ``fn()`` whenever ``up`` is set."""
+        self._up_watchers.append(fn)
+
+    @property
     def load(self) -> int:
         return self.qlen + self.running
 
@@ -168,9 +190,11 @@ class ComputeNode:
         heads = [q[0] for per in self.queues for q in per if q]
         return now - float(min(arr[r] for r in heads)) if heads else 0.0
 
-    def submit(self, rid: int) -> None:
-        """Queue request ``rid``; wake the process or cut a fast segment short if it could join."""
-        m = int(self._model[rid])
+    def submit(self, rid: int, m: int = -1) -> None:
+        """Queue request ``rid`` (of model ``m``; -1: look it up); wake the process or cut a
+        fast segment short if it could join."""
+        if m < 0:
+            m = int(self._model[rid])
         self.queues[m][int(self._cls[rid])].append(rid)
         self.qlen += 1
         if self.wake is not None:
@@ -232,27 +256,34 @@ class ComputeNode:
         return -1
 
     def _admit(self, m: int) -> list[int]:
+        if not self.qlen:  # nothing queued for any model (the common case mid-batch)
+            return []
         new: list[int] = []
         tokens = 0
         now = self.env.now
-        met = self.ctx.metrics
+        ctx = self.ctx
+        met, kv, inp, out, cum = ctx.metrics, self.kv, self._inp, self._out, self.cum[m]
+        bpt = ctx.models[m].kv_bytes_per_token  # queues[m] holds only requests of model m
         room = self.max_batch - self.b_n[m]
-        for c in self.ctx.class_order:
-            q = self.queues[m][c]
+        per = self.queues[m]
+        for c in ctx.class_order:
+            q = per[c]
             while q and len(new) < room:
                 rid = q[0]
-                need, exact = self._kv_need(rid)
-                t = int(self._inp[rid])
-                if not self.kv.can(need) or (new and tokens + t > self.max_tokens):
+                t = int(inp[rid])
+                total = t + int(out[rid])
+                need, exact = kv.size(total, bpt)  # == self._kv_need(rid)
+                if not kv.can(need) or (new and tokens + t > self.max_tokens):
                     return new  # head-of-line: never let a lower class overtake
                 q.popleft()
-                self.kv.take(need, exact, rid, m, t + int(self._out[rid]))
+                kv.take(need, exact, rid, m, total)
                 self._kv_of[rid] = (need, exact)
                 tokens += t
                 new.append(rid)
                 met.start[rid] = now
-                met.acc[rid] -= self.cum[m]
-                self.ctx.trace.rec(now, EV_ADMIT, rid, self.idx)
+                row = met.acc[rid]  # a view: subtract in place
+                row -= cum
+                ctx.trace.rec(now, EV_ADMIT, rid, self.idx)
         return new
 
     def _turn(self, m: int) -> Generator[simpy.Event, Any, None]:
@@ -274,7 +305,14 @@ class ComputeNode:
                 sq += x * x
             t = mr.iter_time(ptok, len(new), n, self.b_base[m] + n * off, sq)
             carry, self._carry = self._carry, 0.0
-            yield from self._execute(m, t, n + len(new), carry)
+            if self.ws.all_resident(m):  # _execute's all-resident case, inline (hot path)
+                yield env.timeout(carry + t)
+                self.busy += t
+                self.ctx.metrics.busy += t
+                self._hbm_hits(m, mr.n_chunks)
+                self.ws.touch(m, env.now)
+            else:
+                yield from self._execute(m, t, n + len(new), carry)
             self._quantum += 1
             off += 1
             self.b_off[m] = off
@@ -317,11 +355,12 @@ class ComputeNode:
         self._complete(m, off)
 
     def _others_running(self, m: int) -> bool:
-        return any(b for i, b in enumerate(self.b_n) if i != m)
+        b_n = self.b_n
+        return len(b_n) > 1 and any(b for i, b in enumerate(b_n) if i != m)
 
     def _hbm_hits(self, m: int, count: int) -> None:
-        self.ctx.metrics.tier_hits[0] += count
-        self.cum[m][1] += count
+        self._hits_mv[0] += count  # == ctx.metrics.tier_hits[0] += count
+        self._cum_mv[m][1] += count  # == self.cum[m][1] += count
 
     def _complete(self, m: int, off: int) -> None:
         heap = self.b_heap[m]
@@ -331,18 +370,21 @@ class ComputeNode:
         ctx = self.ctx
         met = ctx.metrics
         cum = self.cum[m]
+        acc, end, rec, give, kv_of = met.acc, met.end, ctx.trace.rec, self.kv.give, self._kv_of
+        inp, out = self._inp, self._out
         while heap and heap[0][0] <= off:
             target, rid = heapq.heappop(heap)
-            need, exact = self._kv_of.pop(rid)
-            self.kv.give(need, exact, rid, m)
+            need, exact = kv_of.pop(rid)
+            give(need, exact, rid, m)
             self.b_n[m] -= 1
             self.running -= 1
             # its share of base was inp + 1 - a, with a = target - out + 1 (first-token step)
-            self.b_base[m] -= int(self._inp[rid]) + 1 - (target - int(self._out[rid]) + 1)
-            met.end[rid] = now
-            met.acc[rid] += cum
+            self.b_base[m] -= int(inp[rid]) + 1 - (target - int(out[rid]) + 1)
+            end[rid] = now
+            row = acc[rid]  # a view: add in place
+            row += cum
             met.finish(rid, DONE)
-            ctx.trace.rec(now, EV_DONE, rid, self.idx)
+            rec(now, EV_DONE, rid, self.idx)
             if ctx.on_complete is not None:
                 ctx.on_complete(rid)
         if self.b_n[m] == 0:

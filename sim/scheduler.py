@@ -109,9 +109,20 @@ class Scheduler:
         self.deg = ctx.sc.degradation
         self.held: deque[int] = deque()
         self._release_running = False
+        self._live: list[Any] | None = None
+        for n in ctx.nodes:  # a node going down or up drops the cached live list
+            n.watch_up(self._forget_live)
+
+    def _forget_live(self) -> None:
+        self._live = None
 
     def live_nodes(self) -> list[Any]:
-        return [n for n in self.ctx.nodes if n.up]
+        """The nodes that are up, in index order. Cached until a node's ``up`` changes; callers
+        must not modify the returned list (a change makes a new one)."""
+        live = self._live
+        if live is None:
+            live = self._live = [n for n in self.ctx.nodes if n.up]
+        return live
 
     def _overloaded(self, node: Any, now: float) -> bool:
         d = self.deg
@@ -124,8 +135,10 @@ class Scheduler:
         met = ctx.metrics
         met.n_arrived += 1
         met.arrival[rid] = now
-        m = int(ctx_model(ctx, rid))
-        nodes = self.live_nodes()
+        m = ctx_model(ctx, rid)
+        nodes = self._live
+        if nodes is None:
+            nodes = self.live_nodes()
         if not nodes:
             self._shed(rid, now)
             return
@@ -141,12 +154,14 @@ class Scheduler:
                     self._release_running = True
                     ctx.env.process(self._release())
                 return
-        self._place(rid, node, now)
+        self._place(rid, node, now, m)
 
-    def _place(self, rid: int, node: Any, now: float) -> None:
-        self.ctx.metrics.node[rid] = node.idx
-        self.ctx.trace.rec(now, EV_ARRIVE, rid, node.idx)
-        node.submit(rid)
+    def _place(self, rid: int, node: Any, now: float, m: int = -1) -> None:
+        """Send ``rid`` to ``node`` (``m``: its model index if known, else read there)."""
+        ctx = self.ctx
+        ctx.metrics.node[rid] = node.idx
+        ctx.trace.rec(now, EV_ARRIVE, rid, node.idx)
+        node.submit(rid, m)
 
     def _shed(self, rid: int, now: float) -> None:
         met = self.ctx.metrics

@@ -20,7 +20,9 @@ The profile keeps the iteration shapes in ``fitted["engine_pass"]`` and
 the terms in ``fitted["engine_fit"]``; the roofline terms also replace the ``gpu`` block's
 values so the plain :class:`CostModel` benefits too. :func:`fetch_probe` measures the rate
 the engine's prefetch thread moves layers host -> device while the engine computes; it
-replaces ``links.pcie.bandwidth`` (the other links are untouched).
+replaces ``links.pcie.bandwidth`` (the other links are untouched). On the same probe runs,
+:func:`fit_stream` fits the copy/compute interference factor of :mod:`hwbench.interference`
+(``fitted.engine_fit[0]["copy_interference"]``), which the validation simulator applies.
 """
 
 from __future__ import annotations
@@ -38,10 +40,12 @@ from sim.costmodel import CostModel, GpuProfile, Profile
 __all__ = [
     "EngineCostModel",
     "PassPoint",
+    "StreamProbe",
     "calibrate_engine",
     "engine_probe",
     "fetch_probe",
     "fit_engine",
+    "fit_stream",
 ]
 
 
@@ -81,6 +85,8 @@ QUICK_RUNS: tuple[tuple[int, int, int], ...] = (
     (1, 384, 1),
     (1, 512, 1),
 )
+#: the smallest set (``pdsim calibrate --tiny``, tests): decode batches and two prefills
+TINY_RUNS: tuple[tuple[int, int, int], ...] = ((1, 64, 12), (4, 96, 8), (1, 256, 1))
 
 
 def engine_probe(
@@ -145,13 +151,33 @@ def _collect(rows: dict[tuple[int, int, int], list[float]], log: list[Any]) -> N
         rows.setdefault(key, []).append(float(dt))
 
 
+@dataclass(frozen=True)
+class StreamProbe:
+    """What :func:`fetch_probe` measured: the copy thread's achieved host -> device
+    ``bandwidth`` (B/s) and, per probe run, the workload served with weights streaming
+    (``stream``) and all resident (``resident``) with the engine's busy seconds of each."""
+
+    bandwidth: float
+    runs: tuple[tuple[Any, float, Any, float], ...]  # (stream w, busy s, resident w, busy s)
+
+
 def fetch_probe(
-    latency: float, xp: ModuleType = np, *, requests: int = 6, workdir: Path | None = None
-) -> tuple[float, float]:
-    """``(latency s, bandwidth B/s)`` of the engine's prefetch path host -> device while the
-    engine computes (a streaming workload: HBM holds 60% of the weights): the bandwidth is
-    the bytes the copy thread moved over the wall time its reads took (contention with the
-    engine's own compute included); ``latency`` is passed through (the machine's figure).
+    latency: float,
+    xp: ModuleType = np,
+    *,
+    requests: int = 16,
+    rate: float = 5.0,
+    seeds: int = 2,
+    workdir: Path | None = None,
+) -> StreamProbe:
+    """Serve probe workloads (``requests`` Poisson arrivals at ``rate``/s, mixed lengths;
+    ``seeds`` draws) on the engine with HBM holding 60% of the weights (layers stream
+    host -> device every iteration) and again with every weight resident.
+
+    ``bandwidth`` = bytes the copy thread moved over the wall time its reads took (contention
+    with the engine's own compute included); it becomes ``links.pcie.bandwidth``
+    (``latency`` is the machine's figure, passed through by :func:`calibrate_engine`). The
+    busy times feed :func:`hwbench.interference.fit_interference`.
 
     (Fitting a per-job latency on the jobs' service times was tried: it over-predicted the
     engine's streaming waits by 2-3x, because a job's service overlaps the layer's compute
@@ -163,21 +189,50 @@ def fetch_probe(
         "probe-stream",
         "engine fetch probe",
         requests=requests,
-        rate=1e9,
+        rate=rate,
         hbm_fraction=0.6,
-        input_low=64,
-        input_high=128,
-        output_low=16,
-        output_high=16,
+        input_low=32,
+        input_high=160,
+        output_low=8,
+        output_high=24,
+        seed=500,
     )
+    wr = replace(w, name="probe-resident", hbm_fraction=1.5)
+    runs: list[tuple[Any, float, Any, float]] = []
+    fetch_s, fetch_bytes = 0.0, 0
     with tempfile.TemporaryDirectory(prefix="pdsim-fetch-probe-", dir=workdir) as tmp:
-        parts = engine_parts(w, Path(tmp))
-        run_engine(w, Path(tmp), parts)  # warm-up
-        weights = parts[1]
-        weights.fetch_s, weights.fetch_bytes = 0.0, 0
-        for k in (1, 2):
-            run_engine(replace(w, seed=w.seed + k), Path(tmp), parts)
-        return latency, weights.fetch_bytes / max(weights.fetch_s, 1e-9)
+        for k in range(seeds + 1):  # run 0 warms the interpreter and allocator; not kept
+            ws, wres = replace(w, seed=w.seed + k), replace(wr, seed=w.seed + k)
+            # Fresh, warmed stacks for every run, as `pdsim validate` serves each workload:
+            # a reused stack would carry the last run's cache times into the next run.
+            sdir, rdir = Path(tmp) / f"stream{k}", Path(tmp) / f"resident{k}"
+            es, weights = run_engine(ws, sdir, engine_parts(ws, sdir))
+            er, _ = run_engine(wres, rdir, engine_parts(wres, rdir))
+            if k:
+                runs.append((ws, es.busy_s, wres, er.busy_s))
+                fetch_s += weights.fetch_s
+                fetch_bytes += weights.fetch_bytes
+    return StreamProbe(fetch_bytes / max(fetch_s, 1e-9), tuple(runs))
+
+
+def fit_stream(profile: Profile, probe: StreamProbe, workdir: Path | None = None) -> float:
+    """The copy/compute interference factor (:mod:`hwbench.interference`) that makes the
+    simulator's busy time on ``probe``'s streaming runs match the engine's, with
+    ``profile`` (already carrying the fitted compute terms and pcie link)."""
+    from hwbench.interference import fit_interference
+    from hwbench.validate import run_simulator
+
+    def busy(w: Any, s: float, d: Path) -> float:
+        return float(run_simulator(w, profile, d, interference=s)[4].ctx.metrics.busy)
+
+    with tempfile.TemporaryDirectory(prefix="pdsim-stream-fit-", dir=workdir) as tmp:
+        d = Path(tmp)
+        eng_stream = sum(r[1] for r in probe.runs)
+        eng_res = sum(r[3] for r in probe.runs)
+        sim_res = sum(busy(r[2], 0.0, d) for r in probe.runs)
+        return fit_interference(
+            eng_stream, eng_res, lambda s: sum(busy(r[0], s, d) for r in probe.runs), sim_res
+        )
 
 
 class EngineCostModel(CostModel):
@@ -309,19 +364,42 @@ def fit_engine(profile: Profile, spec: Any, points: list[PassPoint]) -> Profile:
 
 
 def calibrate_engine(
-    profile: Profile, xp: ModuleType = np, *, quick: bool = True, workdir: Path | None = None
+    profile: Profile,
+    xp: ModuleType = np,
+    *,
+    quick: bool = True,
+    tiny: bool = False,
+    workdir: Path | None = None,
 ) -> Profile:
-    """Probe the engine on backend ``xp`` and return ``profile`` with the fitted terms."""
+    """Probe the engine on backend ``xp`` and return ``profile`` with the fitted terms:
+    compute (:func:`fit_engine`), the prefetch path's bandwidth and the copy/compute
+    interference (:func:`fetch_probe`, :func:`fit_stream`). ``tiny``: a few seconds' probe
+    (tests); ``quick``: ~30 s; else more repeats."""
+    from hwbench.interference import KEY
     from hwbench.validate import decoder_config, sim_catalogue
 
     cfg = decoder_config()
     spec = sim_catalogue(cfg)[cfg.name]
-    points = engine_probe(xp, repeats=2 if quick else 6, mixed=1 if quick else 3, workdir=workdir)
+    if tiny:
+        points = engine_probe(xp, runs=TINY_RUNS, repeats=1, mixed=0, workdir=workdir)
+    else:
+        points = engine_probe(
+            xp, repeats=2 if quick else 6, mixed=1 if quick else 3, workdir=workdir
+        )
     fitted = fit_engine(profile, spec, points)
-    lat, bw = fetch_probe(profile.links.pcie.latency, xp, workdir=workdir)
+    lat = profile.links.pcie.latency
+    if tiny:
+        probe = fetch_probe(lat, xp, requests=3, rate=1e9, seeds=1, workdir=workdir)
+    else:
+        probe = fetch_probe(lat, xp, seeds=2 if quick else 4, workdir=workdir)
+    bw = probe.bandwidth
     links = fitted.links.model_copy(
         update={"pcie": fitted.links.pcie.model_copy(update={"bandwidth": bw, "latency": lat})}
     )
     fit = dict(fitted.fitted)
     fit["engine_fit"] = [{**fit["engine_fit"][0], "pcie_bandwidth": bw, "pcie_latency_s": lat}]
-    return fitted.model_copy(update={"links": links, "fitted": fit})
+    with_link = fitted.model_copy(update={"links": links, "fitted": fit})
+    s = fit_stream(with_link, probe, workdir)
+    fit = dict(with_link.fitted)
+    fit["engine_fit"] = [{**fit["engine_fit"][0], KEY: s}]
+    return with_link.model_copy(update={"fitted": fit})

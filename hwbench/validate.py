@@ -37,6 +37,7 @@ from engine.runtime.scheduler import BatchScheduler
 from engine.runtime.weights import TIER_NAMES, TieredWeights
 from engine.tiers import DeviceTier, HostTier, Level, ObjectStoreTier, SsdTier, TierStack
 from hwbench.engine_probe import EngineCostModel
+from hwbench.interference import install, interference_of
 from hwbench.workloads import ValidationWorkload, arrivals
 from sim.cluster import build
 from sim.costmodel import Profile
@@ -50,6 +51,7 @@ __all__ = [
     "compare",
     "decoder_config",
     "dense_config",
+    "median_comparison",
     "run_engine",
     "run_simulator",
     "sim_catalogue",
@@ -237,9 +239,15 @@ def scenario_dict(w: ValidationWorkload, sz: Sizes, model: str, trace: Path) -> 
 
 
 def run_simulator(
-    w: ValidationWorkload, profile: Profile, workdir: Path, cost_cls: Any = EngineCostModel
+    w: ValidationWorkload,
+    profile: Profile,
+    workdir: Path,
+    cost_cls: Any = EngineCostModel,
+    interference: float | None = None,
 ) -> tuple[pd.DataFrame, np.ndarray, np.ndarray, float, Any]:
-    """Simulate ``w``: (requests frame, tier hits, tier bytes, end time, the cluster)."""
+    """Simulate ``w``: (requests frame, tier hits, tier bytes, end time, the cluster).
+    ``interference``: the copy/compute factor of :mod:`hwbench.interference` (default: the
+    profile's fitted one; 0 when it has none)."""
     cfg: DecoderConfig | DenseConfig = decoder_config() if w.model == "decoder" else dense_config()
     sz = sizes(w, cfg)
     cat = sim_catalogue(cfg)
@@ -254,6 +262,9 @@ def run_simulator(
     cl = build(sc, 0, cat, profile, cost_cls)
     for node in cl.ctx.nodes:
         node.hold_pins = HOLD_PINS  # the engine's prefetch rule (see run_engine)
+    s = interference_of(profile) if interference is None else interference
+    pcie = profile.links.pcie
+    install(cl, s, pcie.bandwidth, pcie.latency)
     end = cl.run()
     met = cl.ctx.metrics
     df = requests_frame(met, cl.wl, [cfg.name], [c.name for c in sc.workload.classes])
@@ -347,25 +358,55 @@ def compare(
 
 
 def validate_workload(
-    w: ValidationWorkload, profile: Profile, workdir: Path | None = None, *, refit: bool = False
+    w: ValidationWorkload,
+    profile: Profile,
+    workdir: Path | None = None,
+    *,
+    refit: bool = False,
+    repeats: int = 1,
 ) -> Comparison:
     """Run ``w`` on the engine and in the simulator and compare (scratch files in ``workdir``
     or a temporary directory). ``refit``: re-run the engine probe right before the engine
     (:func:`hwbench.engine_probe.calibrate_engine`) and simulate with that fit, so a machine
-    whose load changed since ``pdsim calibrate`` is measured as it is now."""
+    whose load changed since ``pdsim calibrate`` is measured as it is now. ``repeats``: serve
+    ``w`` that many times on the engine (a fresh warm stack each time) and compare the
+    simulator (deterministic, run once) with the engine's per-metric median
+    (:func:`median_comparison`)."""
+    if repeats < 1:
+        raise ValueError(f"repeats must be >= 1, got {repeats}")
+    name = decoder_config().name if w.model == "decoder" else dense_config().name
+    comps: list[Comparison] = []
     with tempfile.TemporaryDirectory(prefix="pdsim-validate-") as tmp:
         base = Path(workdir) if workdir is not None else Path(tmp)
         wdir = base / w.name
         wdir.mkdir(parents=True, exist_ok=True)
-        parts = engine_parts(w, wdir)
         if refit:
             from hwbench.engine_probe import calibrate_engine
 
             profile = calibrate_engine(profile)
-        res, _ = run_engine(w, wdir, parts)
         sim_df, sh, sb, _, _ = run_simulator(w, profile, wdir)
-    eng_df = res.frame(decoder_config().name if w.model == "decoder" else dense_config().name)
-    return compare(w.name, eng_df, res.tier_hits, res.tier_bytes, sim_df, sh, sb)
+        for k in range(repeats):
+            rdir = wdir / f"engine{k}"
+            res, _ = run_engine(w, rdir, engine_parts(w, rdir))
+            eng_df = res.frame(name)
+            comps.append(compare(w.name, eng_df, res.tier_hits, res.tier_bytes, sim_df, sh, sb))
+    return median_comparison(comps)
+
+
+def median_comparison(comps: list[Comparison]) -> Comparison:
+    """One comparison from several engine runs of the same workload against the same
+    simulator run: each metric's engine value is the median over the runs (its error
+    recomputed from it); the CDF keeps the run whose median latency is the median."""
+    if len(comps) == 1:
+        return comps[0]
+    rows: list[tuple[str, float, float, float, str]] = []
+    by_run = [{r[0]: r[1] for r in c.rows} for c in comps]
+    for metric, _, s, _, kind in comps[0].rows:
+        e = float(np.median([run.get(metric, 0.0) for run in by_run]))
+        rows.append((metric, e, s, (s - e) if kind == "abs" else _rel(e, s), kind))
+    order = sorted(range(len(comps)), key=lambda k: float(np.median(comps[k].engine_latency)))
+    mid = comps[order[len(order) // 2]]
+    return Comparison(mid.workload, rows, mid.engine_latency, mid.sim_latency)
 
 
 def plot_cdfs(comps: list[Comparison], path: Path) -> Path:

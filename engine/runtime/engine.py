@@ -216,12 +216,13 @@ class Engine:
                     res.acc[rid] -= self.cum
                 final += self._iteration(new)
         finally:
+            end_clock = clock()  # before close(): a closed clock no longer subtracts waits
             run_clock.close()
             if pf is not None:
                 pf.stop()
             if tw is not None:
                 tw.on_charge = None
-        res.wall_s = clock()
+        res.wall_s = end_clock
         res.clock_excludes_cpu_wait = run_clock.exclude_cpu_wait
         return res
 

@@ -8,6 +8,12 @@ then rename), so a failed run never leaves a half-written profile. The default o
 :func:`sim.costmodel.parse_profile` before it is written, so what lands on disk always
 validates. Probe scratch files go to a temporary directory (``--workdir`` to choose where:
 the SSD link is measured on that filesystem).
+
+Unless ``--no-engine``, calibrate then serves probe workloads on the real engine
+(:func:`hwbench.engine_probe.calibrate_engine`) and fits its iteration costs, the prefetch
+path's bandwidth (``links.pcie``) and the copy/compute interference factor
+(``fitted.engine_fit[0]["copy_interference"]``, :mod:`hwbench.interference`), so ``pdsim
+validate`` can use the profile as written. ``--tiny`` keeps that probe to a few seconds.
 """
 
 from __future__ import annotations
@@ -58,6 +64,14 @@ def calibrate(
         Path | None,
         typer.Option("--workdir", help="Scratch directory for the SSD/object-store probes."),
     ] = None,
+    engine: Annotated[
+        bool,
+        typer.Option(
+            "--engine/--no-engine",
+            help="Also fit the real engine's compute, prefetch bandwidth and copy/compute "
+            "interference (hwbench.engine_probe; needed by pdsim validate).",
+        ),
+    ] = True,
 ) -> None:
     """Measure this machine and write a calibration profile for the simulator."""
     with user_errors():
@@ -98,6 +112,15 @@ def calibrate(
                     measurements.extend(step.run())
                     progress.advance(task)
         profile = fit_profile(measurements, xp, name or path.stem, mode=mode)
+        if engine:
+            # The real engine's own iterations and streaming (hwbench.engine_probe): what
+            # `pdsim validate` compares the simulator against.
+            from hwbench.engine_probe import calibrate_engine
+
+            with err_console.status("engine probe (serving probe workloads on the engine)"):
+                profile = calibrate_engine(
+                    profile, xp, quick=mode != "full", tiny=mode == "tiny", workdir=workdir
+                )
         text = profile.model_dump_json(indent=2) + "\n"
         parse_profile(text, str(path))  # what is written must load
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -122,5 +145,8 @@ def calibrate(
         )
     table.add_row("per-op overhead", f"{g.kernel_launch_s * 1e6:.3g} us")
     table.add_row("per-layer overhead", f"{g.per_layer_overhead_s * 1e6:.3g} us")
+    efit = (profile.fitted.get("engine_fit") or [{}])[0]
+    if "copy_interference" in efit:
+        table.add_row("copy/compute interference", f"{efit['copy_interference']:.3g}")
     console.print(table)
     console.print(f"wrote {path}")

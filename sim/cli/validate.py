@@ -9,10 +9,14 @@ simulator, error -- and writes a PNG of the latency CDFs (``DIR/validate_cdf.png
 relative errors are fractions under keys ending in ``rel_error``, hit-rate differences
 (fractions) under keys ending in ``abs_error``.
 
-If ``P`` has no ``fitted.engine_fit`` (``pdsim calibrate`` does not run the engine probe yet),
-the engine probe (:func:`hwbench.engine_probe.calibrate_engine`, ~10 s) runs first and the
-fitted profile is used and written to ``DIR/profile-with-engine-fit.json``. ``--refit``
-re-runs it right before every workload. The engine's clock leaves out time its threads waited
+``pdsim calibrate`` runs the engine probe (:func:`hwbench.engine_probe.calibrate_engine`:
+compute terms, the prefetch path's bandwidth and the copy/compute interference factor of
+:mod:`hwbench.interference`), so ``pdsim calibrate`` then ``pdsim validate`` is the normal flow.
+If ``P`` has no ``fitted.engine_fit`` (an older or hand-written profile), the engine probe runs
+first and the fitted profile is used and written to ``DIR/profile-with-engine-fit.json``.
+``--refit`` re-runs it right before every workload. ``--repeats N`` serves each workload N
+times on the engine and compares the simulator with the engine's per-metric median (a shared
+machine's noise). The engine's clock leaves out time its threads waited
 for a CPU (:mod:`engine.runtime.clock`), so a shared machine's changing load matters less.
 Run with the BLAS thread count the profile was measured with (its notes say which).
 """
@@ -62,6 +66,15 @@ def validate(
             help="Re-run the engine probe right before each workload (a busy shared machine).",
         ),
     ] = False,
+    repeats: Annotated[
+        int,
+        typer.Option(
+            "--repeats",
+            "-r",
+            min=1,
+            help="Engine runs per workload; the table shows the engine's per-metric median.",
+        ),
+    ] = 1,
 ) -> None:
     """Run the validation suite on the engine and in the simulator and compare them."""
     with user_errors():
@@ -84,7 +97,7 @@ def validate(
         comps = []
         for w in chosen:
             err_console.print(f"[bold]{w.name}[/]: {w.description}")
-            comps.append(validate_workload(w, prof, refit=refit))
+            comps.append(validate_workload(w, prof, refit=refit, repeats=repeats))
         png = plot_cdfs(comps, out / "validate_cdf.png")
 
     for c in comps:

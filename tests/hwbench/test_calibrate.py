@@ -73,6 +73,17 @@ def test_cli_calibrate_tiny_writes_a_valid_profile(tmp_path: Path) -> None:
     p = load_profile(out)
     assert p.name == "mine" and p.source == "measured" and p.hostname
     assert "wrote" in res.output and not list(out.parent.glob("*.tmp"))
+    # the engine probe ran: compute terms, the prefetch path and the interference factor
+    fit = p.fitted["engine_fit"][0]
+    assert fit["copy_interference"] >= 0 and fit["pcie_bandwidth"] == p.links.pcie.bandwidth
+    assert p.fitted["engine_pass"] and p.gpu.per_layer_overhead_s == fit["per_layer_overhead_s"]
+
+
+def test_cli_calibrate_no_engine_skips_the_engine_probe(tmp_path: Path) -> None:
+    out = tmp_path / "p.json"
+    res = runner.invoke(app, ["calibrate", "--tiny", "--no-engine", "--out", str(out)])
+    assert res.exit_code == 0, res.output
+    assert "engine_fit" not in load_profile(out).fitted
 
 
 def test_cli_bad_backend_exits_2(tmp_path: Path) -> None:

@@ -225,6 +225,7 @@ class Cluster:
         for lo in range(0, n, _ARRIVAL_SLICE):
             hi = min(lo + _ARRIVAL_SLICE, n)
             rej = self._rejected[lo:hi].tolist()
+            models = self.wl.model[lo:hi].tolist()
             for rid, t in enumerate(arr[lo:hi].tolist(), lo):
                 dt = t - env.now
                 if dt > 0:
@@ -232,7 +233,7 @@ class Cluster:
                 if rej[rid - lo]:
                     reject(rid)
                 else:
-                    dispatch(rid)
+                    dispatch(rid, models[rid - lo])
 
     def _closed_next(self, rid: int) -> None:
         if self._next >= self.wl.n:
@@ -362,6 +363,7 @@ def build(
     ctx.directory = MetadataDirectory(ctx)
     if sc.warmup.enabled:
         ctx.directory.warm_up(shares, sc.warmup.ps_fraction, 0.0)
+    tokens = (wl.inp.tolist(), wl.out.tolist(), wl.cls.tolist())  # shared by every node
     for i in range(c.nodes):
         name = f"node{i}"
         links = {
@@ -378,7 +380,7 @@ def build(
                         "coupled mode: weights do not fit HBM", source=sc.source, where="mode"
                     )
         ws.fetches_after_warmup = 0
-        ctx.nodes.append(ComputeNode(ctx, i, name, ws, kv_bytes, wl))
+        ctx.nodes.append(ComputeNode(ctx, i, name, ws, kv_bytes, wl, tokens))
     if sc.metrics.check_invariants:
         ctx.metrics.layer_log = []
     horizon = float(wl.arrival[-1]) if not wl.closed_loop and wl.n else 1.0

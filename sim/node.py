@@ -70,14 +70,16 @@ class KvAccount:
         return self.reserved + nbytes <= self.capacity
 
     def take(self, nbytes: int, exact: int, rid: int = -1, m: int = 0, tokens: int = 0) -> None:
-        if self.allocators is not None and self.allocators[m] is not None:
-            self.allocators[m].allocate(rid, tokens)
+        allocs = self.allocators
+        if allocs is not None and (a := allocs[m]) is not None:
+            a.allocate(rid, tokens)
         self.reserved += nbytes
         self.needed += exact
 
     def give(self, nbytes: int, exact: int, rid: int = -1, m: int = 0) -> None:
-        if self.allocators is not None and self.allocators[m] is not None:
-            self.allocators[m].free(rid)
+        allocs = self.allocators
+        if allocs is not None and (a := allocs[m]) is not None:
+            a.free(rid)
         self.reserved -= nbytes
         self.needed -= exact
 
@@ -90,8 +92,17 @@ class ComputeNode:
     """One GPU node; see the module docstring. ``submit`` hands it a request id."""
 
     def __init__(
-        self, ctx: SimContext, idx: int, name: str, weights: WeightStore, kv_bytes: int, wl: Any
+        self,
+        ctx: SimContext,
+        idx: int,
+        name: str,
+        weights: WeightStore,
+        kv_bytes: int,
+        wl: Any,
+        tokens: tuple[list[int], list[int], list[int]] | None = None,
     ) -> None:
+        """``tokens``: ``(wl.inp.tolist(), wl.out.tolist(), wl.cls.tolist())``, shared by all
+        nodes of a cluster (plain ints read faster than numpy scalars); built here if not given."""
         sc = ctx.sc
         self.ctx, self.env, self.idx, self.name, self.ws, self.wl = (
             ctx,
@@ -117,8 +128,8 @@ class ComputeNode:
         # Element views for the per-turn hit counts (a memoryview element update is the same
         # float64 addition as numpy's, at half the cost). Invariant: these arrays are never
         # replaced, only updated in place.
-        self._cum_mv = [memoryview(c) for c in self.cum]
-        self._hits_mv = memoryview(ctx.metrics.tier_hits)
+        self._cum_mv = [c.data for c in self.cum]
+        self._hits_mv = ctx.metrics.tier_hits.data
         allocs = None
         if sc.kv.allocator == "engine":
             allocs = [
@@ -148,10 +159,12 @@ class ComputeNode:
         self.hold_pins = False
         self._heat = HeatMap(half_life=sc.prefetch.heat_half_life)
         self._planner = PrefetchPlanner(window_batches=max(self._window, 1), heat=self._heat)
-        self._inp = wl.inp
-        self._out = wl.out
+        if tokens is None:
+            tokens = (wl.inp.tolist(), wl.out.tolist(), wl.cls.tolist())
+        self._inp: list[int] = tokens[0]  # per request: prompt tokens (plain ints)
+        self._out: list[int] = tokens[1]  # per request: output tokens
+        self._cls: list[int] = tokens[2]  # per request: class index
         self._model = wl.model
-        self._cls = wl.cls
 
     # -- control ------------------------------------------------------------------------------
     def start(self) -> None:
@@ -195,7 +208,7 @@ class ComputeNode:
         fast segment short if it could join."""
         if m < 0:
             m = int(self._model[rid])
-        self.queues[m][int(self._cls[rid])].append(rid)
+        self.queues[m][self._cls[rid]].append(rid)
         self.qlen += 1
         if self.wake is not None:
             if not self.wake.triggered:
@@ -241,7 +254,7 @@ class ComputeNode:
         """The model to run next: the current one until its quantum of ``max_steps_per_turn``
         steps is used up (switching models is what evicts weights), then round-robin."""
         cur = self._cur
-        if cur >= 0 and self._quantum < self.max_steps and self._runnable(cur):
+        if cur >= 0 and self._quantum < self.max_steps and (self.b_n[cur] or self._runnable(cur)):
             return cur
         nm = len(self.b_n)
         for i in range(1, nm + 1):
@@ -270,8 +283,8 @@ class ComputeNode:
             q = per[c]
             while q and len(new) < room:
                 rid = q[0]
-                t = int(inp[rid])
-                total = t + int(out[rid])
+                t = inp[rid]
+                total = t + out[rid]
                 need, exact = kv.size(total, bpt)  # == self._kv_need(rid)
                 if not kv.can(need) or (new and tokens + t > self.max_tokens):
                     return new  # head-of-line: never let a lower class overtake
@@ -287,41 +300,47 @@ class ComputeNode:
         return new
 
     def _turn(self, m: int) -> Generator[simpy.Event, Any, None]:
-        env, mr = self.env, self.ctx.models[m]
+        env, mr, ws, met = self.env, self.ctx.models[m], self.ws, self.ctx.metrics
         new = self._admit(m)
-        self.qlen -= len(new)
-        self.running += len(new)
-        used = self.ws.hbm.used + self.kv.reserved
-        if used > self.ctx.metrics.peak_hbm:
-            self.ctx.metrics.peak_hbm = used
+        if new:
+            self.qlen -= len(new)
+            self.running += len(new)
+        used = ws.hbm.used + self.kv.reserved
+        if used > met.peak_hbm:
+            met.peak_hbm = used
         n = self.b_n[m]
         off = self.b_off[m]
-        if new or mr.is_cnn or not self.ws.all_resident(m):
+        resident = ws.all_resident(m)  # a pure read; nothing below changes it before a yield
+        if new or mr.is_cnn or not resident:
             ptok = sq = 0
             inp = self._inp
+            xs: list[int] = []
             for rid in new:
-                x = int(inp[rid])
+                x = inp[rid]
+                xs.append(x)
                 ptok += x
                 sq += x * x
             t = mr.iter_time(ptok, len(new), n, self.b_base[m] + n * off, sq)
             carry, self._carry = self._carry, 0.0
-            if self.ws.all_resident(m):  # _execute's all-resident case, inline (hot path)
+            if resident:  # _execute's all-resident case, inline (hot path)
                 yield env.timeout(carry + t)
                 self.busy += t
-                self.ctx.metrics.busy += t
-                self._hbm_hits(m, mr.n_chunks)
-                self.ws.touch(m, env.now)
+                met.busy += t
+                c = mr.n_chunks  # == self._hbm_hits(m, mr.n_chunks)
+                self._hits_mv[0] += c
+                self._cum_mv[m][1] += c
+                ws.touch(m, env.now)
             else:
                 yield from self._execute(m, t, n + len(new), carry)
             self._quantum += 1
             off += 1
             self.b_off[m] = off
             now = env.now
-            met, heap = self.ctx.metrics, self.b_heap[m]
-            for rid in new:
-                met.first[rid] = now
-                heapq.heappush(heap, (off + int(self._out[rid]) - 1, rid))
-                self.b_base[m] += int(self._inp[rid]) + 1 - off
+            heap, out, first = self.b_heap[m], self._out, met.first
+            for rid, x in zip(new, xs, strict=True):
+                first[rid] = now
+                heapq.heappush(heap, (off + out[rid] - 1, rid))
+                self.b_base[m] += x + 1 - off
             self.b_n[m] = n + len(new)
         else:
             k = self.b_heap[m][0][0] - off
@@ -349,9 +368,11 @@ class ComputeNode:
             self._quantum += steps
             self.b_off[m] = off = off + steps
             self.busy += steps * t_step
-            self.ctx.metrics.busy += steps * t_step
-            self._hbm_hits(m, mr.n_chunks * steps)
-            self.ws.touch(m, env.now)
+            met.busy += steps * t_step
+            c = mr.n_chunks * steps  # == self._hbm_hits(m, mr.n_chunks * steps)
+            self._hits_mv[0] += c
+            self._cum_mv[m][1] += c
+            ws.touch(m, env.now)
         self._complete(m, off)
 
     def _others_running(self, m: int) -> bool:
@@ -379,7 +400,7 @@ class ComputeNode:
             self.b_n[m] -= 1
             self.running -= 1
             # its share of base was inp + 1 - a, with a = target - out + 1 (first-token step)
-            self.b_base[m] -= int(inp[rid]) + 1 - (target - int(out[rid]) + 1)
+            self.b_base[m] -= inp[rid] + 1 - (target - out[rid] + 1)
             end[rid] = now
             row = acc[rid]  # a view: add in place
             row += cum

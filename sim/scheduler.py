@@ -128,14 +128,15 @@ class Scheduler:
         d = self.deg
         return node.qlen >= d.queue_per_node or node.oldest_wait(now) >= d.max_wait
 
-    def dispatch(self, rid: int) -> None:
-        """Place request ``rid`` (it has arrived now)."""
+    def dispatch(self, rid: int, m: int = -1) -> None:
+        """Place request ``rid`` (it has arrived now; ``m``: its model index, -1: look it up)."""
         ctx = self.ctx
         now = ctx.env.now
         met = ctx.metrics
         met.n_arrived += 1
         met.arrival[rid] = now
-        m = ctx_model(ctx, rid)
+        if m < 0:
+            m = ctx_model(ctx, rid)
         nodes = self._live
         if nodes is None:
             nodes = self.live_nodes()

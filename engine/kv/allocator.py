@@ -271,7 +271,7 @@ class KVBlockAllocator:
             raise ValueError(f"sequence {seq_id!r} already has blocks; free it first")
         bt = self.block_tokens
         keys: list[BlockKey] | None = None
-        if isinstance(tokens, int | np.integer):
+        if type(tokens) is int or isinstance(tokens, int | np.integer):
             n = int(tokens)
             if n < 0:
                 raise ValueError(f"sequence {seq_id!r}: negative token count {n}")
@@ -453,9 +453,10 @@ class KVBlockAllocator:
 
     def free(self, seq_id: SeqId, now: float = 0.0) -> None:
         """Release ``seq_id``'s blocks: keyed ones whose last holder this was become cached."""
-        if seq_id not in self._tables:
+        table = self._tables.pop(seq_id, None)
+        if table is None:
             raise KeyError(f"sequence {seq_id!r} has no blocks")
-        self._release(seq_id, now)
+        self._release(seq_id, table, now)
 
     # -- pool maintenance (also exposed for tests and the simulator) --------------------------
     def grow(self) -> int:
@@ -510,8 +511,8 @@ class KVBlockAllocator:
         if self._offload is not None:
             self._offload.discard(key, now)
 
-    def _release(self, seq_id: SeqId, now: float) -> None:
-        table = self._tables.pop(seq_id)
+    def _release(self, seq_id: SeqId, table: list[int], now: float) -> None:
+        """Drop ``seq_id`` (its ``table`` already popped from ``_tables``) and its blocks."""
         del self._ntok[seq_id]
         ref, bkey, free = self._ref, self._bkey, self._free
         if not self._kblock:
@@ -537,7 +538,7 @@ class KVBlockAllocator:
 
     def _preempt_newest(self, now: float) -> SeqId:
         victim = next(reversed(self._tables))
-        self._release(victim, now)
+        self._release(victim, self._tables.pop(victim), now)
         self.stats.preemptions += 1
         return victim
 

@@ -222,7 +222,9 @@ class ComputeNode:
     def _run(self) -> Generator[simpy.Event, Any, None]:
         try:
             while True:
-                m = self._pick()
+                m = self._cur  # _pick's first case, inline: the current model keeps running
+                if not (m >= 0 and self._quantum < self.max_steps and self.b_n[m]):
+                    m = self._pick()
                 if m < 0:
                     self.wake = self.env.event()
                     yield self.wake
@@ -396,7 +398,7 @@ class ComputeNode:
         while heap and heap[0][0] <= off:
             target, rid = heapq.heappop(heap)
             need, exact = kv_of.pop(rid)
-            give(need, exact, rid, m)
+            give(need, exact, rid, m)  # KvAccount.give
             self.b_n[m] -= 1
             self.running -= 1
             # its share of base was inp + 1 - a, with a = target - out + 1 (first-token step)

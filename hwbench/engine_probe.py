@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import tempfile
 from dataclasses import dataclass, replace
+from functools import partial
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -215,24 +216,37 @@ def fetch_probe(
     return StreamProbe(fetch_bytes / max(fetch_s, 1e-9), tuple(runs))
 
 
-def fit_stream(profile: Profile, probe: StreamProbe, workdir: Path | None = None) -> float:
+def fit_stream(
+    profile: Profile, probe: StreamProbe, workdir: Path | None = None
+) -> tuple[float, list[dict[str, float]]]:
     """The copy/compute interference factor (:mod:`hwbench.interference`) that makes the
     simulator's busy time on ``probe``'s streaming runs match the engine's, with
-    ``profile`` (already carrying the fitted compute terms and pcie link)."""
+    ``profile`` (already carrying the fitted compute terms and pcie link): the median of
+    one fit per probe run; also one row per run (engine busy s streaming and resident,
+    simulator busy s resident, the run's own factor) for ``fitted["stream_probe"]``."""
     from hwbench.interference import fit_interference
     from hwbench.validate import run_simulator
 
-    def busy(w: Any, s: float, d: Path) -> float:
+    def busy(w: Any, s: float, *, d: Path) -> float:
         return float(run_simulator(w, profile, d, interference=s)[4].ctx.metrics.busy)
 
     with tempfile.TemporaryDirectory(prefix="pdsim-stream-fit-", dir=workdir) as tmp:
         d = Path(tmp)
-        eng_stream = sum(r[1] for r in probe.runs)
-        eng_res = sum(r[3] for r in probe.runs)
-        sim_res = sum(busy(r[2], 0.0, d) for r in probe.runs)
-        return fit_interference(
-            eng_stream, eng_res, lambda s: sum(busy(r[0], s, d) for r in probe.runs), sim_res
-        )
+        # one fit per probe run, then the median: one disturbed run (a shared machine's
+        # noise) moves the result less than in a fit of the runs' sum
+        rows: list[dict[str, float]] = []
+        for ws, eng_stream, wr, eng_res in probe.runs:
+            sim_res = busy(wr, 0.0, d=d)
+            s = fit_interference(eng_stream, eng_res, partial(busy, ws, d=d), sim_res, tol=0.01)
+            rows.append(
+                {
+                    "engine_stream_s": eng_stream,
+                    "engine_resident_s": eng_res,
+                    "sim_resident_s": sim_res,
+                    "copy_interference": s,
+                }
+            )
+        return float(np.median([r["copy_interference"] for r in rows])), rows
 
 
 class EngineCostModel(CostModel):
@@ -391,7 +405,7 @@ def calibrate_engine(
     if tiny:
         probe = fetch_probe(lat, xp, requests=3, rate=1e9, seeds=1, workdir=workdir)
     else:
-        probe = fetch_probe(lat, xp, seeds=2 if quick else 4, workdir=workdir)
+        probe = fetch_probe(lat, xp, seeds=3 if quick else 5, workdir=workdir)
     bw = probe.bandwidth
     links = fitted.links.model_copy(
         update={"pcie": fitted.links.pcie.model_copy(update={"bandwidth": bw, "latency": lat})}
@@ -399,7 +413,8 @@ def calibrate_engine(
     fit = dict(fitted.fitted)
     fit["engine_fit"] = [{**fit["engine_fit"][0], "pcie_bandwidth": bw, "pcie_latency_s": lat}]
     with_link = fitted.model_copy(update={"links": links, "fitted": fit})
-    s = fit_stream(with_link, probe, workdir)
+    s, rows = fit_stream(with_link, probe, workdir)
     fit = dict(with_link.fitted)
     fit["engine_fit"] = [{**fit["engine_fit"][0], KEY: s}]
+    fit["stream_probe"] = rows
     return with_link.model_copy(update={"fitted": fit})

@@ -34,11 +34,11 @@ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv >"$OUT/nvid
 python -c "from engine.backend import cupy_status; m, why = cupy_status(); print(why)" \
     >"$OUT/cupy_status.txt" 2>&1
 
-# 1. GPU tests (about 2 minutes at most)
-step pytest_gpu 150 "$OUT/pytest_gpu.txt" python -m pytest -m gpu -q -p no:cacheprovider
+# 1. GPU tests (well under 2 minutes)
+step pytest_gpu 120 "$OUT/pytest_gpu.txt" python -m pytest -m gpu -q -p no:cacheprovider
 
-# 2. GPU calibration (quick probes)
-step calibrate 150 "$OUT/calibrate.txt" \
+# 2. GPU calibration (quick probes, then the engine probe: about 1-2 minutes)
+step calibrate 200 "$OUT/calibrate.txt" \
     pdsim calibrate --backend gpu --quick --out "$OUT/profile-gpu.json" --workdir "$OUT/scratch"
 rm -rf "$OUT/scratch"
 

@@ -77,6 +77,8 @@ def test_cli_calibrate_tiny_writes_a_valid_profile(tmp_path: Path) -> None:
     fit = p.fitted["engine_fit"][0]
     assert fit["copy_interference"] >= 0 and fit["pcie_bandwidth"] == p.links.pcie.bandwidth
     assert p.fitted["engine_pass"] and p.gpu.per_layer_overhead_s == fit["per_layer_overhead_s"]
+    (run,) = p.fitted["stream_probe"]  # --tiny: one probe run, its own factor is the median
+    assert run["copy_interference"] == fit["copy_interference"] and run["engine_stream_s"] > 0
 
 
 def test_cli_calibrate_no_engine_skips_the_engine_probe(tmp_path: Path) -> None:

@@ -40,3 +40,21 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         for item in items:
             if "gpu" in item.keywords:
                 item.add_marker(skip)
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _patient_dask() -> None:
+    """Dask LocalClusters started by tests get generous connect/heartbeat timeouts: CI's
+    2 shared cores can stall a worker start for many seconds, which is not a test failure."""
+    try:
+        import dask
+    except ImportError:  # the dist extra is not installed; Dask tests skip themselves
+        return
+    dask.config.set(
+        {
+            "distributed.comm.timeouts.connect": "120s",
+            "distributed.comm.timeouts.tcp": "120s",
+            "distributed.scheduler.worker-ttl": "600s",
+            "distributed.deploy.lost-worker-timeout": "120s",
+        }
+    )

@@ -182,7 +182,7 @@ def fetch_probe(
 
     (Fitting a per-job latency on the jobs' service times was tried: it over-predicted the
     engine's streaming waits by 2-3x, because a job's service overlaps the layer's compute
-    in ways the simulator's hold does not see; see .notes/engine-runtime.md.)"""
+    in ways the simulator's hold does not see; see docs/design/engine-runtime.md.)"""
     from hwbench.validate import engine_parts, run_engine
     from hwbench.workloads import ValidationWorkload
 

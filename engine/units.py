@@ -24,7 +24,9 @@ _PREFIX = {
     "Ti": 1024**4,
     "Pi": 1024**5,
 }
-_SIZE_RE = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([kKMGTP]i?)?\s*(B|bytes?)?\s*$")
+_SIZE_RE = re.compile(
+    r"^\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([kKMGTP]i?)?\s*(B|bytes?)?\s*$"
+)
 _RATE_RE = re.compile(
     r"^\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([kKMGTP]i?)?\s*(B|bit|bits|b)\s*(/s|ps)\s*$"
 )

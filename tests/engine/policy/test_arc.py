@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import hypothesis.strategies as st
 from hypothesis import given, settings
-from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
 from engine.cache import TierCache
 from engine.policy.arc import ARCPolicy
+from tests.engine.policy.pin_rules import PinRules
 
 KEYS = st.integers(min_value=0, max_value=15)
 
@@ -19,7 +20,7 @@ def _arc_cache(capacity: int) -> tuple[TierCache, ARCPolicy]:
     return cache, pol
 
 
-class ARCInvariantMachine(RuleBasedStateMachine):
+class ARCInvariantMachine(PinRules, RuleBasedStateMachine):
     """Accesses, pins and invalidations; the paper's invariants hold in bytes after each."""
 
     @initialize(
@@ -39,22 +40,6 @@ class ARCInvariantMachine(RuleBasedStateMachine):
     def access(self, key: int) -> None:
         self.now += 1.0
         self.cache.access(key, self.sizes[key], self.now)
-
-    @precondition(lambda self: len(self.cache) > 0)
-    @rule(data=st.data())
-    def pin(self, data: st.DataObject) -> None:
-        key = data.draw(st.sampled_from(sorted(self.cache)))
-        self.cache.pin(key)
-        self.pins[key] = self.pins.get(key, 0) + 1
-
-    @precondition(lambda self: len(self.pins) > 0)
-    @rule(data=st.data())
-    def unpin(self, data: st.DataObject) -> None:
-        key = data.draw(st.sampled_from(sorted(self.pins)))
-        self.cache.unpin(key)
-        self.pins[key] -= 1
-        if not self.pins[key]:
-            del self.pins[key]
 
     @rule(key=KEYS)
     def invalidate(self, key: int) -> None:

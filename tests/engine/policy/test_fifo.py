@@ -6,9 +6,10 @@ from collections import deque
 
 import hypothesis.strategies as st
 from hypothesis import settings
-from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
 from engine.cache import TierCache
+from tests.engine.policy.pin_rules import PinRules
 
 KEYS = st.integers(min_value=0, max_value=11)
 
@@ -39,7 +40,7 @@ class FIFOModel:
         return False
 
 
-class FIFOMachine(RuleBasedStateMachine):
+class FIFOMachine(PinRules, RuleBasedStateMachine):
     @initialize(
         capacity=st.integers(min_value=1, max_value=10),
         unit=st.booleans(),
@@ -58,21 +59,11 @@ class FIFOMachine(RuleBasedStateMachine):
         self.now += 1.0
         assert self.cache.access(key, self.sizes[key], self.now) == self.model.access(key)
 
-    @precondition(lambda self: len(self.model.queue) > 0)
-    @rule(data=st.data())
-    def pin(self, data: st.DataObject) -> None:
-        key = data.draw(st.sampled_from(sorted(self.model.queue)))
-        self.cache.pin(key)
-        self.model.pins[key] = self.model.pins.get(key, 0) + 1
+    def pin_counts(self) -> dict[int, int]:
+        return self.model.pins
 
-    @precondition(lambda self: len(self.model.pins) > 0)
-    @rule(data=st.data())
-    def unpin(self, data: st.DataObject) -> None:
-        key = data.draw(st.sampled_from(sorted(self.model.pins)))
-        self.cache.unpin(key)
-        self.model.pins[key] -= 1
-        if not self.model.pins[key]:
-            del self.model.pins[key]
+    def pinnable(self) -> list[int]:
+        return sorted(self.model.queue)
 
     @rule(key=KEYS)
     def invalidate(self, key: int) -> None:

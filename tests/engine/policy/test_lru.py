@@ -6,9 +6,10 @@ from collections import OrderedDict
 
 import hypothesis.strategies as st
 from hypothesis import settings
-from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
 from engine.cache import TierCache
+from tests.engine.policy.pin_rules import PinRules
 
 KEYS = st.integers(min_value=0, max_value=11)
 
@@ -42,7 +43,7 @@ class LRUModel:
         return False
 
 
-class LRUMachine(RuleBasedStateMachine):
+class LRUMachine(PinRules, RuleBasedStateMachine):
     """Random accesses, pins, unpins and invalidations; cache and model must agree."""
 
     @initialize(
@@ -66,21 +67,11 @@ class LRUMachine(RuleBasedStateMachine):
         got = self.cache.access(key, self.sizes[key], self.now)
         assert got == self.model.access(key, self.sizes[key])
 
-    @precondition(lambda self: len(self.model.order) > 0)
-    @rule(data=st.data())
-    def pin(self, data: st.DataObject) -> None:
-        key = data.draw(st.sampled_from(sorted(self.model.order)))
-        self.cache.pin(key)
-        self.model.pins[key] = self.model.pins.get(key, 0) + 1
+    def pin_counts(self) -> dict[int, int]:
+        return self.model.pins
 
-    @precondition(lambda self: len(self.model.pins) > 0)
-    @rule(data=st.data())
-    def unpin(self, data: st.DataObject) -> None:
-        key = data.draw(st.sampled_from(sorted(self.model.pins)))
-        self.cache.unpin(key)
-        self.model.pins[key] -= 1
-        if self.model.pins[key] == 0:
-            del self.model.pins[key]
+    def pinnable(self) -> list[int]:
+        return sorted(self.model.order)
 
     @rule(key=KEYS)
     def invalidate(self, key: int) -> None:

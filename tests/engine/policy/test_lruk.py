@@ -8,12 +8,13 @@ import hypothesis.strategies as st
 import numpy as np
 import pytest
 from hypothesis import settings
-from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
 from engine.cache import TierCache
 from engine.errors import InputError
 from engine.policy import make_policy
 from engine.policy.lruk import LRUKPolicy
+from tests.engine.policy.pin_rules import PinRules
 
 INF = math.inf
 KEYS = st.integers(min_value=0, max_value=9)
@@ -50,7 +51,7 @@ def victim_from_times(
     return best
 
 
-class _PinningMachine(RuleBasedStateMachine):
+class _PinningMachine(PinRules, RuleBasedStateMachine):
     """Shared rules: pin/unpin/invalidate on ``self.cache``; subclasses add accesses."""
 
     cache: TierCache
@@ -60,22 +61,6 @@ class _PinningMachine(RuleBasedStateMachine):
         self.pins: dict[int, int] = {}
         self.refs: list[tuple[int, float]] = []  # raw references that reached the policy
         self.requests = 0
-
-    @precondition(lambda self: len(self.cache) > 0)
-    @rule(data=st.data())
-    def pin(self, data: st.DataObject) -> None:
-        key = data.draw(st.sampled_from(sorted(self.cache)))
-        self.cache.pin(key)
-        self.pins[key] = self.pins.get(key, 0) + 1
-
-    @precondition(lambda self: len(self.pins) > 0)
-    @rule(data=st.data())
-    def unpin(self, data: st.DataObject) -> None:
-        key = data.draw(st.sampled_from(sorted(self.pins)))
-        self.cache.unpin(key)
-        self.pins[key] -= 1
-        if not self.pins[key]:
-            del self.pins[key]
 
     @rule(key=KEYS)
     def invalidate(self, key: int) -> None:
@@ -180,23 +165,11 @@ class LRUEquivalenceMachine(_PinningMachine):
         assert self._access(key, self.sizes[key]) == expected
 
     # Mirror pins and invalidations on the LRU cache.
-    @precondition(lambda self: len(self.cache) > 0)
-    @rule(data=st.data())
-    def pin(self, data: st.DataObject) -> None:
-        key = data.draw(st.sampled_from(sorted(self.cache)))
-        self.cache.pin(key)
+    def mirror_pin(self, key: int) -> None:
         self.lru.pin(key)
-        self.pins[key] = self.pins.get(key, 0) + 1
 
-    @precondition(lambda self: len(self.pins) > 0)
-    @rule(data=st.data())
-    def unpin(self, data: st.DataObject) -> None:
-        key = data.draw(st.sampled_from(sorted(self.pins)))
-        self.cache.unpin(key)
+    def mirror_unpin(self, key: int) -> None:
         self.lru.unpin(key)
-        self.pins[key] -= 1
-        if not self.pins[key]:
-            del self.pins[key]
 
     @rule(key=KEYS)
     def invalidate(self, key: int) -> None:

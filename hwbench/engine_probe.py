@@ -47,25 +47,37 @@ __all__ = [
     "fetch_probe",
     "fit_engine",
     "fit_stream",
+    "scale_compute",
+    "serving_scale",
 ]
 
 
 @dataclass(frozen=True)
 class PassPoint:
-    """Engine iterations of one shape: ``tokens`` prompt tokens prefilled (0: none) and one
-    decode step of ``batch`` sequences holding ``context`` tokens in all (``batch`` 0: none);
-    ``mean_s`` is the mean of ``count`` measured iterations (a request's latency is a sum of
-    iteration times, which converges to the mean, OS pauses included)."""
+    """Engine iterations of one shape: ``tokens`` prompt tokens prefilled (0: none) in
+    ``prompts`` prompts whose squared lengths sum to ``sq_tokens`` (causal attention's work;
+    the mean over the group), and one decode step of ``batch`` sequences holding ``context``
+    tokens in all (``batch`` 0: none); ``mean_s`` is the mean of ``count`` measured
+    iterations (a request's latency is a sum of iteration times, which converges to the mean,
+    OS pauses included)."""
 
     tokens: int
     batch: int
     context: int
     mean_s: float
     count: int
+    prompts: int = 1
+    sq_tokens: float | None = None  # None: one prompt of ``tokens`` (tokens ** 2)
+
+    @property
+    def sq(self) -> float:
+        return float(self.tokens) ** 2 if self.sq_tokens is None else float(self.sq_tokens)
 
     def row(self) -> dict[str, float]:
         return {
             "tokens": float(self.tokens),
+            "prompts": float(self.prompts),
+            "sq_tokens": self.sq,
             "batch": float(self.batch),
             "context": float(self.context),
             "mean_s": self.mean_s,
@@ -104,7 +116,7 @@ def engine_probe(
     from hwbench.validate import engine_parts, run_engine
     from hwbench.workloads import ValidationWorkload
 
-    rows: dict[tuple[int, int, int], list[float]] = {}
+    rows: Groups = {}
     with tempfile.TemporaryDirectory(prefix="pdsim-engine-probe-", dir=workdir) as tmp:
         w0 = ValidationWorkload("probe", "engine probe", requests=1, hbm_fraction=1.5)
         parts = engine_parts(w0, Path(tmp))
@@ -140,16 +152,32 @@ def engine_probe(
             )
             res, _ = run_engine(w, Path(tmp), parts)
             _collect(rows, res.iteration_log)
-    return [PassPoint(k[0], k[1], k[2], float(np.mean(v)), len(v)) for k, v in sorted(rows.items())]
+    return [
+        PassPoint(
+            k[0],
+            k[2],
+            k[3],
+            float(np.mean([dt for dt, _ in v])),
+            len(v),
+            prompts=k[1],
+            sq_tokens=float(np.mean([sq for _, sq in v])) if k[0] else 0.0,
+        )
+        for k, v in sorted(rows.items())
+    ]
 
 
-def _collect(rows: dict[tuple[int, int, int], list[float]], log: list[Any]) -> None:
-    """Group iterations by (prompt tokens, decode batch, decode context), both in buckets
-    (32 and 64 tokens, bucket centres)."""
-    for _t0, dt, _nn, ptok, nd, ctx, _wait in log:
-        p = int(ptok) // 32 * 32 + 16 if ptok else 0
-        key = (p, int(nd), int(ctx) // 64 * 64 + 32 if nd else 0)
-        rows.setdefault(key, []).append(float(dt))
+Groups = dict[tuple[int, int, int, int], list[tuple[float, float]]]
+
+
+def _collect(rows: Groups, log: list[Any]) -> None:
+    """Group iterations (:class:`engine.runtime.engine.IterationRecord`) by (prompt tokens,
+    prompts, decode batch, decode context), tokens in buckets (32 and 64 tokens, bucket
+    centres); each entry keeps (seconds, sum of squared prompt lengths)."""
+    for rec in log:
+        ptok, nd, ctx = int(rec.prompt_tokens), int(rec.decode_batch), int(rec.decode_context)
+        p = ptok // 32 * 32 + 16 if ptok else 0
+        key = (p, int(rec.new) if ptok else 0, nd, ctx // 64 * 64 + 32 if nd else 0)
+        rows.setdefault(key, []).append((float(rec.seconds), float(rec.prompt_sq_tokens)))
 
 
 @dataclass(frozen=True)
@@ -162,18 +190,26 @@ class StreamProbe:
     runs: tuple[tuple[Any, float, Any, float], ...]  # (stream w, busy s, resident w, busy s)
 
 
+#: the fetch probe's HBM eviction policies, taken in turn by its runs: LRU thrashes a cyclic
+#: layer scan evenly; LRU-K keeps some layers and re-fetches others within an iteration, so
+#: demand fetches and prefetches mix differently
+PROBE_POLICIES: tuple[str, ...] = ("lru", "lru-k")
+
+
 def fetch_probe(
     latency: float,
     xp: ModuleType = np,
     *,
-    requests: int = 16,
-    rate: float = 5.0,
+    requests: int = 20,
+    rate: float = 4.0,
     seeds: int = 2,
     workdir: Path | None = None,
 ) -> StreamProbe:
-    """Serve probe workloads (``requests`` Poisson arrivals at ``rate``/s, mixed lengths;
-    ``seeds`` draws) on the engine with HBM holding 60% of the weights (layers stream
-    host -> device every iteration) and again with every weight resident.
+    """Serve probe workloads (``requests`` Poisson arrivals at ``rate``/s, prompts of 32-256
+    and outputs of 4-32 tokens; ``seeds`` draws, the HBM policy taking
+    :data:`PROBE_POLICIES` in turn) on the engine with HBM holding 60% of the weights (layers
+    stream host -> device every iteration) and again with every weight resident. The same
+    runs give :func:`serving_scale` (resident) and :func:`fit_stream` (streaming).
 
     ``bandwidth`` = bytes the copy thread moved over the wall time its reads took (contention
     with the engine's own compute included); it becomes ``links.pcie.bandwidth``
@@ -193,17 +229,18 @@ def fetch_probe(
         rate=rate,
         hbm_fraction=0.6,
         input_low=32,
-        input_high=160,
-        output_low=8,
-        output_high=24,
+        input_high=256,
+        output_low=4,
+        output_high=32,
         seed=500,
     )
-    wr = replace(w, name="probe-resident", hbm_fraction=1.5)
     runs: list[tuple[Any, float, Any, float]] = []
     fetch_s, fetch_bytes = 0.0, 0
     with tempfile.TemporaryDirectory(prefix="pdsim-fetch-probe-", dir=workdir) as tmp:
         for k in range(seeds + 1):  # run 0 warms the interpreter and allocator; not kept
-            ws, wres = replace(w, seed=w.seed + k), replace(wr, seed=w.seed + k)
+            pol = PROBE_POLICIES[(k - 1) % len(PROBE_POLICIES)] if k else "lru"
+            ws = replace(w, seed=w.seed + k, policy=pol)
+            wres = replace(ws, name="probe-resident", hbm_fraction=1.5)
             # Fresh, warmed stacks for every run, as `pdsim validate` serves each workload:
             # a reused stack would carry the last run's cache times into the next run.
             sdir, rdir = Path(tmp) / f"stream{k}", Path(tmp) / f"resident{k}"
@@ -247,6 +284,61 @@ def fit_stream(
                 }
             )
         return float(np.median([r["copy_interference"] for r in rows])), rows
+
+
+def serving_scale(profile: Profile, probe: StreamProbe, workdir: Path | None = None) -> float:
+    """How much slower the engine computes while serving than the probe's back-to-back
+    iterations say: the median over ``probe``'s all-resident runs of engine busy seconds /
+    simulator busy seconds with ``profile``.
+
+    Iterations of an open-loop run are slower than the same shapes run back to back: the
+    first iteration after an idle gap runs on cold caches (on the 2-core VM a 96-token
+    prefill after a 50 ms pause takes ~12% longer, the next decode steps ~20%), and the first
+    decode steps after a prefill run after it evicted their working set. The serving runs
+    measure that mix; :func:`scale_compute` folds it into the compute terms."""
+    from hwbench.validate import run_simulator
+
+    with tempfile.TemporaryDirectory(prefix="pdsim-serving-scale-", dir=workdir) as tmp:
+        ratios = [
+            eng_res
+            / float(run_simulator(wr, profile, Path(tmp), interference=0.0)[4].ctx.metrics.busy)
+            for _ws, _es, wr, eng_res in probe.runs
+        ]
+    return float(np.median(ratios))
+
+
+def scale_compute(profile: Profile, k: float) -> Profile:
+    """``profile`` with every fitted compute term ``k`` times slower (overheads and attention
+    terms times ``k``, FLOP rate and weight-read bandwidth divided by ``k``), so the
+    :class:`EngineCostModel` charges ``k`` times as much for every iteration; the factor is
+    recorded as ``fitted.engine_fit[0]["serving_scale"]``."""
+    if not k > 0:
+        raise ValueError(f"scale must be > 0, got {k}")
+    fit = dict((profile.fitted.get("engine_fit") or [{}])[0])
+    for key in ("attn_fixed_s", "attn_per_token_s", "prefill_sq_s"):
+        if key in fit:
+            fit[key] *= k
+    g = profile.gpu
+    gpu = g.model_copy(
+        update={
+            "per_layer_overhead_s": g.per_layer_overhead_s * k,
+            "kernel_launch_s": g.kernel_launch_s * k,
+            "flops_fp16": g.flops_fp16 / k,
+            "flops_fp32": g.flops_fp32 / k,
+            "hbm_bandwidth": g.hbm_bandwidth / k,
+        }
+    )
+    for key, val in (
+        ("per_layer_overhead_s", gpu.per_layer_overhead_s),
+        ("kernel_launch_s", gpu.kernel_launch_s),
+        ("flop_rate", gpu.flops_fp32 * gpu.compute_efficiency),
+        ("hbm_bandwidth", gpu.hbm_bandwidth),
+    ):
+        if key in fit:
+            fit[key] = val
+    fit["serving_scale"] = fit.get("serving_scale", 1.0) * k
+    fitted = {**profile.fitted, "engine_fit": [fit]}
+    return profile.model_copy(update={"gpu": gpu, "fitted": fitted})
 
 
 class EngineCostModel(CostModel):
@@ -294,7 +386,7 @@ def _predict(cost: CostModel, p: PassPoint) -> float:
     """The simulator node's charge for such an iteration (``ModelRt.iter_time``)."""
     t = 0.0
     if p.tokens:
-        t += float(cost.prefill_time(p.tokens))
+        t += float(cost.prefill_time(p.tokens, round(p.sq)))
     if p.batch:
         t += float(cost.decode_step_time(p.batch, p.context))
     return t
@@ -405,7 +497,7 @@ def calibrate_engine(
     if tiny:
         probe = fetch_probe(lat, xp, requests=3, rate=1e9, seeds=1, workdir=workdir)
     else:
-        probe = fetch_probe(lat, xp, seeds=3 if quick else 5, workdir=workdir)
+        probe = fetch_probe(lat, xp, seeds=4 if quick else 8, workdir=workdir)
     bw = probe.bandwidth
     links = fitted.links.model_copy(
         update={"pcie": fitted.links.pcie.model_copy(update={"bandwidth": bw, "latency": lat})}
@@ -413,6 +505,7 @@ def calibrate_engine(
     fit = dict(fitted.fitted)
     fit["engine_fit"] = [{**fit["engine_fit"][0], "pcie_bandwidth": bw, "pcie_latency_s": lat}]
     with_link = fitted.model_copy(update={"links": links, "fitted": fit})
+    with_link = scale_compute(with_link, serving_scale(with_link, probe, workdir))
     s, rows = fit_stream(with_link, probe, workdir)
     fit = dict(with_link.fitted)
     fit["engine_fit"] = [{**fit["engine_fit"][0], KEY: s}]

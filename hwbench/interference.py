@@ -1,23 +1,37 @@
 """Copy/compute interference: a streamed layer costs more than "copy overlapped with compute".
 
 On a CPU the engine's prefetch thread (copying a layer host -> device) and its compute thread
-share the cores, the memory bus and Python's GIL. The simulator's node charges a layer
-``max(C, X)`` when a prefetch of ``X`` seconds (bytes / ``links.pcie.bandwidth``) is issued at
-the start of a layer that computes for ``C`` seconds (``hold_pins``: the layer ends when both
-are done). The engine measurably takes longer. This module models the difference with one
-calibrated factor ``s`` (``fitted.engine_fit[0]["copy_interference"]``; absent or 0 = no
-interference, so datasheet GPU profiles and every ordinary scenario are unchanged):
+share the cores, the memory bus and Python's GIL: on such a machine "host" and "device" memory
+are the same DRAM, so the copy and the layer's weight reads compete for one bus. The
+simulator's node charges a layer ``max(C, X)`` when a prefetch of ``X`` seconds (bytes /
+``links.pcie.bandwidth``) is issued as a layer starts computing for ``C`` seconds
+(``hold_pins``, the engine's order: the layer's own missing chunks are fetched and pinned
+first, then the next layers' prefetch is planned; the layer ends when compute and prefetch
+are both done). The engine measurably takes longer. This
+module models the difference with one calibrated factor ``s``
+(``fitted.engine_fit[0]["copy_interference"]``; absent or 0 = no interference, so datasheet
+GPU profiles and every ordinary scenario are unchanged):
 
-    a layer's compute, while a copy of X seconds issued at its start is in flight, takes
-    ``C + s * min(C, X)``  (s = 0: fully parallel; s = 1: the overlapped part serialises).
+    a layer with compute ``C`` and a copy of ``X`` issued as it starts computing ends after
+    ``max(C, X) + s * min(C, X)``  (s = 0: fully parallel; s = 1: the overlapped part
+    serialises, ``C + X``; s > 1: contention costs more than taking turns).
 
-The layer then ends at ``max(C + s * min(C, X), X)``. :func:`install` applies this to a built
-cluster's nodes (simulator side, used by :func:`hwbench.validate.run_simulator`) without
-touching :mod:`sim.node`: each node's ``_layers`` is wrapped to learn the iteration's compute
-time and ``_prefetch`` to add one timeout event, ending at the slowed compute's end, to the
-events the (held) layer waits for. :func:`fit_interference` finds ``s`` by bisection so that
-the simulator's busy time on probe streaming runs matches the engine's, after dividing out the
-compute model's own error measured on the same runs with every weight resident.
+The form is symmetric in ``C`` and ``X``: on the 2-core VM the streamed validation runs take
+about ``C + bytes / bandwidth`` per iteration whether the copy or the compute is the longer
+part, and the fitted ``s`` comes out near 1 for LRU and LRU-K runs alike (an earlier form,
+``max(C + s * min(C, X), X)``, could not exceed ``X`` when the copy dominated; with the
+prefetch planned before the layer's own demand fetch, the slowed compute also hid that fetch,
+and LRU-K's heavier streaming -- 30 MB per iteration against LRU's 20 -- was under-predicted
+by ~20%).
+
+:func:`install` applies this to a built cluster's nodes (simulator side, used by
+:func:`hwbench.validate.run_simulator`) without touching :mod:`sim.node`: each node's
+``_layers`` is wrapped to learn the iteration's compute time and ``_prefetch`` to add one
+timeout event, ending at the formula's time, to the events the (held) layer waits for (the
+copy's own transfer events still gate it too: a copy queued behind others ends later).
+:func:`fit_interference` finds ``s`` by bisection so that the simulator's busy time on probe
+streaming runs matches the engine's, after dividing out the compute model's own error measured
+on the same runs with every weight resident.
 
 Invariant: with ``s == 0`` (or no prefetch issued) the wrapped node behaves exactly as the
 plain node (no event is added).
@@ -30,11 +44,17 @@ from typing import Any
 
 import simpy
 
-__all__ = ["DEFAULT", "KEY", "fit_interference", "install", "interference_of"]
+__all__ = ["DEFAULT", "KEY", "fit_interference", "install", "interference_of", "layer_time"]
 
 KEY = "copy_interference"
 DEFAULT = 0.0  # no interference
-S_MAX = 4.0  # the bisection's upper end (4: a copy costs 4x its overlap in compute)
+S_MAX = 4.0  # the bisection's upper end (4: the overlapped part costs 5x its length)
+
+
+def layer_time(compute_s: float, copy_s: float, s: float) -> float:
+    """Seconds a layer computing ``compute_s`` takes while a copy of ``copy_s`` seconds
+    issued at its start is in flight: ``max(C, X) + s * min(C, X)`` (module docstring)."""
+    return max(compute_s, copy_s) + s * min(compute_s, copy_s)
 
 
 def interference_of(profile: Any) -> float:
@@ -75,7 +95,7 @@ def _wrap(node: Any, s: float, bandwidth: float, latency: float) -> None:
         if issued and moved[0] > 0:
             c = state["t_total"] * float(node.ctx.models[m].layer_frac[layer])
             x = latency + moved[0] / bandwidth
-            issued.append(node.env.timeout(c + s * min(c, x)))
+            issued.append(node.env.timeout(layer_time(c, x, s)))
         return issued
 
     node._layers = layers

@@ -154,8 +154,9 @@ class ComputeNode:
         self._carry = 0.0
         self._quantum = 0
         self._window = sc.prefetch.window_batches if sc.prefetch.enabled else 0
-        #: keep a layer pinned until the prefetches issued at its start have landed (the real
-        #: engine's deterministic mode; set by hwbench.validate, off by default)
+        #: the real engine's deterministic mode (set by hwbench.validate, off by default):
+        #: fetch and pin a layer, then plan the next layers' prefetch, and keep the layer
+        #: pinned until that prefetch has landed
         self.hold_pins = False
         self._heat = HeatMap(half_life=sc.prefetch.heat_half_life)
         self._planner = PrefetchPlanner(window_batches=max(self._window, 1), heat=self._heat)
@@ -449,7 +450,10 @@ class ComputeNode:
         for layer in range(mr.n_layers):
             dt = t_total * float(mr.layer_frac[layer])
             if mr.layer_chunks[layer]:
-                pf = self._prefetch(m, layer, charge) if self._window else []
+                # hold_pins (the real engine's order): fetch the layer, pin it, then plan the
+                # prefetch, so the prefetch overlaps the compute only; else plan first
+                early = self._window and not self.hold_pins
+                pf = self._prefetch(m, layer, charge) if early else []
                 while not ws.layer_resident(m, layer):
                     ev = ws.fetch(m, layer, ws.missing(m, layer), 0, charge)
                     if ev is None:  # cannot happen: a missing chunk is in HBM or in flight
@@ -478,6 +482,8 @@ class ComputeNode:
                     lo, hi = int(mr.layer_start[layer]), int(mr.layer_start[layer + 1])
                     self._heat.record([mr.base | c for c in range(lo, hi)], env.now)
                 ws.pin_layer(m, layer, True)
+                if self._window and self.hold_pins:
+                    pf = self._prefetch(m, layer, charge)
                 yield env.timeout(dt)
                 if self.hold_pins and pf:  # the real engine's rule (engine.runtime, hold_pins)
                     t0 = env.now

@@ -25,7 +25,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -36,7 +36,7 @@ from engine.runtime.prefetcher import Prefetcher
 from engine.runtime.scheduler import BatchScheduler
 from engine.runtime.weights import TIER_NAMES, TieredWeights, WeightSource
 
-__all__ = ["Engine", "EngineResult", "EngineWorkload"]
+__all__ = ["Engine", "EngineResult", "EngineWorkload", "IterationRecord"]
 
 _NT = len(TIER_NAMES)
 SPIN_S = 0.003  # the last seconds before an arrival are spun, not slept
@@ -55,6 +55,21 @@ class EngineWorkload:
     @property
     def n(self) -> int:
         return int(self.arrival.shape[0])
+
+
+class IterationRecord(NamedTuple):
+    """One engine iteration: when it started and how long it took (run-clock seconds), what
+    it computed (new prompts, their tokens and sum of squared lengths -- causal attention's
+    work --, the decode batch and its total context tokens) and its parameter wait."""
+
+    start: float
+    seconds: float
+    new: int
+    prompt_tokens: int
+    prompt_sq_tokens: int
+    decode_batch: int
+    decode_context: int
+    param_wait: float
 
 
 @dataclass
@@ -76,11 +91,8 @@ class EngineResult:
     param_wait_s: float
     iterations: int
     clock_excludes_cpu_wait: bool = False
-    #: one row per iteration: (start s, seconds, new requests, prompt tokens, decode batch,
-    #: decode context tokens, param wait s) -- the shapes the simulator's cost model charges
-    iteration_log: list[tuple[float, float, int, int, int, int, float]] = field(
-        default_factory=list
-    )
+    #: one row per iteration: the shapes the simulator's cost model charges
+    iteration_log: list[IterationRecord] = field(default_factory=list)
     tokens: list[list[int]] = field(default_factory=list)
     logits: list[list[np.ndarray]] = field(default_factory=list)
 
@@ -295,8 +307,19 @@ class Engine:
         if isinstance(self.weights, TieredWeights):
             self.weights.touch(now)
         ctx = sum(len(self._prompts[r]) + len(res.tokens[r]) for r in running)
-        ptok = sum(len(self._prompts[r]) for r in new)
-        res.iteration_log.append((t_start, now - t_start, len(new), ptok, len(running), ctx, wait))
+        plens = [len(self._prompts[r]) for r in new]
+        res.iteration_log.append(
+            IterationRecord(
+                t_start,
+                now - t_start,
+                len(new),
+                sum(plens),
+                sum(p * p for p in plens),
+                len(running),
+                ctx,
+                wait,
+            )
+        )
         res.iterations += 1
         res.busy_s += now - t_start
         res.param_wait_s += wait

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from hwbench.interference import KEY, S_MAX, fit_interference, interference_of
+from hwbench.interference import KEY, S_MAX, fit_interference, interference_of, layer_time
 from hwbench.validate import Comparison, median_comparison, run_simulator
 from hwbench.workloads import ValidationWorkload
 from sim.costmodel import Profile, load_profile
@@ -33,6 +33,21 @@ def test_fit_recovers_the_factor_of_a_monotone_simulator(
     sim_res = 3.0
     s = fit_interference(sim(s_true) * bias, sim_res * bias, sim, sim_res, tol=1e-6)
     assert s == pytest.approx(s_true, abs=1e-5)
+
+
+@given(
+    c=st.floats(0.0, 1.0),
+    x=st.floats(0.0, 1.0),
+    s=st.floats(0.0, S_MAX),
+)
+def test_layer_time_runs_from_parallel_to_serial(c: float, x: float, s: float) -> None:
+    """s = 0: copy and compute overlap fully; s = 1: they take turns (C + X), whichever is
+    longer; the time grows with s and never undercuts the longer of the two."""
+    assert layer_time(c, x, 0.0) == max(c, x)
+    assert layer_time(c, x, 1.0) == pytest.approx(c + x)
+    assert layer_time(c, x, s) >= max(c, x)
+    assert layer_time(c, x, s) == pytest.approx(layer_time(x, c, s))  # symmetric
+    assert layer_time(c, x, s) <= layer_time(c, x, s + 0.5)
 
 
 def test_fit_clamps_to_the_range_ends() -> None:

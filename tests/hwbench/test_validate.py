@@ -11,9 +11,21 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from typer.testing import CliRunner
 
-from hwbench.engine_probe import EngineCostModel, PassPoint, _predict, fit_engine
+from engine.runtime.engine import IterationRecord
+from hwbench.engine_probe import (
+    EngineCostModel,
+    PassPoint,
+    StreamProbe,
+    _collect,
+    _predict,
+    fit_engine,
+    scale_compute,
+    serving_scale,
+)
 from hwbench.validate import (
     compare,
     decoder_config,
@@ -24,7 +36,7 @@ from hwbench.validate import (
 )
 from hwbench.workloads import SUITE, ValidationWorkload, arrivals, get_workload
 from sim.cli import app
-from sim.costmodel import load_profile
+from sim.costmodel import Profile, load_profile
 from sim.scenario import validate as validate_scenario
 
 
@@ -138,12 +150,80 @@ def test_fit_engine_recovers_known_terms() -> None:
     shapes = [(0, b, c) for b in (1, 4, 16) for c in (100, 1000, 4000)]
     shapes += [(t, 0, 0) for t in (16, 64, 256, 512)] + [(128, 4, 800)]
     pts = [PassPoint(t, b, c, 0.0, 3) for t, b, c in shapes]
+    # batched prefills: 8 prompts of 64 tokens do an eighth of one 512-token prompt's
+    # attention work, and the fit must see that (sq_tokens, not tokens ** 2)
+    pts += [PassPoint(512, 0, 0, 0.0, 3, prompts=8, sq_tokens=8 * 64**2)]
+    pts += [PassPoint(384, 2, 600, 0.0, 3, prompts=4, sq_tokens=4 * 96**2)]
     pts = [replace(p, mean_s=_predict(cost, p)) for p in pts]
     fit = fit_engine(base, spec, pts)
     got = EngineCostModel(fit, spec)
     for p in pts:
         assert _predict(got, p) == pytest.approx(p.mean_s, rel=0.05)
     assert fit.fitted["engine_fit"][0]["rms_log_error"] < 0.03
+
+
+def test_probe_groups_iterations_by_prompt_count_and_keeps_squared_lengths() -> None:
+    """One 128-token prompt and four 32-token prompts have the same token count but not the
+    same attention work: they land in different groups, each with its mean squared sum."""
+    log = [
+        IterationRecord(0.0, 0.010, 1, 128, 128**2, 0, 0, 0.0),
+        IterationRecord(0.0, 0.012, 1, 130, 130**2, 0, 0, 0.0),
+        IterationRecord(0.0, 0.006, 4, 128, 4 * 32**2, 0, 0, 0.0),
+        IterationRecord(0.0, 0.002, 0, 0, 0, 3, 300, 0.0),
+    ]
+    rows: dict = {}
+    _collect(rows, log)
+    assert sorted(rows) == [(0, 0, 3, 288), (144, 1, 0, 0), (144, 4, 0, 0)]
+    assert rows[(144, 1, 0, 0)] == [(0.010, 128.0**2), (0.012, 130.0**2)]
+    assert rows[(144, 4, 0, 0)] == [(0.006, 4.0 * 32**2)]
+    assert PassPoint(144, 0, 0, 0.01, 2).sq == 144.0**2  # one prompt by default
+    assert PassPoint(144, 0, 0, 0.01, 2, prompts=4, sq_tokens=4096.0).sq == 4096.0
+
+
+def _fitted_profile() -> Profile:
+    prof = load_profile("a100-80gb")
+    fitted = dict(prof.fitted)
+    fitted["engine_fit"] = [{"attn_fixed_s": 2e-5, "attn_per_token_s": 4e-7, "prefill_sq_s": 1e-9}]
+    gpu = prof.gpu.model_copy(update={"per_layer_overhead_s": 3e-4})
+    return prof.model_copy(update={"fitted": fitted, "gpu": gpu})
+
+
+@settings(max_examples=30, deadline=None)
+@given(
+    k=st.floats(0.2, 5.0),
+    tokens=st.integers(1, 2048),
+    batch=st.integers(1, 64),
+    ctx=st.integers(1, 20000),
+)
+def test_scale_compute_scales_every_iteration_by_k(
+    k: float, tokens: int, batch: int, ctx: int
+) -> None:
+    prof = _fitted_profile()
+    cfg = decoder_config()
+    spec = sim_catalogue(cfg)[cfg.name]
+    a, b = EngineCostModel(prof, spec), EngineCostModel(scale_compute(prof, k), spec)
+    assert b.prefill_time(tokens) == pytest.approx(k * a.prefill_time(tokens), rel=1e-9)
+    assert b.decode_step_time(batch, ctx) == pytest.approx(
+        k * a.decode_step_time(batch, ctx), rel=1e-9
+    )
+    assert scale_compute(scale_compute(prof, k), 2.0).fitted["engine_fit"][0][
+        "serving_scale"
+    ] == pytest.approx(2 * k)
+    with pytest.raises(ValueError):
+        scale_compute(prof, 0.0)
+
+
+def test_serving_scale_is_the_median_engine_to_simulator_ratio(tmp_path: Path) -> None:
+    """Engine busy times made k times the simulator's (one run disturbed) give back k."""
+    from hwbench.validate import run_simulator
+
+    prof = _fitted_profile()
+    runs = []
+    for seed, k in ((1, 1.25), (2, 1.25), (3, 3.0)):
+        w = ValidationWorkload("r", "resident", requests=3, rate=50.0, seed=seed)
+        busy = float(run_simulator(w, prof, tmp_path, interference=0.0)[4].ctx.metrics.busy)
+        runs.append((w, 0.0, w, k * busy))
+    assert serving_scale(prof, StreamProbe(1e9, tuple(runs)), tmp_path) == pytest.approx(1.25)
 
 
 def test_validate_workload_end_to_end_is_small_and_consistent() -> None:

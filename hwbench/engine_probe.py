@@ -119,7 +119,7 @@ def engine_probe(
     rows: Groups = {}
     with tempfile.TemporaryDirectory(prefix="pdsim-engine-probe-", dir=workdir) as tmp:
         w0 = ValidationWorkload("probe", "engine probe", requests=1, hbm_fraction=1.5)
-        parts = engine_parts(w0, Path(tmp))
+        parts = engine_parts(w0, Path(tmp), xp)
         for rep in range(-1, repeats):  # round -1 warms caches and allocator; not kept
             for i, (n, inp, out) in enumerate(runs):
                 w = replace(
@@ -244,8 +244,8 @@ def fetch_probe(
             # Fresh, warmed stacks for every run, as `pdsim validate` serves each workload:
             # a reused stack would carry the last run's cache times into the next run.
             sdir, rdir = Path(tmp) / f"stream{k}", Path(tmp) / f"resident{k}"
-            es, weights = run_engine(ws, sdir, engine_parts(ws, sdir))
-            er, _ = run_engine(wres, rdir, engine_parts(wres, rdir))
+            es, weights = run_engine(ws, sdir, engine_parts(ws, sdir, xp))
+            er, _ = run_engine(wres, rdir, engine_parts(wres, rdir, xp))
             if k:
                 runs.append((ws, es.busy_s, wres, er.busy_s))
                 fetch_s += weights.fetch_s

@@ -24,6 +24,7 @@ import math
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import numpy as np
@@ -135,31 +136,34 @@ def sizes(w: ValidationWorkload, cfg: DecoderConfig | DenseConfig) -> Sizes:
 
 
 # -- engine ------------------------------------------------------------------------------------
-def _stack(backing: ObjectStoreTier, w: ValidationWorkload, sz: Sizes, workdir: Path) -> TierStack:
+def _stack(
+    backing: ObjectStoreTier, w: ValidationWorkload, sz: Sizes, workdir: Path, xp: ModuleType
+) -> TierStack:
     params = dict(w.policy_params)
 
     def cache(cap: int, policy: str, name: str, p: dict[str, Any]) -> TierCache:
         return TierCache(cap, policy, p, high_watermark=1.0, low_watermark=1.0, name=name)
 
     levels = [
-        Level(DeviceTier(), cache(sz.hbm_weights, w.policy, "device", params)),
-        Level(HostTier(), cache(sz.host, "lru", "host", {})),
+        Level(DeviceTier(xp=xp), cache(sz.hbm_weights, w.policy, "device", params)),
+        Level(HostTier(xp=xp), cache(sz.host, "lru", "host", {})),
         Level(SsdTier(workdir / "ssd"), cache(sz.ssd, "lru", "ssd", {}), verify=True),
     ]
     return TierStack(levels, backing)
 
 
 def engine_parts(
-    w: ValidationWorkload, workdir: Path
+    w: ValidationWorkload, workdir: Path, xp: ModuleType = np
 ) -> tuple[DecoderConfig | DenseConfig, TieredWeights, Sizes]:
-    """Write the model, build and warm the tier stack (device cache = the HBM weight cache)."""
+    """Write the model, build and warm the tier stack (device cache = the HBM weight cache)
+    on backend ``xp`` (NumPy; CuPy: device memory on the GPU, pinned host memory)."""
     cfg: DecoderConfig | DenseConfig = decoder_config() if w.model == "decoder" else dense_config()
     sz = sizes(w, cfg)
     backing = ObjectStoreTier(workdir / "objects")
     manifest = write_model(
         backing, cfg.name, cfg.layer_bytes(), SEED, dtype="float32", chunk_bytes=CHUNK_BYTES
     )
-    weights = TieredWeights(ChunkStore(manifest, _stack(backing, w, sz, workdir)))
+    weights = TieredWeights(ChunkStore(manifest, _stack(backing, w, sz, workdir, xp)), xp)
     weights.warm(0.0)
     return cfg, weights, sz
 
@@ -169,8 +173,9 @@ def run_engine(
     workdir: Path,
     parts: tuple[DecoderConfig | DenseConfig, TieredWeights, Sizes] | None = None,
 ) -> tuple[EngineResult, TieredWeights]:
-    """Serve ``w`` on the engine (NumPy backend); see the module docstring. ``parts``: what
-    :func:`engine_parts` returned, to reuse a warm stack (else it is built here)."""
+    """Serve ``w`` on the engine; see the module docstring. ``parts``: what
+    :func:`engine_parts` returned, to reuse a warm stack (else it is built here on NumPy);
+    the model runs on the backend of ``parts``' weights."""
     parts = parts if parts is not None else engine_parts(w, workdir)
     eng = engine_for(w, parts)
     return eng.run(workload_for(w)), parts[1]
@@ -181,11 +186,12 @@ def engine_for(
 ) -> Engine:
     """The engine that serves ``w`` over the warm stack ``parts`` (see :func:`run_engine`)."""
     cfg, weights, sz = parts
+    xp = weights.xp
     if isinstance(cfg, DecoderConfig):
-        model: DecoderModel | DenseModel = DecoderModel(cfg, sz.kv // cfg.kv_bytes_per_token)
+        model: DecoderModel | DenseModel = DecoderModel(cfg, sz.kv // cfg.kv_bytes_per_token, xp)
         kvb = cfg.kv_bytes_per_token
     else:
-        model, kvb = DenseModel(cfg), 0
+        model, kvb = DenseModel(cfg, xp), 0
     sched = BatchScheduler(w.max_batch, w.max_batch_tokens, sz.kv, kvb, 16)
     return Engine(
         model, weights, sched, window=w.window, hold_pins=HOLD_PINS, exclude_cpu_wait=True
@@ -364,6 +370,7 @@ def validate_workload(
     *,
     refit: bool = False,
     repeats: int = 1,
+    xp: ModuleType = np,
 ) -> Comparison:
     """Run ``w`` on the engine and in the simulator and compare (scratch files in ``workdir``
     or a temporary directory). ``refit``: re-run the engine probe right before the engine
@@ -371,7 +378,7 @@ def validate_workload(
     whose load changed since ``pdsim calibrate`` is measured as it is now. ``repeats``: serve
     ``w`` that many times on the engine (a fresh warm stack each time) and compare the
     simulator (deterministic, run once) with the engine's per-metric median
-    (:func:`median_comparison`)."""
+    (:func:`median_comparison`). ``xp``: the engine's array backend (NumPy or CuPy)."""
     if repeats < 1:
         raise ValueError(f"repeats must be >= 1, got {repeats}")
     name = decoder_config().name if w.model == "decoder" else dense_config().name
@@ -383,11 +390,11 @@ def validate_workload(
         if refit:
             from hwbench.engine_probe import calibrate_engine
 
-            profile = calibrate_engine(profile)
+            profile = calibrate_engine(profile, xp)
         sim_df, sh, sb, _, _ = run_simulator(w, profile, wdir)
         for k in range(repeats):
             rdir = wdir / f"engine{k}"
-            res, _ = run_engine(w, rdir, engine_parts(w, rdir))
+            res, _ = run_engine(w, rdir, engine_parts(w, rdir, xp))
             eng_df = res.frame(name)
             comps.append(compare(w.name, eng_df, res.tier_hits, res.tier_bytes, sim_df, sh, sb))
     return median_comparison(comps)

@@ -29,9 +29,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from engine.errors import InputError
-from sim.cli.common import console, err_console, user_errors
-
-BACKENDS: dict[str, str] = {"cpu": "numpy", "gpu": "cupy"}
+from sim.cli.common import array_backend, console, err_console, user_errors
 
 
 def _fmt_rate(v: float, unit: str) -> str:
@@ -75,17 +73,11 @@ def calibrate(
 ) -> None:
     """Measure this machine and write a calibration profile for the simulator."""
     with user_errors():
-        if backend not in BACKENDS:
-            raise InputError(f"--backend {backend!r} not allowed; allowed: {', '.join(BACKENDS)}")
-        from engine.backend import BackendUnavailable, get_backend
+        xp = array_backend(backend)
         from hwbench.probes import ProbeConfig, plan
         from hwbench.profile import fit_profile
         from sim.costmodel import parse_profile
 
-        try:
-            xp = get_backend(BACKENDS[backend])
-        except BackendUnavailable as err:
-            raise InputError(f"--backend {backend}: {err}") from None
         mode = "tiny" if tiny else "quick" if quick else "full"
         cfg = {"tiny": ProbeConfig.tiny, "quick": ProbeConfig.quick, "full": ProbeConfig.full}[
             mode

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import sys
 from collections.abc import Iterator
+from types import ModuleType
 
 import typer
 from rich.console import Console
@@ -33,3 +34,20 @@ def user_errors() -> Iterator[None]:
 
 def is_tty() -> bool:
     return sys.stderr.isatty()
+
+
+#: ``--backend`` values of the engine-facing commands and the array module each selects
+BACKENDS: dict[str, str] = {"cpu": "numpy", "gpu": "cupy"}
+
+
+def array_backend(backend: str) -> ModuleType:
+    """The array module for ``--backend`` ``backend`` (``cpu``: NumPy, ``gpu``: CuPy);
+    :class:`InputError` naming the allowed values, or saying why CuPy cannot be used."""
+    if backend not in BACKENDS:
+        raise InputError(f"--backend {backend!r} not allowed; allowed: {', '.join(BACKENDS)}")
+    from engine.backend import BackendUnavailable, get_backend
+
+    try:
+        return get_backend(BACKENDS[backend])
+    except BackendUnavailable as err:
+        raise InputError(f"--backend {backend}: {err}") from None

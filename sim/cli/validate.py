@@ -1,7 +1,8 @@
 """``pdsim validate``: the real engine vs the simulator on the validation suite.
 
-``pdsim validate --profile P [--workload W ...] [--json] [--out DIR]`` runs each workload of
-:mod:`hwbench.workloads` (all by default) on the engine (NumPy backend) and in the simulator
+``pdsim validate --profile P [--workload W ...] [--backend cpu|gpu] [--json] [--out DIR]`` runs
+each workload of :mod:`hwbench.workloads` (all by default) on the engine (NumPy, or CuPy with
+``--backend gpu``) and in the simulator
 configured to match it with profile ``P`` (:mod:`hwbench.validate`), then prints one table per
 workload -- latency and TTFT P50/P99/mean, throughput, hit rate and bytes per tier: engine,
 simulator, error -- and writes a PNG of the latency CDFs (``DIR/validate_cdf.png``, default
@@ -30,7 +31,7 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from sim.cli.common import console, err_console, user_errors
+from sim.cli.common import array_backend, console, err_console, user_errors
 
 LIMITS = {"latency_p50": 0.10, "latency_p99": 0.15, "throughput_rps": 0.10}
 HIT_LIMIT = 0.01
@@ -75,6 +76,15 @@ def validate(
             help="Engine runs per workload; the table shows the engine's per-metric median.",
         ),
     ] = 1,
+    backend: Annotated[
+        str,
+        typer.Option(
+            "--backend",
+            "-b",
+            help="The engine's array backend: cpu (NumPy) or gpu (CuPy; use a profile "
+            "calibrated with --backend gpu).",
+        ),
+    ] = "cpu",
 ) -> None:
     """Run the validation suite on the engine and in the simulator and compare them."""
     with user_errors():
@@ -83,6 +93,7 @@ def validate(
         from hwbench.workloads import SUITE, get_workload
         from sim.costmodel import load_profile
 
+        xp = array_backend(backend)
         prof = load_profile(profile)
         chosen = [get_workload(n) for n in workload] if workload else list(SUITE)
         out.mkdir(parents=True, exist_ok=True)
@@ -90,14 +101,14 @@ def validate(
             err_console.print(
                 f"profile {profile} has no fitted.engine_fit: running the engine probe first"
             )
-            prof = calibrate_engine(prof)
+            prof = calibrate_engine(prof, xp)
             (out / "profile-with-engine-fit.json").write_text(
                 prof.model_dump_json(indent=2) + "\n", encoding="utf-8"
             )
         comps = []
         for w in chosen:
             err_console.print(f"[bold]{w.name}[/]: {w.description}")
-            comps.append(validate_workload(w, prof, refit=refit, repeats=repeats))
+            comps.append(validate_workload(w, prof, refit=refit, repeats=repeats, xp=xp))
         png = plot_cdfs(comps, out / "validate_cdf.png")
 
     for c in comps:

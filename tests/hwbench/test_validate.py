@@ -15,6 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from typer.testing import CliRunner
 
+from engine.backend import cupy_status
 from engine.runtime.engine import IterationRecord
 from hwbench.engine_probe import (
     EngineCostModel,
@@ -258,3 +259,41 @@ def test_cli_unknown_workload_and_bad_profile_exit_2(tmp_path: Path) -> None:
         app, ["validate", "--profile", "a100-80gb", "--workload", "nope", "--out", str(tmp_path)]
     )
     assert r.exit_code == 2 and "low-resident-lru" in r.output
+
+
+def test_cli_validate_bad_backend_exits_2(tmp_path: Path) -> None:
+    res = CliRunner().invoke(
+        app, ["validate", "-p", "a100-80gb", "--backend", "tpu", "-o", str(tmp_path / "v")]
+    )
+    assert res.exit_code == 2
+    assert "allowed: cpu, gpu" in res.output
+    assert not (tmp_path / "v").exists()
+
+
+@pytest.mark.skipif(cupy_status()[0] is not None, reason="a GPU is present here")
+def test_cli_validate_gpu_without_gpu_exits_2(tmp_path: Path) -> None:
+    res = CliRunner().invoke(
+        app, ["validate", "-p", "a100-80gb", "--backend", "gpu", "-o", str(tmp_path / "v")]
+    )
+    assert res.exit_code == 2 and "cupy" in res.output
+
+
+@pytest.mark.gpu
+def test_engine_parts_on_cupy_keep_weights_and_kv_on_the_gpu(tmp_path: Path) -> None:
+    """``--backend gpu``: the tier stack's device level, the weights the model reads and the
+    KV store are CuPy arrays, and a tiny streaming workload gives the NumPy engine's first
+    tokens (later ones may part on a near-tie of float32 logits) and token counts."""
+    from engine.backend import get_backend, is_gpu
+    from hwbench.validate import engine_for, engine_parts, run_engine, workload_for
+
+    cp = get_backend("cupy")
+    w = ValidationWorkload("t", "tiny", requests=3, rate=50.0, hbm_fraction=0.6, seed=3)
+    parts = engine_parts(w, tmp_path / "gpu", cp)
+    eng = engine_for(w, parts)
+    assert is_gpu(eng.model.xp) and parts[1].xp is cp
+    assert isinstance(parts[1].layer(1, 0.0), cp.ndarray)
+    parts[1].release(1)
+    got = eng.run(workload_for(w)).tokens
+    want = run_engine(w, tmp_path / "cpu")[0].tokens
+    assert [len(t) for t in got] == [len(t) for t in want]
+    assert [t[0] for t in got] == [t[0] for t in want]

@@ -194,6 +194,9 @@ class StreamProbe:
 #: layer scan evenly; LRU-K keeps some layers and re-fetches others within an iteration, so
 #: demand fetches and prefetches mix differently
 PROBE_POLICIES: tuple[str, ...] = ("lru", "lru-k")
+#: load multipliers (rate and request count) the runs take in turn after each policy round:
+#: light load, and twice it (larger batches: a layer's compute grows against its copy)
+PROBE_LOADS: tuple[float, ...] = (1.0, 2.0)
 
 
 def fetch_probe(
@@ -207,9 +210,10 @@ def fetch_probe(
 ) -> StreamProbe:
     """Serve probe workloads (``requests`` Poisson arrivals at ``rate``/s, prompts of 32-256
     and outputs of 4-32 tokens; ``seeds`` draws, the HBM policy taking
-    :data:`PROBE_POLICIES` in turn) on the engine with HBM holding 60% of the weights (layers
-    stream host -> device every iteration) and again with every weight resident. The same
-    runs give :func:`serving_scale` (resident) and :func:`fit_stream` (streaming).
+    :data:`PROBE_POLICIES` in turn and, after each round of policies, the load the next of
+    :data:`PROBE_LOADS`) on the engine with HBM holding 60% of the weights (layers stream
+    host -> device every iteration) and again with every weight resident. The same runs give
+    :func:`serving_scale` (resident) and :func:`fit_stream` (streaming).
 
     ``bandwidth`` = bytes the copy thread moved over the wall time its reads took (contention
     with the engine's own compute included); it becomes ``links.pcie.bandwidth``
@@ -238,8 +242,16 @@ def fetch_probe(
     fetch_s, fetch_bytes = 0.0, 0
     with tempfile.TemporaryDirectory(prefix="pdsim-fetch-probe-", dir=workdir) as tmp:
         for k in range(seeds + 1):  # run 0 warms the interpreter and allocator; not kept
-            pol = PROBE_POLICIES[(k - 1) % len(PROBE_POLICIES)] if k else "lru"
-            ws = replace(w, seed=w.seed + k, policy=pol)
+            npol = len(PROBE_POLICIES)
+            pol = PROBE_POLICIES[(k - 1) % npol] if k else "lru"
+            load = PROBE_LOADS[(k - 1) // npol % len(PROBE_LOADS)] if k else 1.0
+            ws = replace(
+                w,
+                seed=w.seed + k,
+                policy=pol,
+                rate=rate * load,
+                requests=max(1, round(requests * load)),
+            )
             wres = replace(ws, name="probe-resident", hbm_fraction=1.5)
             # Fresh, warmed stacks for every run, as `pdsim validate` serves each workload:
             # a reused stack would carry the last run's cache times into the next run.

@@ -303,11 +303,32 @@ class Engine:
                 self.run_clock.exclude(min(pf.cpu_wait() - w0, blocked))
                 wait += self.clock() - t
             self.weights.release(layer)
-        now = self.clock()
+        computed = self.clock()
         if isinstance(self.weights, TieredWeights):
-            self.weights.touch(now)
+            self.weights.touch(computed)  # the caches see the compute's end (the simulator's)
         ctx = sum(len(self._prompts[r]) + len(res.tokens[r]) for r in running)
         plens = [len(self._prompts[r]) for r in new]
+        done: list[int] = []
+        firsts: list[int] = []
+        if isinstance(self.model, DecoderModel):
+            outs = [(r, state.logits_p, i) for i, r in enumerate(new)]
+            outs += [(r, state.logits_d, i) for i, r in enumerate(running)]
+        else:
+            outs = [(r, state, i) for i, r in enumerate(new)]
+        for r, logits, i in outs:
+            row = logits[i]
+            res.tokens[r].append(int(xp.argmax(row)))
+            if self.keep_logits:
+                res.logits[r].append(backend.to_numpy(row).copy())
+            if len(res.tokens[r]) == 1:
+                firsts.append(r)
+            if len(res.tokens[r]) >= int(res.out[r]):
+                done.append(r)
+        # A token exists once it is sampled: the iteration (and its requests' first-token and
+        # end times) ends after the sampling, which the engine probe then measures too.
+        now = self.clock()
+        for r in firsts:
+            res.first[r] = now
         res.iteration_log.append(
             IterationRecord(
                 t_start,
@@ -324,21 +345,6 @@ class Engine:
         res.busy_s += now - t_start
         res.param_wait_s += wait
         self.cum[0] += wait
-        done: list[int] = []
-        if isinstance(self.model, DecoderModel):
-            outs = [(r, state.logits_p, i) for i, r in enumerate(new)]
-            outs += [(r, state.logits_d, i) for i, r in enumerate(running)]
-        else:
-            outs = [(r, state, i) for i, r in enumerate(new)]
-        for r, logits, i in outs:
-            row = logits[i]
-            res.tokens[r].append(int(xp.argmax(row)))
-            if self.keep_logits:
-                res.logits[r].append(backend.to_numpy(row).copy())
-            if len(res.tokens[r]) == 1:
-                res.first[r] = now
-            if len(res.tokens[r]) >= int(res.out[r]):
-                done.append(r)
         for r in done:
             res.end[r] = now
             res.status[r] = 1

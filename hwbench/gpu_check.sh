@@ -46,7 +46,7 @@ rm -rf "$OUT/scratch"
 # 3. Validation on the GPU engine: three workloads of the suite (resident, streaming, long
 #    context; requests arrive in real time, about 70 s in all) so the whole check fits 8 min
 if pdsim validate --help >/dev/null 2>&1 && [ -f "$OUT/profile-gpu.json" ]; then
-    step validate 150 "$OUT/validate.txt" pdsim validate --backend gpu \
+    step validate 150 "$OUT/validate.txt" pdsim validate --backend gpu --repeats 1 \
         --profile "$OUT/profile-gpu.json" --out "$OUT/validate" --json \
         -w low-resident-lru -w low-stream-lru -w long-context-lruk
     tail -n 1 "$OUT/validate.txt" >"$OUT/validate.json" 2>/dev/null || true

@@ -42,7 +42,7 @@ ROOT = Path(engine.__file__).resolve().parent.parent
 OUT = Path(os.environ.get("PDSIM_NOTEBOOK_OUT", ROOT / "runs" / "notebooks")) / "calibration"
 #: the measured profile to load (a path, or a shipped profile name such as "a100-80gb")
 PROFILE = ROOT / "profiles" / "cpu-vm.json"
-#: validation workloads (names from hwbench.workloads.SUITE; each takes ~10-20 s of real
+#: validation workloads (names from hwbench.workloads.SUITE; each takes ~15-30 s of real
 #: time); None picks the suite's first all-resident and first two streaming workloads
 WORKLOADS: list[str] | None = None
 

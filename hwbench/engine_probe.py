@@ -85,6 +85,9 @@ class PassPoint:
         }
 
 
+#: iterations grouped by shape (see :func:`_collect`): (seconds, sum of squared prompt lengths)
+Groups = dict[tuple[int, int, int, int], list[tuple[float, float]]]
+
 #: probe runs: (requests arriving together, prompt tokens each, output tokens each)
 QUICK_RUNS: tuple[tuple[int, int, int], ...] = (
     (1, 64, 48),
@@ -164,9 +167,6 @@ def engine_probe(
         )
         for k, v in sorted(rows.items())
     ]
-
-
-Groups = dict[tuple[int, int, int, int], list[tuple[float, float]]]
 
 
 def _collect(rows: Groups, log: list[Any]) -> None:

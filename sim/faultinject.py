@@ -41,6 +41,7 @@ from sim.degrade import Degrader
 from sim.faults import KINDS, FaultSpec, check_faults, hosts, partition_cuts, random_schedule
 from sim.integrity import Integrity
 from sim.metaservice import MetaService, RaftDirectory
+from sim.raft.chaos import hunt_leaders
 from sim.versions import VersionTracker
 
 EV_FAULT = 32  # trace event kinds EV_FAULT + KINDS.index(kind)
@@ -100,18 +101,8 @@ class Control:
         appends entries no other replica has); see ``faults.random.hunt``."""
         cfg, g, env = self.cfg.random, self.meta.group, self.env
         rng = self.ctx.rngs.get("fault-hunt")
-        seen: tuple[int, int] | None = None
-        while env.now < cfg.until:
-            yield env.timeout(0.01)
-            lead = g.leader()
-            if lead is None or seen == (lead, g.nodes[lead].current_term):
-                continue
-            seen = (lead, g.nodes[lead].current_term)
-            if float(rng.random()) >= cfg.hunt:
-                continue
-            yield env.timeout(float(rng.uniform(0.0, cfg.hunt_delay)))
-            if env.now >= cfg.until or not g.nodes[lead].alive:
-                continue
+
+        def strike(lead: int) -> None:
             dur = float(rng.uniform(*cfg.duration))
             if float(rng.random()) < 0.5:
                 spec = FaultSpec(
@@ -124,6 +115,8 @@ class Control:
             else:
                 spec = FaultSpec(at=env.now, kind="kill", target=f"raft{lead}", duration=dur)
             self.apply(spec)
+
+        return hunt_leaders(env, g, rng, cfg.until, cfg.hunt, cfg.hunt_delay, strike)
 
     def _lease(self, node: Any) -> Generator[simpy.Event, Any, None]:
         """Membership lease renewals of one host, server or compute node, while it is up

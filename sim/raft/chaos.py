@@ -16,7 +16,7 @@ clients, so changing the fault knobs does not shift the client workload.
 
 from __future__ import annotations
 
-from collections.abc import Generator
+from collections.abc import Callable, Generator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -127,6 +127,34 @@ def _faults(
         # else: healed
 
 
+def hunt_leaders(
+    env: simpy.Environment,
+    g: RaftGroup,
+    rng: np.random.Generator,
+    until: float,
+    hunt: float,
+    hunt_delay: float,
+    strike: Callable[[int], None],
+) -> Generator[simpy.Event, Any, None]:
+    """Figure 8 provocation (a SimPy process): every 10 ms look for a new leader (a new
+    (leader, term) pair); with probability ``hunt``, after a random delay of at most
+    ``hunt_delay``, call ``strike(leader)`` if it is still up and the time is before ``until``.
+    ``rng`` draws, per new leader: the hunt coin, then the delay (``strike`` draws after)."""
+    seen: tuple[int, int] | None = None
+    while env.now < until:
+        yield env.timeout(0.01)
+        lead = g.leader()
+        if lead is None or seen == (lead, g.nodes[lead].current_term):
+            continue
+        seen = (lead, g.nodes[lead].current_term)
+        if rng.random() >= hunt:
+            continue
+        yield env.timeout(float(rng.uniform(0.0, hunt_delay)))
+        if env.now >= until or not g.nodes[lead].alive:
+            continue
+        strike(lead)
+
+
 def _leader_hunter(
     env: simpy.Environment,
     g: RaftGroup,
@@ -135,27 +163,18 @@ def _leader_hunter(
     cfg: ChaosConfig,
     counter: list[int],
 ) -> Generator[simpy.Event, Any, None]:
-    """Figure 8 provocation: soon after a new leader appears, with probability ``hunt``, cut
-    it off from the other replicas (clients still reach it, so it appends entries no one
-    else has) or crash it, after a random delay of at most ``hunt_delay``."""
-    seen: tuple[int, int] | None = None
-    while env.now < cfg.duration:
-        yield env.timeout(0.01)
-        lead = g.leader()
-        if lead is None or seen == (lead, g.nodes[lead].current_term):
-            continue
-        seen = (lead, g.nodes[lead].current_term)
-        if rng.random() >= cfg.hunt:
-            continue
-        yield env.timeout(float(rng.uniform(0.0, cfg.hunt_delay)))
-        if env.now >= cfg.duration or not g.nodes[lead].alive:
-            continue
+    """Cut a new leader off from the other replicas (clients still reach it, so it appends
+    entries no one else has) or crash it (:func:`hunt_leaders`)."""
+
+    def strike(lead: int) -> None:
         counter[0] += 1
         if rng.random() < 0.5:
             tr.heal()
             tr.partition([[lead], [i for i in range(cfg.n) if i != lead]])
         else:
             _crash_and_restart(env, g, lead, rng, cfg)
+
+    return hunt_leaders(env, g, rng, cfg.duration, cfg.hunt, cfg.hunt_delay, strike)
 
 
 def _crash_and_restart(

@@ -21,8 +21,10 @@ the terms in ``fitted["engine_fit"]``; the roofline terms also replace the ``gpu
 values so the plain :class:`CostModel` benefits too. :func:`fetch_probe` measures the rate
 the engine's prefetch thread moves layers host -> device while the engine computes; it
 replaces ``links.pcie.bandwidth`` (the other links are untouched). On the same probe runs,
-:func:`fit_stream` fits the copy/compute interference factor of :mod:`hwbench.interference`
-(``fitted.engine_fit[0]["copy_interference"]``), which the validation simulator applies.
+:func:`fit_stream` fits the copy/compute interference factors of :mod:`hwbench.interference`
+(``fitted.engine_fit[0]["copy_interference"]`` for decode-only iterations,
+``["copy_interference_prefill"]`` for iterations that admit prompts), which the validation
+simulator applies.
 """
 
 from __future__ import annotations
@@ -32,10 +34,11 @@ from dataclasses import dataclass, replace
 from functools import partial
 from pathlib import Path
 from types import ModuleType
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
+from hwbench.interference import Interference
 from sim.costmodel import CostModel, GpuProfile, Profile
 
 __all__ = [
@@ -180,14 +183,36 @@ def _collect(rows: Groups, log: list[Any]) -> None:
         rows.setdefault(key, []).append((float(rec.seconds), float(rec.prompt_sq_tokens)))
 
 
+class ProbeRun(NamedTuple):
+    """One fetch-probe run: the workload served with weights streaming (``stream``) and the
+    engine's busy seconds on it, split into decode-only iterations and iterations that admit
+    prompts; the same arrivals with every weight resident (``resident``) and its busy
+    seconds."""
+
+    stream: Any
+    stream_decode_s: float
+    stream_prefill_s: float
+    resident: Any
+    resident_s: float
+
+    @property
+    def stream_s(self) -> float:
+        return self.stream_decode_s + self.stream_prefill_s
+
+
+def split_busy(log: list[Any]) -> tuple[float, float]:
+    """(decode-only, prompt-admitting) seconds of an engine run's ``iteration_log``."""
+    decode = sum(float(r.seconds) for r in log if r.new == 0)
+    return decode, sum(float(r.seconds) for r in log) - decode
+
+
 @dataclass(frozen=True)
 class StreamProbe:
     """What :func:`fetch_probe` measured: the copy thread's achieved host -> device
-    ``bandwidth`` (B/s) and, per probe run, the workload served with weights streaming
-    (``stream``) and all resident (``resident``) with the engine's busy seconds of each."""
+    ``bandwidth`` (B/s) and the probe runs."""
 
     bandwidth: float
-    runs: tuple[tuple[Any, float, Any, float], ...]  # (stream w, busy s, resident w, busy s)
+    runs: tuple[ProbeRun, ...]
 
 
 #: the fetch probe's HBM eviction policies, taken in turn by its runs: LRU thrashes a cyclic
@@ -238,7 +263,7 @@ def fetch_probe(
         output_high=32,
         seed=500,
     )
-    runs: list[tuple[Any, float, Any, float]] = []
+    runs: list[ProbeRun] = []
     fetch_s, fetch_bytes = 0.0, 0
     with tempfile.TemporaryDirectory(prefix="pdsim-fetch-probe-", dir=workdir) as tmp:
         for k in range(seeds + 1):  # run 0 warms the interpreter and allocator; not kept
@@ -259,7 +284,7 @@ def fetch_probe(
             es, weights = run_engine(ws, sdir, engine_parts(ws, sdir, xp))
             er, _ = run_engine(wres, rdir, engine_parts(wres, rdir, xp))
             if k:
-                runs.append((ws, es.busy_s, wres, er.busy_s))
+                runs.append(ProbeRun(ws, *split_busy(es.iteration_log), wres, er.busy_s))
                 fetch_s += weights.fetch_s
                 fetch_bytes += weights.fetch_bytes
     return StreamProbe(fetch_bytes / max(fetch_s, 1e-9), tuple(runs))
@@ -267,35 +292,51 @@ def fetch_probe(
 
 def fit_stream(
     profile: Profile, probe: StreamProbe, workdir: Path | None = None
-) -> tuple[float, list[dict[str, float]]]:
-    """The copy/compute interference factor (:mod:`hwbench.interference`) that makes the
-    simulator's busy time on ``probe``'s streaming runs match the engine's, with
-    ``profile`` (already carrying the fitted compute terms and pcie link): the median of
-    one fit per probe run; also one row per run (engine busy s streaming and resident,
-    simulator busy s resident, the run's own factor) for ``fitted["stream_probe"]``."""
-    from hwbench.interference import fit_interference
+) -> tuple[Interference, list[dict[str, float]]]:
+    """The copy/compute interference factors (:mod:`hwbench.interference`: decode-only
+    iterations, iterations that admit prompts) that make the simulator's busy seconds of
+    each kind on ``probe``'s streaming runs match the engine's, with ``profile`` (already
+    carrying the fitted compute terms and pcie link): per kind, the median of one fit per
+    probe run; also one row per run (engine busy s streaming by kind and resident,
+    simulator busy s resident, the run's own factors) for ``fitted["stream_probe"]``.
+
+    Each run's targets are the engine's busy seconds per kind divided by the compute
+    model's own bias on the same arrivals with every weight resident (engine / simulator
+    busy), so the factors absorb only what streaming adds."""
+    from hwbench.interference import KEY, KEY_PREFILL, KindBusy, fit_pair
     from hwbench.validate import run_simulator
 
-    def busy(w: Any, s: float, *, d: Path) -> float:
-        return float(run_simulator(w, profile, d, interference=s)[4].ctx.metrics.busy)
+    def split(w: Any, s: Interference, *, d: Path) -> tuple[float, float]:
+        kb = KindBusy()
+        run_simulator(w, profile, d, interference=s, busy=kb)
+        return kb.decode, kb.prefill
 
     with tempfile.TemporaryDirectory(prefix="pdsim-stream-fit-", dir=workdir) as tmp:
         d = Path(tmp)
         # one fit per probe run, then the median: one disturbed run (a shared machine's
         # noise) moves the result less than in a fit of the runs' sum
         rows: list[dict[str, float]] = []
-        for ws, eng_stream, wr, eng_res in probe.runs:
-            sim_res = busy(wr, 0.0, d=d)
-            s = fit_interference(eng_stream, eng_res, partial(busy, ws, d=d), sim_res, tol=0.01)
+        for run in probe.runs:
+            sim_res = float(
+                run_simulator(run.resident, profile, d, interference=0.0)[4].ctx.metrics.busy
+            )
+            bias = run.resident_s / sim_res
+            target = (run.stream_decode_s / bias, run.stream_prefill_s / bias)
+            s = fit_pair(target, partial(split, run.stream, d=d))
             rows.append(
                 {
-                    "engine_stream_s": eng_stream,
-                    "engine_resident_s": eng_res,
+                    "engine_stream_decode_s": run.stream_decode_s,
+                    "engine_stream_prefill_s": run.stream_prefill_s,
+                    "engine_resident_s": run.resident_s,
                     "sim_resident_s": sim_res,
-                    "copy_interference": s,
+                    KEY: s.decode,
+                    KEY_PREFILL: s.prefill,
                 }
             )
-        return float(np.median([r["copy_interference"] for r in rows])), rows
+    pair = Interference(
+        float(np.median([r[KEY] for r in rows])), float(np.median([r[KEY_PREFILL] for r in rows]))
+    )
+    return pair, rows
 
 
 def serving_scale(profile: Profile, probe: StreamProbe, workdir: Path | None = None) -> float:
@@ -312,9 +353,13 @@ def serving_scale(profile: Profile, probe: StreamProbe, workdir: Path | None = N
 
     with tempfile.TemporaryDirectory(prefix="pdsim-serving-scale-", dir=workdir) as tmp:
         ratios = [
-            eng_res
-            / float(run_simulator(wr, profile, Path(tmp), interference=0.0)[4].ctx.metrics.busy)
-            for _ws, _es, wr, eng_res in probe.runs
+            run.resident_s
+            / float(
+                run_simulator(run.resident, profile, Path(tmp), interference=0.0)[
+                    4
+                ].ctx.metrics.busy
+            )
+            for run in probe.runs
         ]
     return float(np.median(ratios))
 
@@ -493,7 +538,7 @@ def calibrate_engine(
     compute (:func:`fit_engine`), the prefetch path's bandwidth and the copy/compute
     interference (:func:`fetch_probe`, :func:`fit_stream`). ``tiny``: a few seconds' probe
     (tests); ``quick``: ~30 s; else more repeats."""
-    from hwbench.interference import KEY
+    from hwbench.interference import KEY, KEY_PREFILL
     from hwbench.validate import decoder_config, sim_catalogue
 
     cfg = decoder_config()
@@ -520,6 +565,6 @@ def calibrate_engine(
     with_link = scale_compute(with_link, serving_scale(with_link, probe, workdir))
     s, rows = fit_stream(with_link, probe, workdir)
     fit = dict(with_link.fitted)
-    fit["engine_fit"] = [{**fit["engine_fit"][0], KEY: s}]
+    fit["engine_fit"] = [{**fit["engine_fit"][0], KEY: s.decode, KEY_PREFILL: s.prefill}]
     fit["stream_probe"] = rows
     return with_link.model_copy(update={"fitted": fit})

@@ -149,6 +149,9 @@ class ComputeNode:
         self._up_watchers: list[Callable[[], None]] = []
         self._up = True
         self.busy = 0.0
+        #: requests the running turn admitted (0: a decode-only iteration); set at the turn's
+        #: start, before its compute, so hooks on the iteration (hwbench.interference) see it
+        self.admitted = 0
         self.proc: simpy.Process | None = None
         self._cur = -1
         self._carry = 0.0
@@ -305,6 +308,7 @@ class ComputeNode:
     def _turn(self, m: int) -> Generator[simpy.Event, Any, None]:
         env, mr, ws, met = self.env, self.ctx.models[m], self.ws, self.ctx.metrics
         new = self._admit(m)
+        self.admitted = len(new)
         if new:
             self.qlen -= len(new)
             self.running += len(new)

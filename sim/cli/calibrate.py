@@ -11,8 +11,10 @@ the SSD link is measured on that filesystem).
 
 Unless ``--no-engine``, calibrate then serves probe workloads on the real engine
 (:func:`hwbench.engine_probe.calibrate_engine`) and fits its iteration costs, the prefetch
-path's bandwidth (``links.pcie``) and the copy/compute interference factor
-(``fitted.engine_fit[0]["copy_interference"]``, :mod:`hwbench.interference`), so ``pdsim
+path's bandwidth (``links.pcie``) and the copy/compute interference factors
+(``fitted.engine_fit[0]["copy_interference"]`` for decode-only iterations,
+``["copy_interference_prefill"]`` for iterations that admit prompts;
+:mod:`hwbench.interference`), so ``pdsim
 validate`` can use the profile as written. ``--tiny`` keeps that probe to a few seconds.
 """
 
@@ -139,6 +141,11 @@ def calibrate(
     table.add_row("per-layer overhead", f"{g.per_layer_overhead_s * 1e6:.3g} us")
     efit = (profile.fitted.get("engine_fit") or [{}])[0]
     if "copy_interference" in efit:
-        table.add_row("copy/compute interference", f"{efit['copy_interference']:.3g}")
+        from hwbench.interference import interference_of
+
+        s = interference_of(profile)
+        table.add_row(
+            "copy/compute interference", f"decode {s.decode:.3g}, prefill {s.prefill:.3g}"
+        )
     console.print(table)
     console.print(f"wrote {path}")

@@ -11,6 +11,7 @@ import pytest
 from typer.testing import CliRunner
 
 from engine.backend import cupy_status
+from hwbench.interference import S_MAX
 from hwbench.probes import ProbeConfig, run_probes
 from hwbench.profile import LINK_MAP, fit_profile
 from sim.cli import app
@@ -73,12 +74,16 @@ def test_cli_calibrate_tiny_writes_a_valid_profile(tmp_path: Path) -> None:
     p = load_profile(out)
     assert p.name == "mine" and p.source == "measured" and p.hostname
     assert "wrote" in res.output and not list(out.parent.glob("*.tmp"))
-    # the engine probe ran: compute terms, the prefetch path and the interference factor
+    # the engine probe ran: compute terms, the prefetch path and the interference factors
     fit = p.fitted["engine_fit"][0]
-    assert fit["copy_interference"] >= 0 and fit["pcie_bandwidth"] == p.links.pcie.bandwidth
+    assert fit["pcie_bandwidth"] == p.links.pcie.bandwidth
+    assert 0 <= fit["copy_interference"] <= S_MAX and 0 <= fit["copy_interference_prefill"] <= S_MAX
     assert p.fitted["engine_pass"] and p.gpu.per_layer_overhead_s == fit["per_layer_overhead_s"]
-    (run,) = p.fitted["stream_probe"]  # --tiny: one probe run, its own factor is the median
-    assert run["copy_interference"] == fit["copy_interference"] and run["engine_stream_s"] > 0
+    (run,) = p.fitted["stream_probe"]  # --tiny: one probe run, its own factors are the medians
+    assert run["copy_interference"] == fit["copy_interference"]
+    assert run["copy_interference_prefill"] == fit["copy_interference_prefill"]
+    assert run["engine_stream_decode_s"] > 0 and run["engine_stream_prefill_s"] > 0
+    assert "decode" in res.output and "prefill" in res.output  # both factors in the table
 
 
 def test_cli_calibrate_no_engine_skips_the_engine_probe(tmp_path: Path) -> None:

@@ -20,6 +20,7 @@ from engine.runtime.engine import IterationRecord
 from hwbench.engine_probe import (
     EngineCostModel,
     PassPoint,
+    ProbeRun,
     StreamProbe,
     _collect,
     _predict,
@@ -223,7 +224,7 @@ def test_serving_scale_is_the_median_engine_to_simulator_ratio(tmp_path: Path) -
     for seed, k in ((1, 1.25), (2, 1.25), (3, 3.0)):
         w = ValidationWorkload("r", "resident", requests=3, rate=50.0, seed=seed)
         busy = float(run_simulator(w, prof, tmp_path, interference=0.0)[4].ctx.metrics.busy)
-        runs.append((w, 0.0, w, k * busy))
+        runs.append(ProbeRun(w, 0.0, 0.0, w, k * busy))
     assert serving_scale(prof, StreamProbe(1e9, tuple(runs)), tmp_path) == pytest.approx(1.25)
 
 

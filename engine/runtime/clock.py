@@ -11,6 +11,13 @@ calibration probe and the validation runs use the same clock, so contention canc
 Where ``schedstat`` is missing the clock is plain wall time (``exclude_cpu_wait`` is then
 reported False).
 
+Caveat: the run-queue wait also counts time the engine's *own* other threads (the prefetch
+worker) ran on the engine thread's core, which is the engine's work, not other people's. The
+scheduler moves threads between sharing a core and not, so with ``exclude_cpu_wait=True`` the
+same streamed iteration reads very differently from one moment to the next (on the 2-core VM
+~2.7 ms while both threads share a core, ~5 ms while they do not; wall time: 4.5-4.8 ms either
+way). ``hwbench.validate`` therefore serves with plain wall time on a quiet machine.
+
 Invariant: readings never decrease (run-queue wait grows at most as fast as wall time; the
 reading is clamped to the previous one regardless).
 """

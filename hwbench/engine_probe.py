@@ -20,7 +20,9 @@ The profile keeps the iteration shapes in ``fitted["engine_pass"]`` and
 the terms in ``fitted["engine_fit"]``; the roofline terms also replace the ``gpu`` block's
 values so the plain :class:`CostModel` benefits too. :func:`fetch_probe` measures the rate
 the engine's prefetch thread moves layers host -> device while the engine computes; it
-replaces ``links.pcie.bandwidth`` (the other links are untouched). On the same probe runs,
+replaces ``links.pcie.bandwidth`` (the other links are untouched). Its all-resident runs
+give :func:`serving_scales` (how much slower decode steps and prefills run while serving
+than back to back: ``serving_scale``, ``prefill_scale``). On the same probe runs,
 :func:`fit_stream` fits the copy/compute interference factors of :mod:`hwbench.interference`
 (``fitted.engine_fit[0]["copy_interference"]`` for decode-only iterations,
 ``["copy_interference_prefill"]`` for iterations that admit prompts), which the validation
@@ -44,6 +46,7 @@ from sim.costmodel import CostModel, GpuProfile, Profile
 __all__ = [
     "EngineCostModel",
     "PassPoint",
+    "ProbeRun",
     "StreamProbe",
     "calibrate_engine",
     "engine_probe",
@@ -51,7 +54,8 @@ __all__ = [
     "fit_engine",
     "fit_stream",
     "scale_compute",
-    "serving_scale",
+    "serving_scales",
+    "split_busy",
 ]
 
 
@@ -186,18 +190,19 @@ def _collect(rows: Groups, log: list[Any]) -> None:
 class ProbeRun(NamedTuple):
     """One fetch-probe run: the workload served with weights streaming (``stream``) and the
     engine's busy seconds on it, split into decode-only iterations and iterations that admit
-    prompts; the same arrivals with every weight resident (``resident``) and its busy
-    seconds."""
+    prompts; the same arrivals with every weight resident (``resident``) and the engine's
+    iterations on it (:class:`engine.runtime.engine.IterationRecord`)."""
 
     stream: Any
     stream_decode_s: float
     stream_prefill_s: float
     resident: Any
-    resident_s: float
+    resident_log: tuple[Any, ...]
 
     @property
-    def stream_s(self) -> float:
-        return self.stream_decode_s + self.stream_prefill_s
+    def resident_s(self) -> float:
+        """The engine's busy seconds on the resident run."""
+        return float(sum(r.seconds for r in self.resident_log))
 
 
 def split_busy(log: list[Any]) -> tuple[float, float]:
@@ -238,7 +243,7 @@ def fetch_probe(
     :data:`PROBE_POLICIES` in turn and, after each round of policies, the load the next of
     :data:`PROBE_LOADS`) on the engine with HBM holding 60% of the weights (layers stream
     host -> device every iteration) and again with every weight resident. The same runs give
-    :func:`serving_scale` (resident) and :func:`fit_stream` (streaming).
+    :func:`serving_scales` (resident) and :func:`fit_stream` (streaming).
 
     ``bandwidth`` = bytes the copy thread moved over the wall time its reads took (contention
     with the engine's own compute included); it becomes ``links.pcie.bandwidth``
@@ -284,7 +289,8 @@ def fetch_probe(
             es, weights = run_engine(ws, sdir, engine_parts(ws, sdir, xp))
             er, _ = run_engine(wres, rdir, engine_parts(wres, rdir, xp))
             if k:
-                runs.append(ProbeRun(ws, *split_busy(es.iteration_log), wres, er.busy_s))
+                log = tuple(er.iteration_log)
+                runs.append(ProbeRun(ws, *split_busy(es.iteration_log), wres, log))
                 fetch_s += weights.fetch_s
                 fetch_bytes += weights.fetch_bytes
     return StreamProbe(fetch_bytes / max(fetch_s, 1e-9), tuple(runs))
@@ -339,29 +345,49 @@ def fit_stream(
     return pair, rows
 
 
-def serving_scale(profile: Profile, probe: StreamProbe, workdir: Path | None = None) -> float:
+def _parts(cost: CostModel, rec: Any) -> tuple[float, float]:
+    """The cost model's (prefill, decode) seconds for the shape of engine iteration ``rec``."""
+    pre = float(cost.prefill_time(rec.prompt_tokens, rec.prompt_sq_tokens)) if rec.new else 0.0
+    dec = (
+        float(cost.decode_step_time(rec.decode_batch, rec.decode_context))
+        if rec.decode_batch
+        else 0.0
+    )
+    return pre, dec
+
+
+def serving_scales(profile: Profile, spec: Any, probe: StreamProbe) -> tuple[float, float]:
     """How much slower the engine computes while serving than the probe's back-to-back
-    iterations say: the median over ``probe``'s all-resident runs of engine busy seconds /
-    simulator busy seconds with ``profile``.
+    iterations say, as (decode, prefill) factors: per all-resident probe run, ``k_d`` = the
+    engine's decode-only iteration seconds over the cost model's charge for the same shapes,
+    ``k_p`` = the prompt-admitting iterations' seconds, less ``k_d`` times their decode part,
+    over their prefill part; the median of each over the runs (1.0 for a kind a run lacks).
 
-    Iterations of an open-loop run are slower than the same shapes run back to back: the
-    first iteration after an idle gap runs on cold caches (on the 2-core VM a 96-token
-    prefill after a 50 ms pause takes ~12% longer, the next decode steps ~20%), and the first
-    decode steps after a prefill run after it evicted their working set. The serving runs
-    measure that mix; :func:`scale_compute` folds it into the compute terms."""
-    from hwbench.validate import run_simulator
-
-    with tempfile.TemporaryDirectory(prefix="pdsim-serving-scale-", dir=workdir) as tmp:
-        ratios = [
-            run.resident_s
-            / float(
-                run_simulator(run.resident, profile, Path(tmp), interference=0.0)[
-                    4
-                ].ctx.metrics.busy
-            )
-            for run in probe.runs
-        ]
-    return float(np.median(ratios))
+    Iterations of an open-loop run are slower than the same shapes run back to back, and
+    not evenly: a prefill after an idle gap runs on cold caches (on the 2-core VM a 96-token
+    prefill after a 50 ms pause takes ~12% longer), while steady decode steps cost what the
+    closed probe measured. :func:`scale_compute` folds ``k_d`` into every compute term and
+    ``prefill_scale`` (``k_p / k_d``) into prefills only."""
+    cost = EngineCostModel(profile, spec)
+    kd_runs: list[float] = []
+    kp_runs: list[float] = []
+    for run in probe.runs:
+        dec_e = dec_c = pre_e = pre_dec = pre_c = 0.0
+        for rec in run.resident_log:
+            pre, dec = _parts(cost, rec)
+            if rec.new:
+                pre_e += float(rec.seconds)
+                pre_dec += dec
+                pre_c += pre
+            else:
+                dec_e += float(rec.seconds)
+                dec_c += dec
+        kd = dec_e / dec_c if dec_c > 0 else 1.0
+        kd_runs.append(kd)
+        kp_runs.append(max(pre_e - kd * pre_dec, 0.0) / pre_c if pre_c > 0 else kd)
+    if not kd_runs:
+        return 1.0, 1.0
+    return float(np.median(kd_runs)), float(np.median(kp_runs))
 
 
 def scale_compute(profile: Profile, k: float) -> Profile:
@@ -400,11 +426,14 @@ def scale_compute(profile: Profile, k: float) -> Profile:
 
 class EngineCostModel(CostModel):
     """:class:`CostModel` plus the engine's attention terms from ``fitted["engine_fit"]``
-    (zero when the profile has none, which gives the plain cost model)."""
+    (zero when the profile has none, which gives the plain cost model) and its
+    ``prefill_scale`` (prefills cost that many times their fitted time while serving;
+    :func:`serving_scales`; 1 when absent)."""
 
     def __init__(self, profile: Profile, model: Any) -> None:
         super().__init__(profile, model)
         fit = (profile.fitted.get("engine_fit") or [{}])[0]
+        self.prefill_scale = float(fit.get("prefill_scale", 1.0))
         self.attn_fixed = float(fit.get("attn_fixed_s", 0.0))
         self.attn_token = float(fit.get("attn_per_token_s", 0.0))
         self.prefill_sq = float(fit.get("prefill_sq_s", 0.0))
@@ -425,7 +454,8 @@ class EngineCostModel(CostModel):
 
     def prefill_time(self, tokens: int, sq_tokens: int | None = None) -> float:
         sq = float(tokens) ** 2 if sq_tokens is None else float(sq_tokens)
-        return super().prefill_time(tokens, sq_tokens) + self.n_attn * self.prefill_sq * sq
+        t = super().prefill_time(tokens, sq_tokens) + self.n_attn * self.prefill_sq * sq
+        return t * self.prefill_scale
 
 
 TERMS: tuple[str, ...] = (
@@ -562,7 +592,11 @@ def calibrate_engine(
     fit = dict(fitted.fitted)
     fit["engine_fit"] = [{**fit["engine_fit"][0], "pcie_bandwidth": bw, "pcie_latency_s": lat}]
     with_link = fitted.model_copy(update={"links": links, "fitted": fit})
-    with_link = scale_compute(with_link, serving_scale(with_link, probe, workdir))
+    k_dec, k_pre = serving_scales(with_link, spec, probe)
+    with_link = scale_compute(with_link, k_dec)
+    fit = dict(with_link.fitted)
+    fit["engine_fit"] = [{**fit["engine_fit"][0], "prefill_scale": k_pre / k_dec}]
+    with_link = with_link.model_copy(update={"fitted": fit})
     s, rows = fit_stream(with_link, probe, workdir)
     fit = dict(with_link.fitted)
     fit["engine_fit"] = [{**fit["engine_fit"][0], KEY: s.decode, KEY_PREFILL: s.prefill}]

@@ -200,7 +200,12 @@ def engine_for(
         model, kvb = DenseModel(cfg, xp), 0
     sched = BatchScheduler(w.max_batch, w.max_batch_tokens, sz.kv, kvb, 16)
     return Engine(
-        model, weights, sched, window=w.window, hold_pins=HOLD_PINS, exclude_cpu_wait=EXCLUDE_CPU_WAIT
+        model,
+        weights,
+        sched,
+        window=w.window,
+        hold_pins=HOLD_PINS,
+        exclude_cpu_wait=EXCLUDE_CPU_WAIT,
     )
 
 

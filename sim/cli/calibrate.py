@@ -140,6 +140,12 @@ def calibrate(
     table.add_row("per-op overhead", f"{g.kernel_launch_s * 1e6:.3g} us")
     table.add_row("per-layer overhead", f"{g.per_layer_overhead_s * 1e6:.3g} us")
     efit = (profile.fitted.get("engine_fit") or [{}])[0]
+    if "serving_scale" in efit:
+        k = float(efit["serving_scale"])
+        table.add_row(
+            "serving scale",
+            f"decode {k:.3g}, prefill {k * float(efit.get('prefill_scale', 1.0)):.3g}",
+        )
     if "copy_interference" in efit:
         from hwbench.interference import interference_of
 

@@ -26,7 +26,7 @@ from hwbench.engine_probe import (
     _predict,
     fit_engine,
     scale_compute,
-    serving_scale,
+    serving_scales,
 )
 from hwbench.validate import (
     compare,
@@ -215,17 +215,54 @@ def test_scale_compute_scales_every_iteration_by_k(
         scale_compute(prof, 0.0)
 
 
-def test_serving_scale_is_the_median_engine_to_simulator_ratio(tmp_path: Path) -> None:
-    """Engine busy times made k times the simulator's (one run disturbed) give back k."""
-    from hwbench.validate import run_simulator
+def _log(cost: EngineCostModel, kd: float, kp: float, seed: int) -> tuple[IterationRecord, ...]:
+    """Resident iterations (prefill-only, mixed and decode-only shapes) timed as ``kd`` times
+    the cost model's decode part plus ``kp`` times its prefill part."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for _ in range(40):
+        new = int(rng.integers(0, 3))
+        plens = rng.integers(16, 300, size=new)
+        batch = int(rng.integers(0 if new else 1, 6))
+        ctx = int(rng.integers(batch, 40 * batch + 1)) if batch else 0
+        p = cost.prefill_time(int(plens.sum()), int((plens**2).sum())) if new else 0.0
+        d = cost.decode_step_time(batch, ctx) if batch else 0.0
+        out.append(
+            IterationRecord(
+                0.0, kd * d + kp * p, new, int(plens.sum()), int((plens**2).sum()), batch, ctx, 0.0
+            )
+        )
+    return tuple(out)
 
+
+@settings(max_examples=25, deadline=None)
+@given(kd=st.floats(0.5, 2.0), kp=st.floats(0.5, 2.0))
+def test_serving_scales_recover_decode_and_prefill_factors(kd: float, kp: float) -> None:
+    """Reference: engine iterations = kd * decode part + kp * prefill part of the cost model;
+    one of three runs is disturbed (3x), so the medians give back (kd, kp)."""
     prof = _fitted_profile()
-    runs = []
-    for seed, k in ((1, 1.25), (2, 1.25), (3, 3.0)):
-        w = ValidationWorkload("r", "resident", requests=3, rate=50.0, seed=seed)
-        busy = float(run_simulator(w, prof, tmp_path, interference=0.0)[4].ctx.metrics.busy)
-        runs.append(ProbeRun(w, 0.0, 0.0, w, k * busy))
-    assert serving_scale(prof, StreamProbe(1e9, tuple(runs)), tmp_path) == pytest.approx(1.25)
+    cfg = decoder_config()
+    spec = sim_catalogue(cfg)[cfg.name]
+    cost = EngineCostModel(prof, spec)
+    w = ValidationWorkload("r", "resident", requests=3, rate=50.0)
+    runs = [
+        ProbeRun(w, 0.0, 0.0, w, _log(cost, a, b, seed))
+        for seed, (a, b) in enumerate(((kd, kp), (kd, kp), (3 * kd, 3 * kp)))
+    ]
+    got = serving_scales(prof, spec, StreamProbe(1e9, tuple(runs)))
+    assert got == pytest.approx((kd, kp), rel=1e-9)
+
+
+def test_prefill_scale_scales_prefills_only() -> None:
+    prof = _fitted_profile()
+    cfg = decoder_config()
+    spec = sim_catalogue(cfg)[cfg.name]
+    fitted = dict(prof.fitted)
+    fitted["engine_fit"] = [{**fitted["engine_fit"][0], "prefill_scale": 1.3}]
+    scaled = prof.model_copy(update={"fitted": fitted})
+    a, b = EngineCostModel(prof, spec), EngineCostModel(scaled, spec)
+    assert b.prefill_time(200, 30000) == pytest.approx(1.3 * a.prefill_time(200, 30000))
+    assert b.decode_step_time(4, 900) == a.decode_step_time(4, 900)
 
 
 def test_validate_workload_end_to_end_is_small_and_consistent() -> None:

@@ -16,10 +16,11 @@ compute terms, the prefetch path's bandwidth and the copy/compute interference f
 If ``P`` has no ``fitted.engine_fit`` (an older or hand-written profile), the engine probe runs
 first and the fitted profile is used and written to ``DIR/profile-with-engine-fit.json``.
 ``--refit`` re-runs it right before every workload. ``--repeats N`` serves each workload N
-times on the engine and compares the simulator with the engine's per-metric median (a shared
-machine's noise). The engine's clock leaves out time its threads waited
-for a CPU (:mod:`engine.runtime.clock`), so a shared machine's changing load matters less.
-Run with the BLAS thread count the profile was measured with (its notes say which).
+times on the engine (the same arrivals) and compares the simulator with each request's median
+latency over them (:func:`hwbench.validate.median_requests`: a slow spell of the machine in
+one run does not become the P99). The engine runs on wall time (see
+:data:`hwbench.validate.EXCLUDE_CPU_WAIT`), so run it on a quiet machine, with the BLAS thread
+count the profile was measured with (its notes say which).
 """
 
 from __future__ import annotations
@@ -73,8 +74,9 @@ def validate(
             "--repeats",
             "-r",
             min=1,
-            help="Engine runs per workload; the table shows the engine's per-metric median "
-            "(one run of a 2-core VM's engine moves P50 by up to ~15% run to run).",
+            help="Engine runs per workload (the same arrivals each time); the table takes "
+            "each request's median latency over them, so a slow spell of the machine in one "
+            "run does not become the workload's P99.",
         ),
     ] = 3,
     backend: Annotated[

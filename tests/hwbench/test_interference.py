@@ -20,7 +20,7 @@ from hwbench.interference import (
     interference_of,
     layer_time,
 )
-from hwbench.validate import Comparison, median_comparison, run_simulator
+from hwbench.validate import run_simulator
 from hwbench.workloads import ValidationWorkload
 from sim.costmodel import Profile, load_profile
 
@@ -179,18 +179,3 @@ def test_each_factor_slows_only_its_own_kind_of_iteration(tmp_path: Path) -> Non
     dec = _kinds(w, prof, tmp_path, (1.5, 0.0))
     assert pre.decode == pytest.approx(base.decode) and pre.prefill > base.prefill
     assert dec.prefill == pytest.approx(base.prefill) and dec.decode > base.decode
-
-
-def test_median_comparison_takes_each_metrics_median() -> None:
-    def comp(p50: float, hit: float) -> Comparison:
-        rows = [
-            ("latency_p50", p50, 2.0, (2.0 - p50) / p50, "rel"),
-            ("hit_rate_hbm", hit, 0.3, 0.3 - hit, "abs"),
-        ]
-        return Comparison("w", rows, np.array([p50]), np.array([2.0]))
-
-    m = median_comparison([comp(1.0, 0.30), comp(4.0, 0.31), comp(2.5, 0.29)])
-    rows = {r[0]: r for r in m.rows}
-    assert rows["latency_p50"][1:4] == pytest.approx((2.5, 2.0, -0.2))
-    assert rows["hit_rate_hbm"][1:4] == pytest.approx((0.30, 0.3, 0.0))
-    assert m.engine_latency.tolist() == [2.5]  # the CDF of the median run

@@ -31,6 +31,7 @@ from hwbench.engine_probe import (
 from hwbench.validate import (
     compare,
     decoder_config,
+    median_requests,
     scenario_dict,
     sim_catalogue,
     sizes,
@@ -335,3 +336,37 @@ def test_engine_parts_on_cupy_keep_weights_and_kv_on_the_gpu(tmp_path: Path) -> 
     want = run_engine(w, tmp_path / "cpu")[0].tokens
     assert [len(t) for t in got] == [len(t) for t in want]
     assert [t[0] for t in got] == [t[0] for t in want]
+
+
+def _frame(lat: list[float], status: list[str] | None = None) -> pd.DataFrame:
+    n = len(lat)
+    arrival = np.arange(n, dtype=float)
+    return pd.DataFrame(
+        {
+            "arrival": arrival,
+            "start": arrival,
+            "first_token": arrival + 0.1 * np.asarray(lat),
+            "end": arrival + np.asarray(lat),
+            "status": pd.Categorical(status or ["done"] * n),
+        }
+    )
+
+
+def test_median_requests_takes_each_requests_median_delay() -> None:
+    """A slow spell hitting a different request in each run leaves every request's median
+    alone; a request slow in most runs stays slow; one not done everywhere keeps run 0."""
+    runs = [
+        _frame([1.0, 9.0, 1.0, 5.0], ["done", "done", "done", "done"]),
+        _frame([1.0, 1.0, 9.0, 5.0], ["done", "done", "done", "rejected"]),
+        _frame([9.0, 1.0, 1.0, 5.0], ["done", "done", "done", "done"]),
+    ]
+    m = median_requests(runs)
+    lat = (m["end"] - m["arrival"]).to_numpy()
+    np.testing.assert_allclose(lat, [1.0, 1.0, 1.0, 5.0])
+    np.testing.assert_allclose((m["first_token"] - m["arrival"]).to_numpy()[:3], [0.1] * 3)
+    assert np.percentile(lat[:3], 99) == pytest.approx(1.0)  # no run's spell is the tail
+    slow = [_frame([1.0, 7.0, 1.0]), _frame([1.0, 8.0, 1.0]), _frame([1.0, 1.0, 1.0])]
+    assert (median_requests(slow)["end"] - median_requests(slow)["arrival"])[1] == 7.0
+    assert median_requests(runs[:1]).equals(runs[0])
+    with pytest.raises(ValueError):
+        median_requests([])

@@ -21,8 +21,9 @@ the terms in ``fitted["engine_fit"]``; the roofline terms also replace the ``gpu
 values so the plain :class:`CostModel` benefits too. :func:`fetch_probe` measures the rate
 the engine's prefetch thread moves layers host -> device while the engine computes; it
 replaces ``links.pcie.bandwidth`` (the other links are untouched). Its all-resident runs
-give :func:`serving_scales` (how much slower decode steps and prefills run while serving
-than back to back: ``serving_scale``, ``prefill_scale``). On the same probe runs,
+give :func:`serving_terms` (how much slower decode steps and prefills run while serving
+than back to back -- ``serving_scale``, ``prefill_scale`` -- and the warm-up costs after an
+idle spell and after a prefill: ``wake_s``, ``rewarm_s``, ``rewarm_decay``). On the same probe runs,
 :func:`fit_stream` fits the copy/compute interference factors of :mod:`hwbench.interference`
 (``fitted.engine_fit[0]["copy_interference"]`` for decode-only iterations,
 ``["copy_interference_prefill"]`` for iterations that admit prompts), which the validation
@@ -31,6 +32,7 @@ simulator applies.
 
 from __future__ import annotations
 
+import math
 import tempfile
 from dataclasses import dataclass, replace
 from functools import partial
@@ -47,6 +49,7 @@ __all__ = [
     "EngineCostModel",
     "PassPoint",
     "ProbeRun",
+    "ServingTerms",
     "StreamProbe",
     "calibrate_engine",
     "engine_probe",
@@ -54,7 +57,7 @@ __all__ = [
     "fit_engine",
     "fit_stream",
     "scale_compute",
-    "serving_scales",
+    "serving_terms",
     "split_busy",
 ]
 
@@ -243,7 +246,7 @@ def fetch_probe(
     :data:`PROBE_POLICIES` in turn and, after each round of policies, the load the next of
     :data:`PROBE_LOADS`) on the engine with HBM holding 60% of the weights (layers stream
     host -> device every iteration) and again with every weight resident. The same runs give
-    :func:`serving_scales` (resident) and :func:`fit_stream` (streaming).
+    :func:`serving_terms` (resident) and :func:`fit_stream` (streaming).
 
     ``bandwidth`` = bytes the copy thread moved over the wall time its reads took (contention
     with the engine's own compute included); it becomes ``links.pcie.bandwidth``
@@ -356,38 +359,86 @@ def _parts(cost: CostModel, rec: Any) -> tuple[float, float]:
     return pre, dec
 
 
-def serving_scales(profile: Profile, spec: Any, probe: StreamProbe) -> tuple[float, float]:
-    """How much slower the engine computes while serving than the probe's back-to-back
-    iterations say, as (decode, prefill) factors: per all-resident probe run, ``k_d`` = the
-    engine's decode-only iteration seconds over the cost model's charge for the same shapes,
-    ``k_p`` = the prompt-admitting iterations' seconds, less ``k_d`` times their decode part,
-    over their prefill part; the median of each over the runs (1.0 for a kind a run lacks).
+#: an engine iteration that starts this long after the previous one ended follows an idle
+#: spell (the engine slept until an arrival); back-to-back iterations are microseconds apart
+IDLE_GAP_S = 1e-3
+#: the re-warm decays tried by :func:`serving_terms` (per decode step after a prefill)
+DECAYS: tuple[float, ...] = tuple(round(0.01 * i, 2) for i in range(96))
 
-    Iterations of an open-loop run are slower than the same shapes run back to back, and
-    not evenly: a prefill after an idle gap runs on cold caches (on the 2-core VM a 96-token
-    prefill after a 50 ms pause takes ~12% longer), while steady decode steps cost what the
-    closed probe measured. :func:`scale_compute` folds ``k_d`` into every compute term and
-    ``prefill_scale`` (``k_p / k_d``) into prefills only."""
+
+class ServingTerms(NamedTuple):
+    """How the engine computes while serving, against the probe's back-to-back iterations:
+    steady decode steps and prefills take ``decode`` and ``prefill`` times their fitted cost;
+    the first iteration after an idle spell costs ``wake_s`` more; the ``j``-th decode step
+    after a prefill ``rewarm_s * rewarm_decay ** (j - 1)`` more (sim.node's warm-up costs)."""
+
+    decode: float
+    prefill: float
+    wake_s: float
+    rewarm_s: float
+    rewarm_decay: float
+
+
+def _run_terms(cost: CostModel, log: tuple[Any, ...]) -> tuple[float, float, float, float, float]:
+    """One resident run's (k_d, k_p, wake_s, rewarm_s, rewarm_decay); see
+    :func:`serving_terms`."""
+    recs: list[tuple[float, float, float, bool, int, bool]] = []  # e, pre, dec, idle, j, new
+    prev_end, since = -math.inf, 1 << 30
+    for rec in log:
+        pre, dec = _parts(cost, rec)
+        idle = float(rec.start) - prev_end > IDLE_GAP_S
+        prev_end = float(rec.start) + float(rec.seconds)
+        since = 0 if rec.new else since + 1
+        recs.append((float(rec.seconds), pre, dec, idle, since, bool(rec.new)))
+    dec_rows = [(e, d, j) for e, _, d, idle, j, new in recs if not new and not idle and d > 0]
+    kd, rewarm, decay = 1.0, 0.0, 0.0
+    if dec_rows:
+        e_d = np.array([r[0] for r in dec_rows])
+        d_d = np.array([r[1] for r in dec_rows])
+        j_d = np.minimum(np.array([r[2] for r in dec_rows], dtype=float), 1e4)
+        kd = float(e_d.sum() / d_d.sum())
+        best = float(np.sum((e_d - kd * d_d) ** 2))
+        for r in DECAYS:  # e = kd * D + rewarm * r**(j - 1): linear for a fixed r
+            a = np.column_stack([d_d, r ** (j_d - 1.0)])
+            (k, x), *_ = np.linalg.lstsq(a, e_d, rcond=None)
+            sse = float(np.sum((e_d - a @ np.array([k, x])) ** 2))
+            if k > 0 and x >= 0 and sse < best:
+                best, kd, rewarm, decay = sse, float(k), float(x), r
+    pre_rows = [(e - kd * d, p, float(idle)) for e, p, d, idle, _, new in recs if new and p > 0]
+    kp, wake = kd, 0.0
+    if pre_rows:
+        y = np.array([r[0] for r in pre_rows])
+        a = np.array([[r[1], r[2]] for r in pre_rows])
+        kp = float(y.sum() / a[:, 0].sum())  # no prefill after an idle spell: ratio only
+        if a[:, 1].any() and (not a[:, 1].all() or np.ptp(a[:, 0]) > 0):
+            (k, w), *_ = np.linalg.lstsq(a, y, rcond=None)
+            if k > 0 and w >= 0:  # else a degenerate fit (too few distinct prompts)
+                kp, wake = float(k), float(w)
+    return kd, kp, wake, rewarm, decay
+
+
+def serving_terms(profile: Profile, spec: Any, probe: StreamProbe) -> ServingTerms:
+    """The :class:`ServingTerms` of ``probe``'s all-resident runs against the cost model of
+    ``profile`` (fitted on back-to-back iterations), each the median over the runs:
+
+    * ``decode``, ``rewarm_s``, ``rewarm_decay``: least squares over the decode-only
+      iterations (not after an idle spell) of engine seconds = ``decode`` x the cost model's
+      + ``rewarm_s * rewarm_decay ** (j - 1)`` for the ``j``-th step after a prefill (the
+      decay from a grid, :data:`DECAYS`; the two others linear for each);
+    * ``prefill``, ``wake_s``: least squares over the prompt-admitting iterations of (engine
+      seconds - ``decode`` x their decode part) = ``prefill`` x their prefill part +
+      ``wake_s`` x [after an idle spell].
+
+    Measured on the 2-core VM: a 96-token prefill after an idle spell costs ~1-2 ms more than
+    back to back (cold caches), and the first three decode steps after a prefill ~0.7, 0.3
+    and 0.1 ms more (the prefill evicted their weights from the CPU caches), while steady
+    decode steps cost what the closed probe measured."""
     cost = EngineCostModel(profile, spec)
-    kd_runs: list[float] = []
-    kp_runs: list[float] = []
-    for run in probe.runs:
-        dec_e = dec_c = pre_e = pre_dec = pre_c = 0.0
-        for rec in run.resident_log:
-            pre, dec = _parts(cost, rec)
-            if rec.new:
-                pre_e += float(rec.seconds)
-                pre_dec += dec
-                pre_c += pre
-            else:
-                dec_e += float(rec.seconds)
-                dec_c += dec
-        kd = dec_e / dec_c if dec_c > 0 else 1.0
-        kd_runs.append(kd)
-        kp_runs.append(max(pre_e - kd * pre_dec, 0.0) / pre_c if pre_c > 0 else kd)
-    if not kd_runs:
-        return 1.0, 1.0
-    return float(np.median(kd_runs)), float(np.median(kp_runs))
+    rows = [_run_terms(cost, run.resident_log) for run in probe.runs if run.resident_log]
+    if not rows:
+        return ServingTerms(1.0, 1.0, 0.0, 0.0, 0.0)
+    med = np.median(np.array(rows), axis=0)
+    return ServingTerms(*(float(v) for v in med))
 
 
 def scale_compute(profile: Profile, k: float) -> Profile:
@@ -427,13 +478,17 @@ def scale_compute(profile: Profile, k: float) -> Profile:
 class EngineCostModel(CostModel):
     """:class:`CostModel` plus the engine's attention terms from ``fitted["engine_fit"]``
     (zero when the profile has none, which gives the plain cost model) and its
-    ``prefill_scale`` (prefills cost that many times their fitted time while serving;
-    :func:`serving_scales`; 1 when absent)."""
+    ``prefill_scale`` (prefills cost that many times their fitted time while serving) and
+    warm-up costs ``wake_s``, ``rewarm_s``, ``rewarm_decay`` (:class:`CostModel`; all from
+    :func:`serving_terms`; 1 and 0 when absent)."""
 
     def __init__(self, profile: Profile, model: Any) -> None:
         super().__init__(profile, model)
         fit = (profile.fitted.get("engine_fit") or [{}])[0]
         self.prefill_scale = float(fit.get("prefill_scale", 1.0))
+        self.wake_s = float(fit.get("wake_s", 0.0))
+        self.rewarm_s = float(fit.get("rewarm_s", 0.0))
+        self.rewarm_decay = float(fit.get("rewarm_decay", 0.0))
         self.attn_fixed = float(fit.get("attn_fixed_s", 0.0))
         self.attn_token = float(fit.get("attn_per_token_s", 0.0))
         self.prefill_sq = float(fit.get("prefill_sq_s", 0.0))
@@ -592,10 +647,18 @@ def calibrate_engine(
     fit = dict(fitted.fitted)
     fit["engine_fit"] = [{**fit["engine_fit"][0], "pcie_bandwidth": bw, "pcie_latency_s": lat}]
     with_link = fitted.model_copy(update={"links": links, "fitted": fit})
-    k_dec, k_pre = serving_scales(with_link, spec, probe)
-    with_link = scale_compute(with_link, k_dec)
+    terms = serving_terms(with_link, spec, probe)
+    with_link = scale_compute(with_link, terms.decode)
     fit = dict(with_link.fitted)
-    fit["engine_fit"] = [{**fit["engine_fit"][0], "prefill_scale": k_pre / k_dec}]
+    fit["engine_fit"] = [
+        {
+            **fit["engine_fit"][0],
+            "prefill_scale": terms.prefill / terms.decode,
+            "wake_s": terms.wake_s,
+            "rewarm_s": terms.rewarm_s,
+            "rewarm_decay": terms.rewarm_decay,
+        }
+    ]
     with_link = with_link.model_copy(update={"fitted": fit})
     s, rows = fit_stream(with_link, probe, workdir)
     fit = dict(with_link.fitted)

@@ -41,6 +41,12 @@ class ModelRt:
     base: int = field(init=False)
     layer_chunks: list[int] = field(init=False)
     layer_bytes: list[int] = field(init=False)
+    #: warm-up costs of the cost model (``CostModel.wake_s``, ``rewarm_s``, ``rewarm_decay``;
+    #: see sim.node) and whether any is charged (the hot loop's one check)
+    wake_s: float = field(init=False)
+    rewarm_s: float = field(init=False)
+    rewarm_decay: float = field(init=False)
+    warm_on: bool = field(init=False)
     _pre_memo: dict[tuple[int, int], float] = field(init=False, default_factory=dict, repr=False)
     _dec_memo: dict[tuple[int, int], float] = field(init=False, default_factory=dict, repr=False)
 
@@ -51,6 +57,12 @@ class ModelRt:
         self.layer_chunks = [int(c) for c in counts]
         self.nonempty_layers = int((counts > 0).sum())
         self.base = self.idx << 32
+        self.wake_s = float(getattr(self.cost, "wake_s", 0.0))
+        self.rewarm_s = float(getattr(self.cost, "rewarm_s", 0.0))
+        self.rewarm_decay = float(getattr(self.cost, "rewarm_decay", 0.0))
+        self.warm_on = self.wake_s > 0 or self.rewarm_s > 0
+        if not 0.0 <= self.rewarm_decay < 1.0:
+            raise ValueError(f"rewarm_decay must be in [0, 1), got {self.rewarm_decay}")
         cs = np.concatenate([[0], np.cumsum(self.chunk_size)])
         self.layer_bytes = [
             int(cs[self.layer_start[i + 1]] - cs[self.layer_start[i]]) for i in range(self.n_layers)
@@ -58,6 +70,16 @@ class ModelRt:
 
     def key(self, chunk_id: int) -> int:
         return self.base | chunk_id
+
+    def rewarm(self, since: int, steps: int) -> float:
+        """Extra seconds of decode steps ``since + 1 .. since + steps`` after a prefill: step
+        ``j`` costs ``rewarm_s * rewarm_decay ** (j - 1)`` (a geometric sum)."""
+        if self.rewarm_s <= 0 or steps <= 0:
+            return 0.0
+        r = self.rewarm_decay
+        if r <= 0.0:
+            return self.rewarm_s if since == 0 else 0.0
+        return float(self.rewarm_s * r**since * (1.0 - r**steps) / (1.0 - r))
 
     def iter_time(
         self, prefill_tokens: int, n_new: int, n_dec: int, ctx: float, prefill_sq: int = -1

@@ -150,6 +150,14 @@ def load_profile(name_or_path: str | Path) -> Profile:
 class CostModel:
     """Times for one model on one profile's hardware; see the module docstring."""
 
+    #: warm-up costs the simulator's node adds (sim.node): seconds for the first iteration
+    #: after the node sat idle; seconds for the first decode step after a prefill, each later
+    #: step ``rewarm_decay`` times the one before (in [0, 1)). Zero here: datasheet profiles
+    #: describe a warm machine; a calibrated engine's cost model sets them.
+    wake_s: float = 0.0
+    rewarm_s: float = 0.0
+    rewarm_decay: float = 0.0
+
     def __init__(self, profile: Profile, model: ModelSpec) -> None:
         self.profile = profile
         self.model = model

@@ -15,6 +15,12 @@ only once all its chunks are resident in HBM (invariant; pinned while it compute
 chunks are fetched as one aggregated transfer per source, and the next ``window`` layers are
 prefetched while the current one computes (R7/R21/R27), wrapping into the next iteration.
 
+Warm-up costs (off unless the model's cost model sets them, e.g. a calibrated engine's
+:class:`hwbench.engine_probe.EngineCostModel`): the first iteration after the node sat idle
+costs ``wake_s`` more (cold caches, clocks ramping up), and the ``j``-th decode step after an
+iteration that admitted prompts costs ``rewarm_s * rewarm_decay ** (j - 1)`` more (the
+prefill evicted the decode's working set from the caches); :meth:`ModelRt.rewarm`.
+
 KV accounting is :class:`KvAccount` (block counts in bytes, reserved for the whole sequence
 at admission so a running request never stalls). It is an adapter: the KV core's allocator
 can replace it without touching the node.
@@ -152,6 +158,10 @@ class ComputeNode:
         #: requests the running turn admitted (0: a decode-only iteration); set at the turn's
         #: start, before its compute, so hooks on the iteration (hwbench.interference) see it
         self.admitted = 0
+        #: warm-up state (models whose cost model charges it, ModelRt.warm_on): the node sat
+        #: idle before this turn; decode steps since the last iteration that admitted prompts
+        self._woke = False
+        self._since = 1 << 30
         self.proc: simpy.Process | None = None
         self._cur = -1
         self._carry = 0.0
@@ -233,6 +243,7 @@ class ComputeNode:
                     self.wake = self.env.event()
                     yield self.wake
                     self.wake = None
+                    self._woke = True
                     continue
                 yield from self._turn(m)
         except simpy.Interrupt as intr:  # killed (sim.degrade.kill_node cleans the state up)
@@ -309,6 +320,7 @@ class ComputeNode:
         env, mr, ws, met = self.env, self.ctx.models[m], self.ws, self.ctx.metrics
         new = self._admit(m)
         self.admitted = len(new)
+        woke, self._woke = self._woke, False
         if new:
             self.qlen -= len(new)
             self.running += len(new)
@@ -328,6 +340,14 @@ class ComputeNode:
                 ptok += x
                 sq += x * x
             t = mr.iter_time(ptok, len(new), n, self.b_base[m] + n * off, sq)
+            if mr.warm_on:  # warm-up costs (sim.context.ModelRt.rewarm): one iteration
+                if woke:
+                    t += mr.wake_s
+                if new:
+                    self._since = 0
+                else:
+                    t += mr.rewarm(self._since, 1)
+                    self._since += 1
             carry, self._carry = self._carry, 0.0
             if resident:  # _execute's all-resident case, inline (hot path)
                 yield env.timeout(carry + t)
@@ -354,6 +374,8 @@ class ComputeNode:
             if self.qlen or self._others_running(m):
                 k = min(k, max(self.max_steps - self._quantum, 1))
             t_step = mr.iter_time(0, 0, n, self.b_base[m] + n * (off + (k - 1) / 2.0))
+            if mr.warm_on:  # spread over the k steps (an interrupted segment pays its share)
+                t_step += (mr.rewarm(self._since, k) + (mr.wake_s if woke else 0.0)) / k
             if self._carry > 0:  # the interrupted step still has to finish
                 carry, self._carry = self._carry, 0.0
                 yield env.timeout(carry)
@@ -372,6 +394,8 @@ class ComputeNode:
                 else:  # nothing completes: the next iteration starts after `rest` (one event)
                     self._carry = rest
             self.seg_model = -1
+            if mr.warm_on:
+                self._since += steps
             self._quantum += steps
             self.b_off[m] = off = off + steps
             self.busy += steps * t_step

@@ -18,15 +18,17 @@ from typer.testing import CliRunner
 from engine.backend import cupy_status
 from engine.runtime.engine import IterationRecord
 from hwbench.engine_probe import (
+    DECAYS,
     EngineCostModel,
     PassPoint,
     ProbeRun,
+    ServingTerms,
     StreamProbe,
     _collect,
     _predict,
     fit_engine,
     scale_compute,
-    serving_scales,
+    serving_terms,
 )
 from hwbench.validate import (
     compare,
@@ -216,42 +218,63 @@ def test_scale_compute_scales_every_iteration_by_k(
         scale_compute(prof, 0.0)
 
 
-def _log(cost: EngineCostModel, kd: float, kp: float, seed: int) -> tuple[IterationRecord, ...]:
-    """Resident iterations (prefill-only, mixed and decode-only shapes) timed as ``kd`` times
-    the cost model's decode part plus ``kp`` times its prefill part."""
+def _log(cost: EngineCostModel, t: ServingTerms, seed: int) -> tuple[IterationRecord, ...]:
+    """Resident iterations of a served run whose times follow ``t`` exactly: requests arrive
+    after idle spells (a prefill, then decode steps) or while others decode (a mixed
+    iteration, no idle spell)."""
     rng = np.random.default_rng(seed)
-    out = []
-    for _ in range(40):
-        new = int(rng.integers(0, 3))
-        plens = rng.integers(16, 300, size=new)
-        batch = int(rng.integers(0 if new else 1, 6))
-        ctx = int(rng.integers(batch, 40 * batch + 1)) if batch else 0
-        p = cost.prefill_time(int(plens.sum()), int((plens**2).sum())) if new else 0.0
-        d = cost.decode_step_time(batch, ctx) if batch else 0.0
-        out.append(
-            IterationRecord(
-                0.0, kd * d + kp * p, new, int(plens.sum()), int((plens**2).sum()), batch, ctx, 0.0
-            )
-        )
+    out: list[IterationRecord] = []
+    clock = 0.0
+    for _ in range(12):
+        clock += 0.05  # an idle spell
+        for idle in (True, False):  # a lone request, then one joining a decoding one
+            plen = int(rng.integers(32, 257))
+            batch = 0 if idle else 1
+            ctx = 0 if idle else plen + 3
+            p = cost.prefill_time(plen, plen * plen)
+            d = cost.decode_step_time(batch, ctx) if batch else 0.0
+            sec = t.prefill * p + t.decode * d + (t.wake_s if idle else 0.0)
+            out.append(IterationRecord(clock, sec, 1, plen, plen * plen, batch, ctx, 0.0))
+            clock += sec
+            for since in range(1, int(rng.integers(4, 9)) + 1):
+                batch = 1 if idle else 2
+                d = cost.decode_step_time(batch, 100 * batch)
+                sec = t.decode * d + t.rewarm_s * t.rewarm_decay ** (since - 1)
+                out.append(IterationRecord(clock, sec, 0, 0, 0, batch, 100 * batch, 0.0))
+                clock += sec
     return tuple(out)
 
 
 @settings(max_examples=25, deadline=None)
-@given(kd=st.floats(0.5, 2.0), kp=st.floats(0.5, 2.0))
-def test_serving_scales_recover_decode_and_prefill_factors(kd: float, kp: float) -> None:
-    """Reference: engine iterations = kd * decode part + kp * prefill part of the cost model;
-    one of three runs is disturbed (3x), so the medians give back (kd, kp)."""
+@given(
+    kd=st.floats(0.5, 2.0),
+    kp=st.floats(0.5, 2.0),
+    wake=st.floats(0.0, 5e-3),
+    rewarm=st.floats(0.0, 2e-3),
+    decay=st.sampled_from(DECAYS[5:91]),  # the fit's grid
+)
+def test_serving_terms_recover_the_served_runs_terms(
+    kd: float, kp: float, wake: float, rewarm: float, decay: float
+) -> None:
+    """Reference: engine iterations made from the cost model and known terms; one of three
+    runs is disturbed (every term 3x), so the medians give the terms back."""
     prof = _fitted_profile()
     cfg = decoder_config()
     spec = sim_catalogue(cfg)[cfg.name]
     cost = EngineCostModel(prof, spec)
+    true = ServingTerms(kd, kp, wake, rewarm, decay if rewarm > 0 else 0.0)
+    bad = ServingTerms(3 * kd, 3 * kp, 3 * wake, 3 * rewarm, decay)
     w = ValidationWorkload("r", "resident", requests=3, rate=50.0)
     runs = [
-        ProbeRun(w, 0.0, 0.0, w, _log(cost, a, b, seed))
-        for seed, (a, b) in enumerate(((kd, kp), (kd, kp), (3 * kd, 3 * kp)))
+        ProbeRun(w, 0.0, 0.0, w, _log(cost, t, seed)) for seed, t in enumerate((true, true, bad))
     ]
-    got = serving_scales(prof, spec, StreamProbe(1e9, tuple(runs)))
-    assert got == pytest.approx((kd, kp), rel=1e-9)
+    got = serving_terms(prof, spec, StreamProbe(1e9, tuple(runs)))
+    assert got.decode == pytest.approx(kd, rel=1e-6)
+    assert got.prefill == pytest.approx(kp, rel=1e-6)
+    assert got.wake_s == pytest.approx(wake, rel=1e-5, abs=1e-9)
+    assert got.rewarm_s == pytest.approx(rewarm, rel=1e-5, abs=1e-9)
+    if rewarm > 1e-5:
+        assert got.rewarm_decay == decay
 
 
 def test_prefill_scale_scales_prefills_only() -> None:
@@ -370,3 +393,35 @@ def test_median_requests_takes_each_requests_median_delay() -> None:
     assert median_requests(runs[:1]).equals(runs[0])
     with pytest.raises(ValueError):
         median_requests([])
+
+
+def _with_warmup(prof: Profile, wake: float, rewarm: float, decay: float) -> Profile:
+    fitted = dict(prof.fitted)
+    fitted["engine_fit"] = [
+        {**fitted["engine_fit"][0], "wake_s": wake, "rewarm_s": rewarm, "rewarm_decay": decay}
+    ]
+    return prof.model_copy(update={"fitted": fitted})
+
+
+@pytest.mark.parametrize("hbm_fraction", [1.5, 0.6])  # resident (k-step decode) and streaming
+def test_simulator_charges_warmup_after_idle_and_after_prefill(
+    tmp_path: Path, hbm_fraction: float
+) -> None:
+    """Requests far apart, each alone: each pays the wake cost once and the geometric re-warm
+    sum over its decode steps, on top of the same run without warm-up costs."""
+    from hwbench.validate import run_simulator
+
+    w = ValidationWorkload(
+        "w", "apart", requests=3, rate=0.5, output_low=9, output_high=9, hbm_fraction=hbm_fraction
+    )
+    base = _fitted_profile()
+    wake, rewarm, decay = 2e-3, 1e-3, 0.5
+    lat0 = run_simulator(w, base, tmp_path, interference=0.0)[0]
+    lat1 = run_simulator(w, _with_warmup(base, wake, rewarm, decay), tmp_path, interference=0.0)[0]
+    extra = (lat1["end"] - lat0["end"]).to_numpy()
+    ttft = (lat1["first_token"] - lat0["first_token"]).to_numpy()
+    np.testing.assert_allclose(ttft, wake, rtol=1e-9)
+    steps = 8  # 9 output tokens: the first from the prefill, then 8 decode steps
+    np.testing.assert_allclose(extra, wake + rewarm * (1 - decay**steps) / (1 - decay), rtol=1e-9)
+    with pytest.raises(ValueError, match="rewarm_decay"):
+        run_simulator(w, _with_warmup(base, wake, rewarm, 1.0), tmp_path)

@@ -22,8 +22,8 @@ values so the plain :class:`CostModel` benefits too. :func:`fetch_probe` measure
 the engine's prefetch thread moves layers host -> device while the engine computes; it
 replaces ``links.pcie.bandwidth`` (the other links are untouched). Its all-resident runs
 give :func:`serving_terms` (how much slower decode steps and prefills run while serving
-than back to back -- ``serving_scale``, ``prefill_scale`` -- and the warm-up costs after an
-idle spell and after a prefill: ``wake_s``, ``rewarm_s``, ``rewarm_decay``). On the same probe runs,
+than back to back -- ``serving_scale`` -- and the warm-up costs after an idle spell and
+after a prefill: ``wake_s``, ``rewarm_s``, ``rewarm_decay``). On the same probe runs,
 :func:`fit_stream` fits the copy/compute interference factors of :mod:`hwbench.interference`
 (``fitted.engine_fit[0]["copy_interference"]`` for decode-only iterations,
 ``["copy_interference_prefill"]`` for iterations that admit prompts), which the validation
@@ -368,19 +368,18 @@ DECAYS: tuple[float, ...] = tuple(round(0.01 * i, 2) for i in range(96))
 
 class ServingTerms(NamedTuple):
     """How the engine computes while serving, against the probe's back-to-back iterations:
-    steady decode steps and prefills take ``decode`` and ``prefill`` times their fitted cost;
-    the first iteration after an idle spell costs ``wake_s`` more; the ``j``-th decode step
-    after a prefill ``rewarm_s * rewarm_decay ** (j - 1)`` more (sim.node's warm-up costs)."""
+    every iteration takes ``scale`` times its fitted cost; the first one after an idle spell
+    costs ``wake_s`` more; the ``j``-th decode step after a prefill ``rewarm_s *
+    rewarm_decay ** (j - 1)`` more (sim.node's warm-up costs)."""
 
-    decode: float
-    prefill: float
+    scale: float
     wake_s: float
     rewarm_s: float
     rewarm_decay: float
 
 
-def _run_terms(cost: CostModel, log: tuple[Any, ...]) -> tuple[float, float, float, float, float]:
-    """One resident run's (k_d, k_p, wake_s, rewarm_s, rewarm_decay); see
+def _run_terms(cost: CostModel, log: tuple[Any, ...]) -> tuple[float, float, float, float]:
+    """One resident run's (scale, wake_s, rewarm_s, rewarm_decay); see
     :func:`serving_terms`."""
     recs: list[tuple[float, float, float, bool, int, bool]] = []  # e, pre, dec, idle, j, new
     prev_end, since = -math.inf, 1 << 30
@@ -404,30 +403,25 @@ def _run_terms(cost: CostModel, log: tuple[Any, ...]) -> tuple[float, float, flo
             sse = float(np.sum((e_d - a @ np.array([k, x])) ** 2))
             if k > 0 and x >= 0 and sse < best:
                 best, kd, rewarm, decay = sse, float(k), float(x), r
-    pre_rows = [(e - kd * d, p, float(idle)) for e, p, d, idle, _, new in recs if new and p > 0]
-    kp, wake = kd, 0.0
-    if pre_rows:
-        y = np.array([r[0] for r in pre_rows])
-        a = np.array([[r[1], r[2]] for r in pre_rows])
-        kp = float(y.sum() / a[:, 0].sum())  # no prefill after an idle spell: ratio only
-        if a[:, 1].any() and (not a[:, 1].all() or np.ptp(a[:, 0]) > 0):
-            (k, w), *_ = np.linalg.lstsq(a, y, rcond=None)
-            if k > 0 and w >= 0:  # else a degenerate fit (too few distinct prompts)
-                kp, wake = float(k), float(w)
-    return kd, kp, wake, rewarm, decay
+    # prefills cost kd times their fitted time too (the closed probe's prefill/decode balance
+    # holds; a separate prefill factor fitted with wake_s on 32-256-token prompts
+    # extrapolated badly to 384-512 tokens: long-context TTFT -8%): wake_s is the mean extra
+    # of the prompt-admitting iterations that follow an idle spell
+    woke = [e - kd * (p + d) for e, p, d, idle, _, new in recs if new and idle]
+    wake = max(float(np.mean(woke)), 0.0) if woke else 0.0
+    return kd, wake, rewarm, decay
 
 
 def serving_terms(profile: Profile, spec: Any, probe: StreamProbe) -> ServingTerms:
     """The :class:`ServingTerms` of ``probe``'s all-resident runs against the cost model of
     ``profile`` (fitted on back-to-back iterations), each the median over the runs:
 
-    * ``decode``, ``rewarm_s``, ``rewarm_decay``: least squares over the decode-only
-      iterations (not after an idle spell) of engine seconds = ``decode`` x the cost model's
+    * ``scale``, ``rewarm_s``, ``rewarm_decay``: least squares over the decode-only
+      iterations (not after an idle spell) of engine seconds = ``scale`` x the cost model's
       + ``rewarm_s * rewarm_decay ** (j - 1)`` for the ``j``-th step after a prefill (the
       decay from a grid, :data:`DECAYS`; the two others linear for each);
-    * ``prefill``, ``wake_s``: least squares over the prompt-admitting iterations of (engine
-      seconds - ``decode`` x their decode part) = ``prefill`` x their prefill part +
-      ``wake_s`` x [after an idle spell].
+    * ``wake_s``: the mean of (engine seconds - ``scale`` x the cost model's) over the
+      prompt-admitting iterations that follow an idle spell (floored at 0).
 
     Measured on the 2-core VM: a 96-token prefill after an idle spell costs ~1-2 ms more than
     back to back (cold caches), and the first three decode steps after a prefill ~0.7, 0.3
@@ -436,7 +430,7 @@ def serving_terms(profile: Profile, spec: Any, probe: StreamProbe) -> ServingTer
     cost = EngineCostModel(profile, spec)
     rows = [_run_terms(cost, run.resident_log) for run in probe.runs if run.resident_log]
     if not rows:
-        return ServingTerms(1.0, 1.0, 0.0, 0.0, 0.0)
+        return ServingTerms(1.0, 0.0, 0.0, 0.0)
     med = np.median(np.array(rows), axis=0)
     return ServingTerms(*(float(v) for v in med))
 
@@ -477,15 +471,13 @@ def scale_compute(profile: Profile, k: float) -> Profile:
 
 class EngineCostModel(CostModel):
     """:class:`CostModel` plus the engine's attention terms from ``fitted["engine_fit"]``
-    (zero when the profile has none, which gives the plain cost model) and its
-    ``prefill_scale`` (prefills cost that many times their fitted time while serving) and
-    warm-up costs ``wake_s``, ``rewarm_s``, ``rewarm_decay`` (:class:`CostModel`; all from
-    :func:`serving_terms`; 1 and 0 when absent)."""
+    (zero when the profile has none, which gives the plain cost model) and its warm-up
+    costs ``wake_s``, ``rewarm_s``, ``rewarm_decay`` (:class:`CostModel`; from
+    :func:`serving_terms`; 0 when absent)."""
 
     def __init__(self, profile: Profile, model: Any) -> None:
         super().__init__(profile, model)
         fit = (profile.fitted.get("engine_fit") or [{}])[0]
-        self.prefill_scale = float(fit.get("prefill_scale", 1.0))
         self.wake_s = float(fit.get("wake_s", 0.0))
         self.rewarm_s = float(fit.get("rewarm_s", 0.0))
         self.rewarm_decay = float(fit.get("rewarm_decay", 0.0))
@@ -509,8 +501,7 @@ class EngineCostModel(CostModel):
 
     def prefill_time(self, tokens: int, sq_tokens: int | None = None) -> float:
         sq = float(tokens) ** 2 if sq_tokens is None else float(sq_tokens)
-        t = super().prefill_time(tokens, sq_tokens) + self.n_attn * self.prefill_sq * sq
-        return t * self.prefill_scale
+        return super().prefill_time(tokens, sq_tokens) + self.n_attn * self.prefill_sq * sq
 
 
 TERMS: tuple[str, ...] = (
@@ -648,12 +639,11 @@ def calibrate_engine(
     fit["engine_fit"] = [{**fit["engine_fit"][0], "pcie_bandwidth": bw, "pcie_latency_s": lat}]
     with_link = fitted.model_copy(update={"links": links, "fitted": fit})
     terms = serving_terms(with_link, spec, probe)
-    with_link = scale_compute(with_link, terms.decode)
+    with_link = scale_compute(with_link, terms.scale)
     fit = dict(with_link.fitted)
     fit["engine_fit"] = [
         {
             **fit["engine_fit"][0],
-            "prefill_scale": terms.prefill / terms.decode,
             "wake_s": terms.wake_s,
             "rewarm_s": terms.rewarm_s,
             "rewarm_decay": terms.rewarm_decay,

@@ -141,10 +141,12 @@ def calibrate(
     table.add_row("per-layer overhead", f"{g.per_layer_overhead_s * 1e6:.3g} us")
     efit = (profile.fitted.get("engine_fit") or [{}])[0]
     if "serving_scale" in efit:
-        k = float(efit["serving_scale"])
+        table.add_row("serving scale", f"{float(efit['serving_scale']):.3g}")
+    if "wake_s" in efit:
         table.add_row(
-            "serving scale",
-            f"decode {k:.3g}, prefill {k * float(efit.get('prefill_scale', 1.0)):.3g}",
+            "warm-up after idle / after prefill",
+            f"{efit['wake_s'] * 1e3:.3g} ms / {efit['rewarm_s'] * 1e3:.3g} ms "
+            f"x {efit['rewarm_decay']:.2g}^(step-1)",
         )
     if "copy_interference" in efit:
         from hwbench.interference import interference_of

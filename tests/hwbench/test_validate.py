@@ -233,13 +233,13 @@ def _log(cost: EngineCostModel, t: ServingTerms, seed: int) -> tuple[IterationRe
             ctx = 0 if idle else plen + 3
             p = cost.prefill_time(plen, plen * plen)
             d = cost.decode_step_time(batch, ctx) if batch else 0.0
-            sec = t.prefill * p + t.decode * d + (t.wake_s if idle else 0.0)
+            sec = t.scale * (p + d) + (t.wake_s if idle else 0.0)
             out.append(IterationRecord(clock, sec, 1, plen, plen * plen, batch, ctx, 0.0))
             clock += sec
             for since in range(1, int(rng.integers(4, 9)) + 1):
                 batch = 1 if idle else 2
                 d = cost.decode_step_time(batch, 100 * batch)
-                sec = t.decode * d + t.rewarm_s * t.rewarm_decay ** (since - 1)
+                sec = t.scale * d + t.rewarm_s * t.rewarm_decay ** (since - 1)
                 out.append(IterationRecord(clock, sec, 0, 0, 0, batch, 100 * batch, 0.0))
                 clock += sec
     return tuple(out)
@@ -247,14 +247,13 @@ def _log(cost: EngineCostModel, t: ServingTerms, seed: int) -> tuple[IterationRe
 
 @settings(max_examples=25, deadline=None)
 @given(
-    kd=st.floats(0.5, 2.0),
-    kp=st.floats(0.5, 2.0),
+    k=st.floats(0.5, 2.0),
     wake=st.floats(0.0, 5e-3),
     rewarm=st.floats(0.0, 2e-3),
     decay=st.sampled_from(DECAYS[5:91]),  # the fit's grid
 )
 def test_serving_terms_recover_the_served_runs_terms(
-    kd: float, kp: float, wake: float, rewarm: float, decay: float
+    k: float, wake: float, rewarm: float, decay: float
 ) -> None:
     """Reference: engine iterations made from the cost model and known terms; one of three
     runs is disturbed (every term 3x), so the medians give the terms back."""
@@ -262,31 +261,18 @@ def test_serving_terms_recover_the_served_runs_terms(
     cfg = decoder_config()
     spec = sim_catalogue(cfg)[cfg.name]
     cost = EngineCostModel(prof, spec)
-    true = ServingTerms(kd, kp, wake, rewarm, decay if rewarm > 0 else 0.0)
-    bad = ServingTerms(3 * kd, 3 * kp, 3 * wake, 3 * rewarm, decay)
+    true = ServingTerms(k, wake, rewarm, decay if rewarm > 0 else 0.0)
+    bad = ServingTerms(3 * k, 3 * wake, 3 * rewarm, decay)
     w = ValidationWorkload("r", "resident", requests=3, rate=50.0)
     runs = [
         ProbeRun(w, 0.0, 0.0, w, _log(cost, t, seed)) for seed, t in enumerate((true, true, bad))
     ]
     got = serving_terms(prof, spec, StreamProbe(1e9, tuple(runs)))
-    assert got.decode == pytest.approx(kd, rel=1e-6)
-    assert got.prefill == pytest.approx(kp, rel=1e-6)
+    assert got.scale == pytest.approx(k, rel=1e-6)
     assert got.wake_s == pytest.approx(wake, rel=1e-5, abs=1e-9)
     assert got.rewarm_s == pytest.approx(rewarm, rel=1e-5, abs=1e-9)
     if rewarm > 1e-5:
         assert got.rewarm_decay == decay
-
-
-def test_prefill_scale_scales_prefills_only() -> None:
-    prof = _fitted_profile()
-    cfg = decoder_config()
-    spec = sim_catalogue(cfg)[cfg.name]
-    fitted = dict(prof.fitted)
-    fitted["engine_fit"] = [{**fitted["engine_fit"][0], "prefill_scale": 1.3}]
-    scaled = prof.model_copy(update={"fitted": fitted})
-    a, b = EngineCostModel(prof, spec), EngineCostModel(scaled, spec)
-    assert b.prefill_time(200, 30000) == pytest.approx(1.3 * a.prefill_time(200, 30000))
-    assert b.decode_step_time(4, 900) == a.decode_step_time(4, 900)
 
 
 def test_validate_workload_end_to_end_is_small_and_consistent() -> None:

@@ -22,7 +22,7 @@ values so the plain :class:`CostModel` benefits too. :func:`fetch_probe` measure
 the engine's prefetch thread moves layers host -> device while the engine computes; it
 replaces ``links.pcie.bandwidth`` (the other links are untouched). Its all-resident runs
 give :func:`serving_terms` (how much slower decode steps and prefills run while serving
-than back to back -- ``serving_scale`` -- and the warm-up costs after an idle spell and
+than back to back -- ``decode_scale`` -- and the warm-up costs after an idle spell and
 after a prefill: ``wake_s``, ``rewarm_s``, ``rewarm_decay``). On the same probe runs,
 :func:`fit_stream` fits the copy/compute interference factors of :mod:`hwbench.interference`
 (``fitted.engine_fit[0]["copy_interference"]`` for decode-only iterations,
@@ -56,7 +56,6 @@ __all__ = [
     "fetch_probe",
     "fit_engine",
     "fit_stream",
-    "scale_compute",
     "serving_terms",
     "split_busy",
 ]
@@ -368,18 +367,19 @@ DECAYS: tuple[float, ...] = tuple(round(0.01 * i, 2) for i in range(96))
 
 class ServingTerms(NamedTuple):
     """How the engine computes while serving, against the probe's back-to-back iterations:
-    every iteration takes ``scale`` times its fitted cost; the first one after an idle spell
-    costs ``wake_s`` more; the ``j``-th decode step after a prefill ``rewarm_s *
-    rewarm_decay ** (j - 1)`` more (sim.node's warm-up costs)."""
+    steady decode steps take ``decode_scale`` times their fitted cost (prefills their fitted
+    cost: the closed probe times prefills back to back, as they run while serving); the
+    first iteration after an idle spell costs ``wake_s`` more; the ``j``-th decode step
+    after a prefill ``rewarm_s * rewarm_decay ** (j - 1)`` more (sim.node's warm-up costs)."""
 
-    scale: float
+    decode_scale: float
     wake_s: float
     rewarm_s: float
     rewarm_decay: float
 
 
 def _run_terms(cost: CostModel, log: tuple[Any, ...]) -> tuple[float, float, float, float]:
-    """One resident run's (scale, wake_s, rewarm_s, rewarm_decay); see
+    """One resident run's (decode_scale, wake_s, rewarm_s, rewarm_decay); see
     :func:`serving_terms`."""
     recs: list[tuple[float, float, float, bool, int, bool]] = []  # e, pre, dec, idle, j, new
     prev_end, since = -math.inf, 1 << 30
@@ -403,11 +403,11 @@ def _run_terms(cost: CostModel, log: tuple[Any, ...]) -> tuple[float, float, flo
             sse = float(np.sum((e_d - a @ np.array([k, x])) ** 2))
             if k > 0 and x >= 0 and sse < best:
                 best, kd, rewarm, decay = sse, float(k), float(x), r
-    # prefills cost kd times their fitted time too (the closed probe's prefill/decode balance
-    # holds; a separate prefill factor fitted with wake_s on 32-256-token prompts
-    # extrapolated badly to 384-512 tokens: long-context TTFT -8%): wake_s is the mean extra
-    # of the prompt-admitting iterations that follow an idle spell
-    woke = [e - kd * (p + d) for e, p, d, idle, _, new in recs if new and idle]
+    # prefills cost their fitted time (a prefill factor fitted together with wake_s on
+    # 32-256-token prompts extrapolated badly to 384-512 tokens: long-context TTFT -8%; one
+    # scale for both kinds carried the decode fit's bias into prefills: -10% there):
+    # wake_s is the mean extra of the prompt-admitting iterations that follow an idle spell
+    woke = [e - p - kd * d for e, p, d, idle, _, new in recs if new and idle]
     wake = max(float(np.mean(woke)), 0.0) if woke else 0.0
     return kd, wake, rewarm, decay
 
@@ -416,12 +416,14 @@ def serving_terms(profile: Profile, spec: Any, probe: StreamProbe) -> ServingTer
     """The :class:`ServingTerms` of ``probe``'s all-resident runs against the cost model of
     ``profile`` (fitted on back-to-back iterations), each the median over the runs:
 
-    * ``scale``, ``rewarm_s``, ``rewarm_decay``: least squares over the decode-only
-      iterations (not after an idle spell) of engine seconds = ``scale`` x the cost model's
+    * ``decode_scale``, ``rewarm_s``, ``rewarm_decay``: least squares over the decode-only
+      iterations (not after an idle spell) of engine seconds = ``decode_scale`` x the cost
+      model's
       + ``rewarm_s * rewarm_decay ** (j - 1)`` for the ``j``-th step after a prefill (the
       decay from a grid, :data:`DECAYS`; the two others linear for each);
-    * ``wake_s``: the mean of (engine seconds - ``scale`` x the cost model's) over the
-      prompt-admitting iterations that follow an idle spell (floored at 0).
+    * ``wake_s``: the mean of (engine seconds - the cost model's prefill part -
+      ``decode_scale`` x its decode part) over the prompt-admitting iterations that follow
+      an idle spell (floored at 0).
 
     Measured on the 2-core VM: a 96-token prefill after an idle spell costs ~1-2 ms more than
     back to back (cold caches), and the first three decode steps after a prefill ~0.7, 0.3
@@ -435,49 +437,17 @@ def serving_terms(profile: Profile, spec: Any, probe: StreamProbe) -> ServingTer
     return ServingTerms(*(float(v) for v in med))
 
 
-def scale_compute(profile: Profile, k: float) -> Profile:
-    """``profile`` with every fitted compute term ``k`` times slower (overheads and attention
-    terms times ``k``, FLOP rate and weight-read bandwidth divided by ``k``), so the
-    :class:`EngineCostModel` charges ``k`` times as much for every iteration; the factor is
-    recorded as ``fitted.engine_fit[0]["serving_scale"]``."""
-    if not k > 0:
-        raise ValueError(f"scale must be > 0, got {k}")
-    fit = dict((profile.fitted.get("engine_fit") or [{}])[0])
-    for key in ("attn_fixed_s", "attn_per_token_s", "prefill_sq_s"):
-        if key in fit:
-            fit[key] *= k
-    g = profile.gpu
-    gpu = g.model_copy(
-        update={
-            "per_layer_overhead_s": g.per_layer_overhead_s * k,
-            "kernel_launch_s": g.kernel_launch_s * k,
-            "flops_fp16": g.flops_fp16 / k,
-            "flops_fp32": g.flops_fp32 / k,
-            "hbm_bandwidth": g.hbm_bandwidth / k,
-        }
-    )
-    for key, val in (
-        ("per_layer_overhead_s", gpu.per_layer_overhead_s),
-        ("kernel_launch_s", gpu.kernel_launch_s),
-        ("flop_rate", gpu.flops_fp32 * gpu.compute_efficiency),
-        ("hbm_bandwidth", gpu.hbm_bandwidth),
-    ):
-        if key in fit:
-            fit[key] = val
-    fit["serving_scale"] = fit.get("serving_scale", 1.0) * k
-    fitted = {**profile.fitted, "engine_fit": [fit]}
-    return profile.model_copy(update={"gpu": gpu, "fitted": fitted})
-
-
 class EngineCostModel(CostModel):
     """:class:`CostModel` plus the engine's attention terms from ``fitted["engine_fit"]``
-    (zero when the profile has none, which gives the plain cost model) and its warm-up
-    costs ``wake_s``, ``rewarm_s``, ``rewarm_decay`` (:class:`CostModel`; from
-    :func:`serving_terms`; 0 when absent)."""
+    (zero when the profile has none, which gives the plain cost model), its
+    ``decode_scale`` (decode steps while serving against back to back; 1 when absent) and
+    warm-up costs ``wake_s``, ``rewarm_s``, ``rewarm_decay`` (:class:`CostModel`; 0 when
+    absent), all from :func:`serving_terms`."""
 
     def __init__(self, profile: Profile, model: Any) -> None:
         super().__init__(profile, model)
         fit = (profile.fitted.get("engine_fit") or [{}])[0]
+        self.decode_scale = float(fit.get("decode_scale", 1.0))
         self.wake_s = float(fit.get("wake_s", 0.0))
         self.rewarm_s = float(fit.get("rewarm_s", 0.0))
         self.rewarm_decay = float(fit.get("rewarm_decay", 0.0))
@@ -490,14 +460,14 @@ class EngineCostModel(CostModel):
         t = super().decode_step_time(batch, total_context_tokens)
         if batch > 0:
             t += self.n_attn * (self.attn_fixed + self.attn_token * total_context_tokens)
-        return t
+        return t * self.decode_scale
 
     def decode_step_times(self, batch: np.ndarray, total_context_tokens: np.ndarray) -> np.ndarray:
         t = super().decode_step_times(batch, total_context_tokens)
         extra = self.n_attn * (
             self.attn_fixed + self.attn_token * np.asarray(total_context_tokens, dtype=float)
         )
-        return t + np.where(np.asarray(batch) > 0, extra, 0.0)
+        return (t + np.where(np.asarray(batch) > 0, extra, 0.0)) * self.decode_scale
 
     def prefill_time(self, tokens: int, sq_tokens: int | None = None) -> float:
         sq = float(tokens) ** 2 if sq_tokens is None else float(sq_tokens)
@@ -639,11 +609,11 @@ def calibrate_engine(
     fit["engine_fit"] = [{**fit["engine_fit"][0], "pcie_bandwidth": bw, "pcie_latency_s": lat}]
     with_link = fitted.model_copy(update={"links": links, "fitted": fit})
     terms = serving_terms(with_link, spec, probe)
-    with_link = scale_compute(with_link, terms.scale)
     fit = dict(with_link.fitted)
     fit["engine_fit"] = [
         {
             **fit["engine_fit"][0],
+            "decode_scale": terms.decode_scale,
             "wake_s": terms.wake_s,
             "rewarm_s": terms.rewarm_s,
             "rewarm_decay": terms.rewarm_decay,

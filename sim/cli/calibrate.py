@@ -140,8 +140,8 @@ def calibrate(
     table.add_row("per-op overhead", f"{g.kernel_launch_s * 1e6:.3g} us")
     table.add_row("per-layer overhead", f"{g.per_layer_overhead_s * 1e6:.3g} us")
     efit = (profile.fitted.get("engine_fit") or [{}])[0]
-    if "serving_scale" in efit:
-        table.add_row("serving scale", f"{float(efit['serving_scale']):.3g}")
+    if "decode_scale" in efit:
+        table.add_row("serving decode scale", f"{float(efit['decode_scale']):.3g}")
     if "wake_s" in efit:
         table.add_row(
             "warm-up after idle / after prefill",

@@ -27,7 +27,6 @@ from hwbench.engine_probe import (
     _collect,
     _predict,
     fit_engine,
-    scale_compute,
     serving_terms,
 )
 from hwbench.validate import (
@@ -193,31 +192,6 @@ def _fitted_profile() -> Profile:
     return prof.model_copy(update={"fitted": fitted, "gpu": gpu})
 
 
-@settings(max_examples=30, deadline=None)
-@given(
-    k=st.floats(0.2, 5.0),
-    tokens=st.integers(1, 2048),
-    batch=st.integers(1, 64),
-    ctx=st.integers(1, 20000),
-)
-def test_scale_compute_scales_every_iteration_by_k(
-    k: float, tokens: int, batch: int, ctx: int
-) -> None:
-    prof = _fitted_profile()
-    cfg = decoder_config()
-    spec = sim_catalogue(cfg)[cfg.name]
-    a, b = EngineCostModel(prof, spec), EngineCostModel(scale_compute(prof, k), spec)
-    assert b.prefill_time(tokens) == pytest.approx(k * a.prefill_time(tokens), rel=1e-9)
-    assert b.decode_step_time(batch, ctx) == pytest.approx(
-        k * a.decode_step_time(batch, ctx), rel=1e-9
-    )
-    assert scale_compute(scale_compute(prof, k), 2.0).fitted["engine_fit"][0][
-        "serving_scale"
-    ] == pytest.approx(2 * k)
-    with pytest.raises(ValueError):
-        scale_compute(prof, 0.0)
-
-
 def _log(cost: EngineCostModel, t: ServingTerms, seed: int) -> tuple[IterationRecord, ...]:
     """Resident iterations of a served run whose times follow ``t`` exactly: requests arrive
     after idle spells (a prefill, then decode steps) or while others decode (a mixed
@@ -233,13 +207,13 @@ def _log(cost: EngineCostModel, t: ServingTerms, seed: int) -> tuple[IterationRe
             ctx = 0 if idle else plen + 3
             p = cost.prefill_time(plen, plen * plen)
             d = cost.decode_step_time(batch, ctx) if batch else 0.0
-            sec = t.scale * (p + d) + (t.wake_s if idle else 0.0)
+            sec = p + t.decode_scale * d + (t.wake_s if idle else 0.0)
             out.append(IterationRecord(clock, sec, 1, plen, plen * plen, batch, ctx, 0.0))
             clock += sec
             for since in range(1, int(rng.integers(4, 9)) + 1):
                 batch = 1 if idle else 2
                 d = cost.decode_step_time(batch, 100 * batch)
-                sec = t.scale * d + t.rewarm_s * t.rewarm_decay ** (since - 1)
+                sec = t.decode_scale * d + t.rewarm_s * t.rewarm_decay ** (since - 1)
                 out.append(IterationRecord(clock, sec, 0, 0, 0, batch, 100 * batch, 0.0))
                 clock += sec
     return tuple(out)
@@ -268,7 +242,7 @@ def test_serving_terms_recover_the_served_runs_terms(
         ProbeRun(w, 0.0, 0.0, w, _log(cost, t, seed)) for seed, t in enumerate((true, true, bad))
     ]
     got = serving_terms(prof, spec, StreamProbe(1e9, tuple(runs)))
-    assert got.scale == pytest.approx(k, rel=1e-6)
+    assert got.decode_scale == pytest.approx(k, rel=1e-6)
     assert got.wake_s == pytest.approx(wake, rel=1e-5, abs=1e-9)
     assert got.rewarm_s == pytest.approx(rewarm, rel=1e-5, abs=1e-9)
     if rewarm > 1e-5:
@@ -411,3 +385,19 @@ def test_simulator_charges_warmup_after_idle_and_after_prefill(
     np.testing.assert_allclose(extra, wake + rewarm * (1 - decay**steps) / (1 - decay), rtol=1e-9)
     with pytest.raises(ValueError, match="rewarm_decay"):
         run_simulator(w, _with_warmup(base, wake, rewarm, 1.0), tmp_path)
+
+
+def test_decode_scale_scales_decode_steps_only() -> None:
+    prof = _fitted_profile()
+    cfg = decoder_config()
+    spec = sim_catalogue(cfg)[cfg.name]
+    fitted = dict(prof.fitted)
+    fitted["engine_fit"] = [{**fitted["engine_fit"][0], "decode_scale": 0.8}]
+    a = EngineCostModel(prof, spec)
+    b = EngineCostModel(prof.model_copy(update={"fitted": fitted}), spec)
+    assert b.decode_step_time(4, 900) == pytest.approx(0.8 * a.decode_step_time(4, 900))
+    np.testing.assert_allclose(
+        b.decode_step_times(np.array([0, 2, 8]), np.array([0, 100, 4000])),
+        0.8 * a.decode_step_times(np.array([0, 2, 8]), np.array([0, 100, 4000])),
+    )
+    assert b.prefill_time(200, 30000) == a.prefill_time(200, 30000)

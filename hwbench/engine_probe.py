@@ -250,7 +250,8 @@ def fetch_probe(
     ``bandwidth`` = bytes the copy thread moved over the wall time its reads took (contention
     with the engine's own compute included); it becomes ``links.pcie.bandwidth``
     (``latency`` is the machine's figure, passed through by :func:`calibrate_engine`). The
-    busy times feed :func:`hwbench.interference.fit_interference`.
+    streaming runs' busy seconds by iteration kind feed :func:`hwbench.interference.fit_pair`
+    (through :func:`fit_stream`).
 
     (Fitting a per-job latency on the jobs' service times was tried: it over-predicted the
     engine's streaming waits by 2-3x, because a job's service overlaps the layer's compute

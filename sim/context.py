@@ -76,9 +76,7 @@ class ModelRt:
         ``j`` costs ``rewarm_s * rewarm_decay ** (j - 1)`` (a geometric sum)."""
         if self.rewarm_s <= 0 or steps <= 0:
             return 0.0
-        r = self.rewarm_decay
-        if r <= 0.0:
-            return self.rewarm_s if since == 0 else 0.0
+        r = self.rewarm_decay  # in [0, 1) (checked at construction); 0.0 ** 0 == 1.0
         return float(self.rewarm_s * r**since * (1.0 - r**steps) / (1.0 - r))
 
     def iter_time(

@@ -191,13 +191,12 @@ def _collect(rows: Groups, log: list[Any]) -> None:
 
 class ProbeRun(NamedTuple):
     """One fetch-probe run: the workload served with weights streaming (``stream``) and the
-    engine's busy seconds on it, split into decode-only iterations and iterations that admit
-    prompts; the same arrivals with every weight resident (``resident``) and the engine's
-    iterations on it (:class:`engine.runtime.engine.IterationRecord`)."""
+    engine's busy seconds on it by iteration kind (:func:`split_busy`); the same arrivals
+    with every weight resident (``resident``) and the engine's iterations on it
+    (:class:`engine.runtime.engine.IterationRecord`)."""
 
     stream: Any
-    stream_decode_s: float
-    stream_prefill_s: float
+    stream_busy: tuple[float, float, float]
     resident: Any
     resident_log: tuple[Any, ...]
 
@@ -207,10 +206,24 @@ class ProbeRun(NamedTuple):
         return float(sum(r.seconds for r in self.resident_log))
 
 
-def split_busy(log: list[Any]) -> tuple[float, float]:
-    """(decode-only, prompt-admitting) seconds of an engine run's ``iteration_log``."""
-    decode = sum(float(r.seconds) for r in log if r.new == 0)
-    return decode, sum(float(r.seconds) for r in log) - decode
+#: an engine iteration that starts this long after the previous one ended follows an idle
+#: spell (the engine slept until an arrival); back-to-back iterations are microseconds apart
+IDLE_GAP_S = 1e-3
+
+
+def split_busy(log: list[Any]) -> tuple[float, float, float]:
+    """Seconds of an engine run's ``iteration_log`` by kind, in
+    :class:`hwbench.interference.Interference`'s order: decode-only iterations,
+    prompt-admitting ones back to back, prompt-admitting ones after an idle spell (starting
+    more than :data:`IDLE_GAP_S` after the previous iteration ended; the first one too)."""
+    out = [0.0, 0.0, 0.0]
+    prev_end = -math.inf
+    for rec in log:
+        start, sec = float(rec.start), float(rec.seconds)
+        kind = 0 if rec.new == 0 else (2 if start - prev_end > IDLE_GAP_S else 1)
+        out[kind] += sec
+        prev_end = start + sec
+    return out[0], out[1], out[2]
 
 
 @dataclass(frozen=True)
@@ -250,7 +263,7 @@ def fetch_probe(
     ``bandwidth`` = bytes the copy thread moved over the wall time its reads took (contention
     with the engine's own compute included); it becomes ``links.pcie.bandwidth``
     (``latency`` is the machine's figure, passed through by :func:`calibrate_engine`). The
-    streaming runs' busy seconds by iteration kind feed :func:`hwbench.interference.fit_pair`
+    streaming runs' busy seconds by iteration kind feed :func:`hwbench.interference.fit_terms`
     (through :func:`fit_stream`).
 
     (Fitting a per-job latency on the jobs' service times was tried: it over-predicted the
@@ -293,7 +306,7 @@ def fetch_probe(
             er, _ = run_engine(wres, rdir, engine_parts(wres, rdir, xp))
             if k:
                 log = tuple(er.iteration_log)
-                runs.append(ProbeRun(ws, *split_busy(es.iteration_log), wres, log))
+                runs.append(ProbeRun(ws, split_busy(es.iteration_log), wres, log))
                 fetch_s += weights.fetch_s
                 fetch_bytes += weights.fetch_bytes
     return StreamProbe(fetch_bytes / max(fetch_s, 1e-9), tuple(runs))
@@ -301,51 +314,50 @@ def fetch_probe(
 
 def fit_stream(
     profile: Profile, probe: StreamProbe, workdir: Path | None = None
-) -> tuple[Interference, list[dict[str, float]]]:
-    """The copy/compute interference factors (:mod:`hwbench.interference`: decode-only
-    iterations, iterations that admit prompts) that make the simulator's busy seconds of
-    each kind on ``probe``'s streaming runs match the engine's, with ``profile`` (already
-    carrying the fitted compute terms and pcie link): per kind, the median of one fit per
-    probe run; also one row per run (engine busy s streaming by kind and resident,
-    simulator busy s resident, the run's own factors) for ``fitted["stream_probe"]``.
+) -> tuple[Interference, Interference, list[dict[str, float]]]:
+    """The copy/compute interference factors and fixed overheads per streamed iteration
+    (:mod:`hwbench.interference`; per kind: decode-only iterations, prompt-admitting ones
+    back to back and after an idle spell) that make the simulator's busy seconds of each
+    kind on ``probe``'s streaming runs match the engine's, with ``profile`` (already
+    carrying the fitted compute terms and pcie link): one least-squares fit over all runs
+    (:func:`hwbench.interference.fit_terms`; the runs differ in policy and load, so the
+    copy per iteration and the batches vary and tell the factor from the overhead); also one
+    row per run (engine busy s streaming by kind and resident, simulator busy s resident and
+    streaming by kind with the fitted terms) for ``fitted["stream_probe"]``.
 
     Each run's targets are the engine's busy seconds per kind divided by the compute
     model's own bias on the same arrivals with every weight resident (engine / simulator
-    busy), so the factors absorb only what streaming adds."""
-    from hwbench.interference import KEY, KEY_PREFILL, KindBusy, fit_pair
+    busy), so the terms absorb only what streaming adds."""
+    from hwbench.interference import KindBusy, fit_terms
     from hwbench.validate import run_simulator
 
-    def split(w: Any, s: Interference, *, d: Path) -> tuple[float, float]:
+    def busy(w: Any, s: Interference, h: Interference, *, d: Path) -> KindBusy:
         kb = KindBusy()
-        run_simulator(w, profile, d, interference=s, busy=kb)
-        return kb.decode, kb.prefill
+        run_simulator(w, profile, d, interference=s, overhead=h, busy=kb)
+        return kb
 
     with tempfile.TemporaryDirectory(prefix="pdsim-stream-fit-", dir=workdir) as tmp:
         d = Path(tmp)
-        # one fit per probe run, then the median: one disturbed run (a shared machine's
-        # noise) moves the result less than in a fit of the runs' sum
-        rows: list[dict[str, float]] = []
+        targets: list[tuple[float, float, float]] = []
+        sim_res: list[float] = []
         for run in probe.runs:
-            sim_res = float(
-                run_simulator(run.resident, profile, d, interference=0.0)[4].ctx.metrics.busy
+            sim_res.append(
+                float(run_simulator(run.resident, profile, d, interference=0.0)[4].ctx.metrics.busy)
             )
-            bias = run.resident_s / sim_res
-            target = (run.stream_decode_s / bias, run.stream_prefill_s / bias)
-            s = fit_pair(target, partial(split, run.stream, d=d))
-            rows.append(
-                {
-                    "engine_stream_decode_s": run.stream_decode_s,
-                    "engine_stream_prefill_s": run.stream_prefill_s,
-                    "engine_resident_s": run.resident_s,
-                    "sim_resident_s": sim_res,
-                    KEY: s.decode,
-                    KEY_PREFILL: s.prefill,
-                }
-            )
-    pair = Interference(
-        float(np.median([r[KEY] for r in rows])), float(np.median([r[KEY_PREFILL] for r in rows]))
-    )
-    return pair, rows
+            bias = run.resident_s / sim_res[-1]
+            b = run.stream_busy
+            targets.append((b[0] / bias, b[1] / bias, b[2] / bias))
+        sims = [partial(busy, run.stream, d=d) for run in probe.runs]
+        s, h = fit_terms(targets, sims)
+        rows: list[dict[str, float]] = []
+        for run, res_s, sim in zip(probe.runs, sim_res, sims, strict=True):
+            got = sim(s, h).kinds()
+            row = {"engine_resident_s": run.resident_s, "sim_resident_s": res_s}
+            for k, name in enumerate(Interference._fields):
+                row[f"engine_stream_{name}_s"] = run.stream_busy[k]
+                row[f"sim_stream_{name}_s"] = got[k]
+            rows.append(row)
+    return s, h, rows
 
 
 def _parts(cost: CostModel, rec: Any) -> tuple[float, float]:
@@ -359,9 +371,6 @@ def _parts(cost: CostModel, rec: Any) -> tuple[float, float]:
     return pre, dec
 
 
-#: an engine iteration that starts this long after the previous one ended follows an idle
-#: spell (the engine slept until an arrival); back-to-back iterations are microseconds apart
-IDLE_GAP_S = 1e-3
 #: the re-warm decays tried by :func:`serving_terms` (per decode step after a prefill)
 DECAYS: tuple[float, ...] = tuple(round(0.01 * i, 2) for i in range(96))
 
@@ -585,7 +594,7 @@ def calibrate_engine(
     compute (:func:`fit_engine`), the prefetch path's bandwidth and the copy/compute
     interference (:func:`fetch_probe`, :func:`fit_stream`). ``tiny``: a few seconds' probe
     (tests); ``quick``: ~30 s; else more repeats."""
-    from hwbench.interference import KEY, KEY_PREFILL
+    from hwbench.interference import H_KEYS, KEYS
     from hwbench.validate import decoder_config, sim_catalogue
 
     cfg = decoder_config()
@@ -621,8 +630,14 @@ def calibrate_engine(
         }
     ]
     with_link = with_link.model_copy(update={"fitted": fit})
-    s, rows = fit_stream(with_link, probe, workdir)
+    s, h, rows = fit_stream(with_link, probe, workdir)
     fit = dict(with_link.fitted)
-    fit["engine_fit"] = [{**fit["engine_fit"][0], KEY: s.decode, KEY_PREFILL: s.prefill}]
+    fit["engine_fit"] = [
+        {
+            **fit["engine_fit"][0],
+            **dict(zip(KEYS, s, strict=True)),
+            **dict(zip(H_KEYS, h, strict=True)),
+        }
+    ]
     fit["stream_probe"] = rows
     return with_link.model_copy(update={"fitted": fit})

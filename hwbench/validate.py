@@ -38,7 +38,7 @@ from engine.runtime.scheduler import BatchScheduler
 from engine.runtime.weights import TIER_NAMES, TieredWeights
 from engine.tiers import DeviceTier, HostTier, Level, ObjectStoreTier, SsdTier, TierStack
 from hwbench.engine_probe import EngineCostModel
-from hwbench.interference import KindBusy, install, interference_of
+from hwbench.interference import KindBusy, install, interference_of, overhead_of
 from hwbench.workloads import ValidationWorkload, arrivals
 from sim.cluster import build
 from sim.costmodel import Profile
@@ -260,12 +260,15 @@ def run_simulator(
     profile: Profile,
     workdir: Path,
     cost_cls: Any = EngineCostModel,
-    interference: float | tuple[float, float] | None = None,
+    interference: float | tuple[float, ...] | None = None,
     busy: KindBusy | None = None,
+    overhead: float | tuple[float, ...] | None = None,
 ) -> tuple[pd.DataFrame, np.ndarray, np.ndarray, float, Any]:
     """Simulate ``w``: (requests frame, tier hits, tier bytes, end time, the cluster).
-    ``interference``: the copy/compute factors of :mod:`hwbench.interference`, (decode,
-    prefill) or one for both (default: the profile's fitted ones; 0 when it has none).
+    ``interference``: the copy/compute factors of :mod:`hwbench.interference` (anything
+    :meth:`~hwbench.interference.Interference.of` takes; default: the profile's fitted ones,
+    0 when it has none); ``overhead``: its fixed seconds per streamed iteration (likewise,
+    :func:`~hwbench.interference.overhead_of`).
     ``busy``: filled with the streamed iterations' seconds by kind."""
     cfg: DecoderConfig | DenseConfig = decoder_config() if w.model == "decoder" else dense_config()
     sz = sizes(w, cfg)
@@ -283,7 +286,8 @@ def run_simulator(
         node.hold_pins = HOLD_PINS  # the engine's prefetch rule (see run_engine)
     s = interference_of(profile) if interference is None else interference
     pcie = profile.links.pcie
-    install(cl, s, pcie.bandwidth, pcie.latency, busy)
+    h = overhead_of(profile) if overhead is None else overhead
+    install(cl, s, pcie.bandwidth, pcie.latency, busy, h)
     end = cl.run()
     met = cl.ctx.metrics
     df = requests_frame(met, cl.wl, [cfg.name], [c.name for c in sc.workload.classes])

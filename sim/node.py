@@ -158,6 +158,9 @@ class ComputeNode:
         #: requests the running turn admitted (0: a decode-only iteration); set at the turn's
         #: start, before its compute, so hooks on the iteration (hwbench.interference) see it
         self.admitted = 0
+        #: the running turn follows an idle spell (the node waited for a request); set with
+        #: ``admitted``
+        self.woke = False
         #: warm-up state (models whose cost model charges it, ModelRt.warm_on): the node sat
         #: idle before this turn; decode steps since the last iteration that admitted prompts
         self._woke = False
@@ -321,6 +324,7 @@ class ComputeNode:
         new = self._admit(m)
         self.admitted = len(new)
         woke, self._woke = self._woke, False
+        self.woke = woke
         if new:
             self.qlen -= len(new)
             self.running += len(new)

@@ -13,7 +13,9 @@ Unless ``--no-engine``, calibrate then serves probe workloads on the real engine
 (:func:`hwbench.engine_probe.calibrate_engine`) and fits its iteration costs, the prefetch
 path's bandwidth (``links.pcie``) and the copy/compute interference factors
 (``fitted.engine_fit[0]["copy_interference"]`` for decode-only iterations,
-``["copy_interference_prefill"]`` for iterations that admit prompts;
+``["copy_interference_prefill"]`` for iterations that admit prompts back to back,
+``["copy_interference_wake"]`` for those after an idle spell, and the fixed seconds per
+streamed iteration of each kind, ``["stream_overhead_<kind>_s"]``;
 :mod:`hwbench.interference`), so ``pdsim
 validate`` can use the profile as written. ``--tiny`` keeps that probe to a few seconds.
 """
@@ -149,11 +151,15 @@ def calibrate(
             f"x {efit['rewarm_decay']:.2g}^(step-1)",
         )
     if "copy_interference" in efit:
-        from hwbench.interference import interference_of
+        from hwbench.interference import interference_of, overhead_of
 
-        s = interference_of(profile)
+        s, h = interference_of(profile), overhead_of(profile)
         table.add_row(
-            "copy/compute interference", f"decode {s.decode:.3g}, prefill {s.prefill:.3g}"
+            "streaming: factor s + ms per iteration",
+            ", ".join(
+                f"{kind} {s[k]:.3g} + {h[k] * 1e3:.3g}"
+                for k, kind in enumerate(("decode", "prefill", "after idle"))
+            ),
         )
     console.print(table)
     console.print(f"wrote {path}")

@@ -7,87 +7,109 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from hwbench.interference import (
+    H_KEYS,
+    H_MAX,
     KEY,
     KEY_PREFILL,
+    KEY_WAKE,
+    S_GRID,
     S_MAX,
     Interference,
     KindBusy,
-    fit_pair,
+    fit_terms,
     interference_of,
     layer_time,
+    overhead_of,
 )
 from hwbench.validate import run_simulator
 from hwbench.workloads import ValidationWorkload
 from sim.costmodel import Profile, load_profile
 
+Triple = tuple[float, float, float]
+
 
 def _linear(
-    base: tuple[float, float], slope: tuple[float, float], cross: float
-) -> Callable[[Interference], tuple[float, float]]:
-    """Reference simulator: each kind's busy grows linearly with its own factor and, by
-    ``cross`` times as much, with the other's (timing moves batches a little)."""
+    base: Triple, overlap: Triple, count: Triple, cross: float = 0.0
+) -> Callable[[Interference, Interference], KindBusy]:
+    """Reference simulator of one run: each kind's busy seconds are its base plus ``s`` times
+    its overlap plus ``h`` times its iteration count, and ``cross`` times the other kinds'
+    extra (timing moves batches a little)."""
 
-    def sim(s: Interference) -> tuple[float, float]:
-        return (
-            base[0] + slope[0] * (s.decode + cross * s.prefill),
-            base[1] + slope[1] * (s.prefill + cross * s.decode),
-        )
+    def sim(s: Interference, h: Interference) -> KindBusy:
+        extra = [s[k] * overlap[k] + h[k] * count[k] for k in range(3)]
+        busy = [base[k] + extra[k] + cross * (sum(extra) - extra[k]) for k in range(3)]
+        return KindBusy(busy, list(overlap), list(count))
 
     return sim
 
 
+def _triples(lo: float, hi: float) -> st.SearchStrategy[Triple]:
+    return st.tuples(st.floats(lo, hi), st.floats(lo, hi), st.floats(lo, hi))
+
+
+@settings(deadline=None)
 @given(
-    s_true=st.tuples(st.floats(0.0, S_MAX), st.floats(0.0, S_MAX)),
-    base=st.tuples(st.floats(0.1, 10.0), st.floats(0.1, 10.0)),
-    slope=st.tuples(st.floats(0.05, 5.0), st.floats(0.05, 5.0)),
-    cross=st.floats(0.0, 0.1),
+    s_true=st.sampled_from(list(S_GRID)),
+    h_true=_triples(0.0, H_MAX),
+    base=_triples(0.1, 10.0),
+    overlap=_triples(0.05, 2.0),
+    count=_triples(10.0, 500.0),
+    spread=st.floats(1.5, 3.0),
 )
-def test_fit_pair_recovers_both_factors(
-    s_true: tuple[float, float],
-    base: tuple[float, float],
-    slope: tuple[float, float],
-    cross: float,
+def test_fit_terms_recovers_the_factor_and_every_overhead(
+    s_true: float, h_true: Triple, base: Triple, overlap: Triple, count: Triple, spread: float
 ) -> None:
-    sim = _linear(base, slope, cross)
-    target = sim(Interference(*s_true))
-    s = fit_pair(target, sim, rtol=1e-6, max_evals=40)
-    got = sim(s)
-    assert got[0] == pytest.approx(target[0], rel=1e-5)
-    assert got[1] == pytest.approx(target[1], rel=1e-5)
-    assert s.decode == pytest.approx(s_true[0], abs=1e-3)
-    assert s.prefill == pytest.approx(s_true[1], abs=1e-3)
+    """Two runs whose prompt-admitting iterations overlap more copy in one (as LRU-K's 30 MB
+    per iteration against LRU's 20) tell the factor from the overheads; the fit gives all
+    back (the factor on its 0.01 grid)."""
+    more = (overlap[0], overlap[1] * spread, overlap[2] * spread)
+    runs = [_linear(base, overlap, count), _linear(base, more, count)]
+    s0, h0 = Interference(s_true, s_true, s_true), Interference(*h_true)
+    targets = [r(s0, h0).kinds() for r in runs]
+    s, h = fit_terms(targets, runs, rounds=1)
+    assert s == s0
+    for k in range(3):
+        assert h[k] == pytest.approx(h_true[k], abs=1e-9)
 
 
-def test_fit_pair_clamps_to_the_range_and_keeps_a_kind_without_iterations() -> None:
-    sim = _linear((1.0, 1.0), (1.0, 1.0), 0.0)
-    # engine faster than no interference on decodes, far slower on prefills
-    s = fit_pair((0.5, 100.0), sim)
-    assert s == Interference(0.0, S_MAX)
-    # no prefill-admitting iterations: that factor stays at the start value
-    s = fit_pair((2.5, 0.0), sim, start=(0.7, 0.7), rtol=1e-9, max_evals=20)
-    assert s.decode == pytest.approx(1.5) and s.prefill == 0.7
+def test_fit_terms_clamps_keeps_kinds_without_iterations_and_checks_its_input() -> None:
+    run = _linear((1.0, 1.0, 1.0), (1.0, 1.0, 1.0), (10.0, 10.0, 0.0))
+    # decodes faster than with no interference at all, prefills far slower than the range
+    s, h = fit_terms([(0.5, 1e3, 1.0)], [run])
+    assert s == (0.0, 0.0, 0.0)
+    assert h.decode == 0.0 and h.prefill == H_MAX
+    assert h.wake == 0.0  # no streamed iteration of that kind
     with pytest.raises(ValueError):
-        fit_pair((-1.0, 1.0), sim)
+        fit_terms([(-1.0, 1.0, 1.0)], [run])
     with pytest.raises(ValueError):
-        fit_pair((1.0, 1.0), sim, max_evals=0)
+        fit_terms([(1.0, 1.0, 1.0)], [run, run])
+    with pytest.raises(ValueError):
+        fit_terms([(1.0, 1.0, 1.0)], [run], rounds=-1)
 
 
-def test_fit_pair_returns_the_best_pair_it_evaluated_when_out_of_evaluations() -> None:
-    calls: list[Interference] = []
-    sim = _linear((1.0, 1.0), (1.0, 2.0), 0.0)
+def test_fit_terms_returns_the_best_terms_it_evaluated() -> None:
+    """A reference that triples its busy seconds in every second call (noise): the fit
+    still returns terms it evaluated, those of smallest error."""
+    calls: list[tuple[Interference, Interference]] = []
+    good = _linear((1.0, 1.0, 1.0), (1.0, 2.0, 3.0), (10.0, 10.0, 10.0))
 
-    def counted(s: Interference) -> tuple[float, float]:
-        calls.append(s)
-        return sim(s)
+    def noisy(s: Interference, h: Interference) -> KindBusy:
+        calls.append((s, h))
+        out = good(s, h)
+        if len(calls) % 2 == 0:
+            out.busy = [b * 3.0 for b in out.busy]
+        return out
 
-    s = fit_pair((3.0, 3.0), counted, max_evals=2)
-    assert len(calls) == 2 and s in calls
-    worst = [max(abs(a / 3.0 - 1.0) for a in sim(c)) for c in calls]
-    assert max(abs(a / 3.0 - 1.0) for a in sim(s)) == min(worst)
+    def err(c: tuple[Interference, Interference]) -> float:
+        return sum((b / 2.0 - 1.0) ** 2 for b in good(*c).busy)
+
+    s, h = fit_terms([(2.0, 2.0, 2.0)], [noisy], rounds=3)
+    assert (s, h) in calls[::2]
+    assert err((s, h)) == pytest.approx(min(err(c) for c in calls[::2]))
 
 
 @given(
@@ -105,7 +127,12 @@ def test_layer_time_runs_from_parallel_to_serial(c: float, x: float, s: float) -
     assert layer_time(c, x, s) <= layer_time(c, x, s + 0.5)
 
 
-def _profile(s: float | None, s_prefill: float | None = None) -> Profile:
+def _profile(
+    s: float | None,
+    s_prefill: float | None = None,
+    s_wake: float | None = None,
+    h: Triple | None = None,
+) -> Profile:
     prof = load_profile("a100-80gb")
     fitted = dict(prof.fitted)
     fit: dict[str, float] = {"attn_per_token_s": 4e-7}
@@ -113,6 +140,10 @@ def _profile(s: float | None, s_prefill: float | None = None) -> Profile:
         fit[KEY] = s
     if s_prefill is not None:
         fit[KEY_PREFILL] = s_prefill
+    if s_wake is not None:
+        fit[KEY_WAKE] = s_wake
+    if h is not None:
+        fit.update(zip(H_KEYS, h, strict=True))
     fitted["engine_fit"] = [fit]
     gpu = prof.gpu.model_copy(update={"per_layer_overhead_s": 3e-4})
     # a slow copy path, so a layer's copy and compute are of the same order
@@ -123,11 +154,18 @@ def _profile(s: float | None, s_prefill: float | None = None) -> Profile:
 
 
 def test_datasheet_profiles_have_no_interference() -> None:
-    assert interference_of(load_profile("h200-sxm")) == (0.0, 0.0)
-    assert interference_of(_profile(None)) == (0.0, 0.0)
-    # one factor serves both kinds unless the prefill one is given
-    assert interference_of(_profile(0.7)) == Interference(0.7, 0.7)
-    assert interference_of(_profile(0.7, 1.4)) == Interference(0.7, 1.4)
+    assert interference_of(load_profile("h200-sxm")) == (0.0, 0.0, 0.0)
+    assert interference_of(_profile(None)) == (0.0, 0.0, 0.0)
+    # one factor serves every kind unless the prefill one is given; wake defaults to prefill
+    assert interference_of(_profile(0.7)) == Interference(0.7, 0.7, 0.7)
+    assert interference_of(_profile(0.7, 1.4)) == Interference(0.7, 1.4, 1.4)
+    assert interference_of(_profile(0.7, 1.4, 2.1)) == Interference(0.7, 1.4, 2.1)
+    assert overhead_of(_profile(0.7)) == (0.0, 0.0, 0.0)
+    assert overhead_of(_profile(0.7, h=(1e-3, 2e-3, 3e-3))) == (1e-3, 2e-3, 3e-3)
+    assert Interference.of(0.5) == (0.5, 0.5, 0.5)
+    assert Interference.of((0.5, 1.0)) == (0.5, 1.0, 1.0)
+    with pytest.raises(ValueError):
+        Interference.of((0.5, 1.0, 1.5, 2.0))
 
 
 def _latency(
@@ -158,24 +196,45 @@ def test_interference_slows_streaming_only_and_keeps_cache_decisions(tmp_path: P
     np.testing.assert_array_equal(r0, r1)
 
 
-def _kinds(w: ValidationWorkload, prof: Profile, tmp: Path, s: tuple[float, float]) -> KindBusy:
+def _kinds(
+    w: ValidationWorkload, prof: Profile, tmp: Path, s: Triple, h: Triple = (0.0, 0.0, 0.0)
+) -> Triple:
     kb = KindBusy()
-    cl = run_simulator(w, prof, tmp, interference=s, busy=kb)[4]
-    # every iteration streams, so the two kinds make up the whole busy time
-    assert kb.decode + kb.prefill == pytest.approx(cl.ctx.metrics.busy, rel=1e-9)
-    return kb
+    cl = run_simulator(w, prof, tmp, interference=s, overhead=h, busy=kb)[4]
+    # every iteration streams, so the three kinds make up the whole busy time
+    assert sum(kb.kinds()) == pytest.approx(cl.ctx.metrics.busy, rel=1e-9)
+    # one prefill after idle, one back to back, the decode steps of both requests
+    assert kb.count[1:] == [1.0, 1.0] and kb.count[0] >= 8
+    return kb.kinds()
 
 
-def test_each_factor_slows_only_its_own_kind_of_iteration(tmp_path: Path) -> None:
-    """One request: one prompt-admitting iteration, then decode-only ones, so each kind's
-    busy time moves with its own factor only."""
+def test_each_term_slows_only_its_own_kind_of_iteration(tmp_path: Path) -> None:
+    """Two requests 0.1 ms apart: the first wakes the idle node (an iteration after idle),
+    the second arrives during it and is admitted back to back with the first's decode, then
+    both decode; the batches are the same whatever the terms, so each kind's busy time
+    moves with its own factor and overhead only, the overhead by exactly its seconds per
+    iteration."""
     w = ValidationWorkload(
-        "one", "one request", requests=1, rate=1.0, hbm_fraction=0.6, output_low=8, seed=4
+        "two", "two requests", requests=2, rate=1e4, hbm_fraction=0.6, output_low=8, seed=4
     )
     prof = _profile(None)
-    base = _kinds(w, prof, tmp_path, (0.0, 0.0))
-    assert base.decode > 0 and base.prefill > 0
-    pre = _kinds(w, prof, tmp_path, (0.0, 1.5))
-    dec = _kinds(w, prof, tmp_path, (1.5, 0.0))
-    assert pre.decode == pytest.approx(base.decode) and pre.prefill > base.prefill
-    assert dec.prefill == pytest.approx(base.prefill) and dec.decode > base.decode
+    base = _kinds(w, prof, tmp_path, (0.0, 0.0, 0.0))
+    assert min(base) > 0
+    kb = KindBusy()
+    run_simulator(w, prof, tmp_path, interference=0.0, busy=kb)
+    decodes = kb.count[0]
+    for kind in range(3):
+        s = [0.0, 0.0, 0.0]
+        s[kind] = 1.5
+        got = _kinds(w, prof, tmp_path, (s[0], s[1], s[2]))
+        h = [0.0, 0.0, 0.0]
+        h[kind] = 2e-3
+        with_h = _kinds(w, prof, tmp_path, (0.0, 0.0, 0.0), (h[0], h[1], h[2]))
+        count = decodes if kind == 0 else 1.0
+        for other in range(3):
+            if other == kind:
+                assert got[other] > base[other] * 1.01
+                assert with_h[other] == pytest.approx(base[other] + count * 2e-3, rel=1e-9)
+            else:
+                assert got[other] == pytest.approx(base[other], rel=1e-9)
+                assert with_h[other] == pytest.approx(base[other], rel=1e-9)

@@ -28,6 +28,7 @@ from hwbench.engine_probe import (
     _predict,
     fit_engine,
     serving_terms,
+    split_busy,
 )
 from hwbench.validate import (
     compare,
@@ -219,6 +220,24 @@ def _log(cost: EngineCostModel, t: ServingTerms, seed: int) -> tuple[IterationRe
     return tuple(out)
 
 
+def test_split_busy_sorts_iterations_by_kind() -> None:
+    """Decode-only; prompt-admitting back to back (within IDLE_GAP_S of the previous end);
+    prompt-admitting after an idle spell (the first iteration counts as one)."""
+    log = [
+        IterationRecord(0.0, 0.010, 1, 96, 96**2, 0, 0, 0.0),  # first: after idle
+        IterationRecord(0.0101, 0.002, 0, 0, 0, 1, 97, 0.0),  # decode
+        IterationRecord(0.0122, 0.011, 1, 64, 64**2, 1, 98, 0.0),  # back to back
+        IterationRecord(0.0233, 0.003, 0, 0, 0, 2, 200, 0.0),  # decode
+        IterationRecord(0.5, 0.009, 2, 128, 2 * 64**2, 0, 0, 0.0),  # after a 0.47 s idle
+        IterationRecord(0.6, 0.004, 0, 0, 0, 2, 300, 0.0),  # decode after idle is still decode
+    ]
+    decode, prefill, wake = split_busy(log)
+    assert decode == pytest.approx(0.009)
+    assert prefill == pytest.approx(0.011)
+    assert wake == pytest.approx(0.019)
+    assert split_busy([]) == (0.0, 0.0, 0.0)
+
+
 @settings(max_examples=25, deadline=None)
 @given(
     k=st.floats(0.5, 2.0),
@@ -239,7 +258,8 @@ def test_serving_terms_recover_the_served_runs_terms(
     bad = ServingTerms(3 * k, 3 * wake, 3 * rewarm, decay)
     w = ValidationWorkload("r", "resident", requests=3, rate=50.0)
     runs = [
-        ProbeRun(w, 0.0, 0.0, w, _log(cost, t, seed)) for seed, t in enumerate((true, true, bad))
+        ProbeRun(w, (0.0, 0.0, 0.0), w, _log(cost, t, seed))
+        for seed, t in enumerate((true, true, bad))
     ]
     got = serving_terms(prof, spec, StreamProbe(1e9, tuple(runs)))
     assert got.decode_scale == pytest.approx(k, rel=1e-6)

@@ -379,17 +379,33 @@ class ServingTerms(NamedTuple):
     """How the engine computes while serving, against the probe's back-to-back iterations:
     steady decode steps take ``decode_scale`` times their fitted cost (prefills their fitted
     cost: the closed probe times prefills back to back, as they run while serving); the
-    first iteration after an idle spell costs ``wake_s`` more; the ``j``-th decode step
-    after a prefill ``rewarm_s * rewarm_decay ** (j - 1)`` more (sim.node's warm-up costs)."""
+    first iteration after an idle spell costs ``wake_s - wake_hide * C`` more (``C`` its own
+    compute; floored at 0); the ``j``-th decode step after a prefill
+    ``rewarm_s * rewarm_decay ** (j - 1)`` more (sim.node's warm-up costs)."""
 
     decode_scale: float
     wake_s: float
     rewarm_s: float
     rewarm_decay: float
+    wake_hide: float = 0.0
 
 
-def _run_terms(cost: CostModel, log: tuple[Any, ...]) -> tuple[float, float, float, float]:
-    """One resident run's (decode_scale, wake_s, rewarm_s, rewarm_decay); see
+def _wake_line(extra: np.ndarray, compute: np.ndarray) -> tuple[float, float]:
+    """``(a, b) >= 0`` of the least-squares line ``extra = a - b * compute``: the cold start
+    ``a`` and how much of it each second of the iteration's compute hides ``b``; the mean
+    extra (floored at 0) with ``b = 0`` when the line would rise, or when fewer than three
+    iterations or one prompt length leave it undetermined."""
+    mean = max(float(np.mean(extra)), 0.0)
+    if extra.shape[0] < 3 or float(np.ptp(compute)) <= 0:
+        return mean, 0.0
+    slope, icept = np.polyfit(compute, extra, 1)
+    if slope >= 0 or icept <= 0:
+        return mean, 0.0
+    return float(icept), float(-slope)
+
+
+def _run_terms(cost: CostModel, log: tuple[Any, ...]) -> tuple[float, float, float, float, float]:
+    """One resident run's (decode_scale, wake_s, rewarm_s, rewarm_decay, wake_hide); see
     :func:`serving_terms`."""
     recs: list[tuple[float, float, float, bool, int, bool]] = []  # e, pre, dec, idle, j, new
     prev_end, since = -math.inf, 1 << 30
@@ -415,11 +431,14 @@ def _run_terms(cost: CostModel, log: tuple[Any, ...]) -> tuple[float, float, flo
                 best, kd, rewarm, decay = sse, float(k), float(x), r
     # prefills cost their fitted time (a prefill factor fitted together with wake_s on
     # 32-256-token prompts extrapolated badly to 384-512 tokens: long-context TTFT -8%; one
-    # scale for both kinds carried the decode fit's bias into prefills: -10% there):
-    # wake_s is the mean extra of the prompt-admitting iterations that follow an idle spell
-    woke = [e - p - kd * d for e, p, d, idle, _, new in recs if new and idle]
-    wake = max(float(np.mean(woke)), 0.0) if woke else 0.0
-    return kd, wake, rewarm, decay
+    # scale for both kinds carried the decode fit's bias into prefills: -10% there); the
+    # prompt-admitting iterations that follow an idle spell give the wake-up line
+    woke = [(e - p - kd * d, p + kd * d) for e, p, d, idle, _, new in recs if new and idle]
+    wake, hide = 0.0, 0.0
+    if woke:
+        arr = np.array(woke)
+        wake, hide = _wake_line(arr[:, 0], arr[:, 1])
+    return kd, wake, rewarm, decay, hide
 
 
 def serving_terms(profile: Profile, spec: Any, probe: StreamProbe) -> ServingTerms:
@@ -431,18 +450,21 @@ def serving_terms(profile: Profile, spec: Any, probe: StreamProbe) -> ServingTer
       model's
       + ``rewarm_s * rewarm_decay ** (j - 1)`` for the ``j``-th step after a prefill (the
       decay from a grid, :data:`DECAYS`; the two others linear for each);
-    * ``wake_s``: the mean of (engine seconds - the cost model's prefill part -
-      ``decode_scale`` x its decode part) over the prompt-admitting iterations that follow
-      an idle spell (floored at 0).
+    * ``wake_s``, ``wake_hide``: the least-squares line (:func:`_wake_line`) of the extra
+      (engine seconds - the cost model's prefill part - ``decode_scale`` x its decode part)
+      against the iteration's compute (the same two parts), over the prompt-admitting
+      iterations that follow an idle spell.
 
-    Measured on the 2-core VM: a 96-token prefill after an idle spell costs ~1-2 ms more than
-    back to back (cold caches), and the first three decode steps after a prefill ~0.7, 0.3
-    and 0.1 ms more (the prefill evicted their weights from the CPU caches), while steady
-    decode steps cost what the closed probe measured."""
+    Measured on the 2-core VM: a prefill after an idle spell costs more than back to back
+    (cold caches) -- ~1.5 ms for 64-128-token prompts (9 ms of compute), ~0.5 ms at 100-250
+    tokens, nothing at 384-512 (48 ms), so a longer prefill's compute hides the cold start --
+    and the first three decode steps after a prefill ~0.7, 0.3 and 0.1 ms more (the prefill
+    evicted their weights from the CPU caches), while steady decode steps cost what the
+    closed probe measured."""
     cost = EngineCostModel(profile, spec)
     rows = [_run_terms(cost, run.resident_log) for run in probe.runs if run.resident_log]
     if not rows:
-        return ServingTerms(1.0, 0.0, 0.0, 0.0)
+        return ServingTerms(1.0, 0.0, 0.0, 0.0, 0.0)
     med = np.median(np.array(rows), axis=0)
     return ServingTerms(*(float(v) for v in med))
 
@@ -451,14 +473,15 @@ class EngineCostModel(CostModel):
     """:class:`CostModel` plus the engine's attention terms from ``fitted["engine_fit"]``
     (zero when the profile has none, which gives the plain cost model), its
     ``decode_scale`` (decode steps while serving against back to back; 1 when absent) and
-    warm-up costs ``wake_s``, ``rewarm_s``, ``rewarm_decay`` (:class:`CostModel`; 0 when
-    absent), all from :func:`serving_terms`."""
+    warm-up costs ``wake_s``, ``wake_hide``, ``rewarm_s``, ``rewarm_decay``
+    (:class:`CostModel`; 0 when absent), all from :func:`serving_terms`."""
 
     def __init__(self, profile: Profile, model: Any) -> None:
         super().__init__(profile, model)
         fit = (profile.fitted.get("engine_fit") or [{}])[0]
         self.decode_scale = float(fit.get("decode_scale", 1.0))
         self.wake_s = float(fit.get("wake_s", 0.0))
+        self.wake_hide = float(fit.get("wake_hide", 0.0))
         self.rewarm_s = float(fit.get("rewarm_s", 0.0))
         self.rewarm_decay = float(fit.get("rewarm_decay", 0.0))
         self.attn_fixed = float(fit.get("attn_fixed_s", 0.0))
@@ -625,6 +648,7 @@ def calibrate_engine(
             **fit["engine_fit"][0],
             "decode_scale": terms.decode_scale,
             "wake_s": terms.wake_s,
+            "wake_hide": terms.wake_hide,
             "rewarm_s": terms.rewarm_s,
             "rewarm_decay": terms.rewarm_decay,
         }

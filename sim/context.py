@@ -41,9 +41,10 @@ class ModelRt:
     base: int = field(init=False)
     layer_chunks: list[int] = field(init=False)
     layer_bytes: list[int] = field(init=False)
-    #: warm-up costs of the cost model (``CostModel.wake_s``, ``rewarm_s``, ``rewarm_decay``;
-    #: see sim.node) and whether any is charged (the hot loop's one check)
+    #: warm-up costs of the cost model (``CostModel.wake_s``, ``wake_hide``, ``rewarm_s``,
+    #: ``rewarm_decay``; see sim.node) and whether any is charged (the hot loop's one check)
     wake_s: float = field(init=False)
+    wake_hide: float = field(init=False)
     rewarm_s: float = field(init=False)
     rewarm_decay: float = field(init=False)
     warm_on: bool = field(init=False)
@@ -58,6 +59,9 @@ class ModelRt:
         self.nonempty_layers = int((counts > 0).sum())
         self.base = self.idx << 32
         self.wake_s = float(getattr(self.cost, "wake_s", 0.0))
+        self.wake_hide = float(getattr(self.cost, "wake_hide", 0.0))
+        if self.wake_hide < 0:
+            raise ValueError(f"wake_hide must be >= 0, got {self.wake_hide}")
         self.rewarm_s = float(getattr(self.cost, "rewarm_s", 0.0))
         self.rewarm_decay = float(getattr(self.cost, "rewarm_decay", 0.0))
         self.warm_on = self.wake_s > 0 or self.rewarm_s > 0
@@ -70,6 +74,11 @@ class ModelRt:
 
     def key(self, chunk_id: int) -> int:
         return self.base | chunk_id
+
+    def wake(self, compute_s: float) -> float:
+        """Extra seconds of the first iteration after an idle spell, whose own compute takes
+        ``compute_s``: ``wake_s - wake_hide * compute_s``, floored at 0."""
+        return max(self.wake_s - self.wake_hide * compute_s, 0.0)
 
     def rewarm(self, since: int, steps: int) -> float:
         """Extra seconds of decode steps ``since + 1 .. since + steps`` after a prefill: step

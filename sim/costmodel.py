@@ -151,10 +151,13 @@ class CostModel:
     """Times for one model on one profile's hardware; see the module docstring."""
 
     #: warm-up costs the simulator's node adds (sim.node): seconds for the first iteration
-    #: after the node sat idle; seconds for the first decode step after a prefill, each later
-    #: step ``rewarm_decay`` times the one before (in [0, 1)). Zero here: datasheet profiles
-    #: describe a warm machine; a calibrated engine's cost model sets them.
+    #: after the node sat idle, less ``wake_hide`` seconds per second of that iteration's own
+    #: compute (a long prefill hides the cold start), floored at 0; seconds for the first
+    #: decode step after a prefill, each later step ``rewarm_decay`` times the one before (in
+    #: [0, 1)). Zero here: datasheet profiles describe a warm machine; a calibrated engine's
+    #: cost model sets them.
     wake_s: float = 0.0
+    wake_hide: float = 0.0
     rewarm_s: float = 0.0
     rewarm_decay: float = 0.0
 

@@ -17,7 +17,8 @@ prefetched while the current one computes (R7/R21/R27), wrapping into the next i
 
 Warm-up costs (off unless the model's cost model sets them, e.g. a calibrated engine's
 :class:`hwbench.engine_probe.EngineCostModel`): the first iteration after the node sat idle
-costs ``wake_s`` more (cold caches, clocks ramping up), and the ``j``-th decode step after an
+costs ``wake_s`` more, less ``wake_hide`` times its own compute (cold caches, clocks ramping
+up; a long prefill's compute hides part of it), and the ``j``-th decode step after an
 iteration that admitted prompts costs ``rewarm_s * rewarm_decay ** (j - 1)`` more (the
 prefill evicted the decode's working set from the caches); :meth:`ModelRt.rewarm`.
 
@@ -346,7 +347,7 @@ class ComputeNode:
             t = mr.iter_time(ptok, len(new), n, self.b_base[m] + n * off, sq)
             if mr.warm_on:  # warm-up costs (sim.context.ModelRt.rewarm): one iteration
                 if woke:
-                    t += mr.wake_s
+                    t += mr.wake(t)
                 if new:
                     self._since = 0
                 else:
@@ -379,7 +380,7 @@ class ComputeNode:
                 k = min(k, max(self.max_steps - self._quantum, 1))
             t_step = mr.iter_time(0, 0, n, self.b_base[m] + n * (off + (k - 1) / 2.0))
             if mr.warm_on:  # spread over the k steps (an interrupted segment pays its share)
-                t_step += (mr.rewarm(self._since, k) + (mr.wake_s if woke else 0.0)) / k
+                t_step += (mr.rewarm(self._since, k) + (mr.wake(t_step) if woke else 0.0)) / k
             if self._carry > 0:  # the interrupted step still has to finish
                 carry, self._carry = self._carry, 0.0
                 yield env.timeout(carry)

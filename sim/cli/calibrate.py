@@ -147,7 +147,8 @@ def calibrate(
     if "wake_s" in efit:
         table.add_row(
             "warm-up after idle / after prefill",
-            f"{efit['wake_s'] * 1e3:.3g} ms / {efit['rewarm_s'] * 1e3:.3g} ms "
+            f"{efit['wake_s'] * 1e3:.3g} ms - {float(efit.get('wake_hide', 0.0)):.2g} x compute"
+            f" / {efit['rewarm_s'] * 1e3:.3g} ms "
             f"x {efit['rewarm_decay']:.2g}^(step-1)",
         )
     if "copy_interference" in efit:

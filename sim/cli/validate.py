@@ -11,8 +11,9 @@ relative errors are fractions under keys ending in ``rel_error``, hit-rate diffe
 (fractions) under keys ending in ``abs_error``.
 
 ``pdsim calibrate`` runs the engine probe (:func:`hwbench.engine_probe.calibrate_engine`:
-compute terms, the prefetch path's bandwidth and the copy/compute interference factor of
-:mod:`hwbench.interference`), so ``pdsim calibrate`` then ``pdsim validate`` is the normal flow.
+compute terms, the prefetch path's bandwidth and the streaming terms -- copy/compute factor
+and per-iteration overheads -- of :mod:`hwbench.interference`), so ``pdsim calibrate`` then
+``pdsim validate`` is the normal flow.
 If ``P`` has no ``fitted.engine_fit`` (an older or hand-written profile), the engine probe runs
 first and the fitted profile is used and written to ``DIR/profile-with-engine-fit.json``.
 ``--refit`` re-runs it right before every workload. ``--repeats N`` serves each workload N

@@ -208,7 +208,8 @@ def _log(cost: EngineCostModel, t: ServingTerms, seed: int) -> tuple[IterationRe
             ctx = 0 if idle else plen + 3
             p = cost.prefill_time(plen, plen * plen)
             d = cost.decode_step_time(batch, ctx) if batch else 0.0
-            sec = p + t.decode_scale * d + (t.wake_s if idle else 0.0)
+            c = p + t.decode_scale * d
+            sec = c + (max(t.wake_s - t.wake_hide * c, 0.0) if idle else 0.0)
             out.append(IterationRecord(clock, sec, 1, plen, plen * plen, batch, ctx, 0.0))
             clock += sec
             for since in range(1, int(rng.integers(4, 9)) + 1):
@@ -242,20 +243,23 @@ def test_split_busy_sorts_iterations_by_kind() -> None:
 @given(
     k=st.floats(0.5, 2.0),
     wake=st.floats(0.0, 5e-3),
+    hide=st.floats(0.0, 0.9),
     rewarm=st.floats(0.0, 2e-3),
     decay=st.sampled_from(DECAYS[5:91]),  # the fit's grid
 )
 def test_serving_terms_recover_the_served_runs_terms(
-    k: float, wake: float, rewarm: float, decay: float
+    k: float, wake: float, hide: float, rewarm: float, decay: float
 ) -> None:
     """Reference: engine iterations made from the cost model and known terms; one of three
-    runs is disturbed (every term 3x), so the medians give the terms back."""
+    runs is disturbed (every term 3x), so the medians give the terms back. ``hide`` is the
+    share of the wake cost that the longest prompt's compute hides (none is floored)."""
     prof = _fitted_profile()
     cfg = decoder_config()
     spec = sim_catalogue(cfg)[cfg.name]
     cost = EngineCostModel(prof, spec)
-    true = ServingTerms(k, wake, rewarm, decay if rewarm > 0 else 0.0)
-    bad = ServingTerms(3 * k, 3 * wake, 3 * rewarm, decay)
+    wake_hide = hide * wake / cost.prefill_time(256, 256 * 256) if wake > 0 else 0.0
+    true = ServingTerms(k, wake, rewarm, decay if rewarm > 0 else 0.0, wake_hide)
+    bad = ServingTerms(3 * k, 3 * wake, 3 * rewarm, decay, 3 * wake_hide)
     w = ValidationWorkload("r", "resident", requests=3, rate=50.0)
     runs = [
         ProbeRun(w, (0.0, 0.0, 0.0), w, _log(cost, t, seed))
@@ -264,6 +268,7 @@ def test_serving_terms_recover_the_served_runs_terms(
     got = serving_terms(prof, spec, StreamProbe(1e9, tuple(runs)))
     assert got.decode_scale == pytest.approx(k, rel=1e-6)
     assert got.wake_s == pytest.approx(wake, rel=1e-5, abs=1e-9)
+    assert got.wake_hide == pytest.approx(wake_hide, rel=1e-4, abs=1e-6)
     assert got.rewarm_s == pytest.approx(rewarm, rel=1e-5, abs=1e-9)
     if rewarm > 1e-5:
         assert got.rewarm_decay == decay
@@ -375,10 +380,18 @@ def test_median_requests_takes_each_requests_median_delay() -> None:
         median_requests([])
 
 
-def _with_warmup(prof: Profile, wake: float, rewarm: float, decay: float) -> Profile:
+def _with_warmup(
+    prof: Profile, wake: float, rewarm: float, decay: float, hide: float = 0.0
+) -> Profile:
     fitted = dict(prof.fitted)
     fitted["engine_fit"] = [
-        {**fitted["engine_fit"][0], "wake_s": wake, "rewarm_s": rewarm, "rewarm_decay": decay}
+        {
+            **fitted["engine_fit"][0],
+            "wake_s": wake,
+            "wake_hide": hide,
+            "rewarm_s": rewarm,
+            "rewarm_decay": decay,
+        }
     ]
     return prof.model_copy(update={"fitted": fitted})
 
@@ -405,6 +418,30 @@ def test_simulator_charges_warmup_after_idle_and_after_prefill(
     np.testing.assert_allclose(extra, wake + rewarm * (1 - decay**steps) / (1 - decay), rtol=1e-9)
     with pytest.raises(ValueError, match="rewarm_decay"):
         run_simulator(w, _with_warmup(base, wake, rewarm, 1.0), tmp_path)
+
+
+def test_a_longer_prefill_hides_more_of_the_wake_cost(tmp_path: Path) -> None:
+    """Lone requests with all weights resident: the first token comes ``wake_s - wake_hide *
+    C`` later than without warm-up costs (``C`` the prefill's own compute, the first token's
+    delay without them), floored at 0 -- never earlier."""
+    from hwbench.validate import run_simulator
+
+    w = ValidationWorkload(
+        "w", "apart", requests=4, rate=0.5, input_low=32, input_high=512, output_low=2
+    )
+    base = _fitted_profile()
+    lat0 = run_simulator(w, base, tmp_path, interference=0.0)[0]
+    c = (lat0["first_token"] - lat0["arrival"]).to_numpy()
+    assert c.max() > 1.3 * c.min()  # prompts of different lengths
+    wake = 2e-3
+    for hide in (0.0, 0.5 * wake / c.max(), 2.0 * wake / (c.min() + c.max())):
+        lat1 = run_simulator(
+            w, _with_warmup(base, wake, 0.0, 0.0, hide), tmp_path, interference=0.0
+        )[0]
+        ttft = (lat1["first_token"] - lat0["first_token"]).to_numpy()
+        np.testing.assert_allclose(ttft, np.maximum(wake - hide * c, 0.0), rtol=1e-9, atol=1e-12)
+    with pytest.raises(ValueError, match="wake_hide"):
+        run_simulator(w, _with_warmup(base, wake, 0.0, 0.0, -0.1), tmp_path)
 
 
 def test_decode_scale_scales_decode_steps_only() -> None:

@@ -31,21 +31,26 @@ resident, LRU streaming 20 MB per iteration, LRU-K 30 MB):
   compute take turns), on top of ~0.9 ms that does not grow with the bytes (the compute
   thread's waits on the copy thread, plausibly): ``h``.
 * A prompt-admitting iteration after an idle spell pays 2.5-4.5 ms over its resident time
-  against ~2 ms for one back to back (its resident counterpart already pays ``wake_s``):
-  the copy thread and its buffers start cold.
+  against ~2 ms for one back to back (its resident counterpart already pays ``wake_s``;
+  plausibly the copy thread and its buffers start cold too).
 * The symmetric form keeps LRU and LRU-K consistent: a decode step's ``min(C, X)`` is its
   compute, so the factor does not scale the extra copy; the earlier form ``max(C, X) + s *
   X`` needed 1.28 for LRU and 1.05 for LRU-K runs. A factor alone (no ``h``), fitted to
   probe runs of mixed batches, came out 6-9% low on batch-1 decode steps and 10-18% low on
   prefills after idle, the bulk of light load.
 
+The probe runs tell ``s`` from the overheads only loosely (the prompt-admitting iterations
+carry that information and are few): on the VM ``s`` came out 0-1.09 over six calibrations
+while the extras charged within the probe's range stayed within ~15%; see
+docs/design/engine-calibration.md.
+
 :func:`install` applies this to a built cluster's nodes (simulator side, used by
 :func:`hwbench.validate.run_simulator`) without touching :mod:`sim.node`'s logic: each node's
 ``_layers`` is wrapped to learn the iteration's compute time and kind (``node.admitted``,
-``node.woke``) and
-``_prefetch`` to add one timeout event, ending at the formula's time, to the events the
-(held) layer waits for (the copy's own transfer events still gate it too: a copy queued
-behind others ends later). Given a :class:`KindBusy`, the wrapper also adds each streamed
+``node.woke``) and ``_prefetch`` to add one timeout event, ending at the formula's time, to
+the events the (held) layer waits for (the copy's own transfer events still gate it too: a
+copy queued behind others ends later); the iteration's overhead rides on that event of its
+first layer with a copy in flight, so the node's own busy accounting includes it. Given a :class:`KindBusy`, the wrapper also adds each streamed
 iteration's seconds to it by kind. :func:`fit_terms` finds ``s`` and the overheads so that
 the simulator's busy seconds per kind on probe streaming runs match the engine's
 (:func:`hwbench.engine_probe.fit_stream`).

@@ -41,7 +41,8 @@ resident, LRU streaming 20 MB per iteration, LRU-K 30 MB):
 
 The probe runs tell ``s`` from the overheads only loosely (the prompt-admitting iterations
 carry that information and are few): on the VM ``s`` came out 0-1.09 over six calibrations
-while the extras charged within the probe's range stayed within ~15%; see
+while the extras charged within the probe's range moved less (a streamed batch-1 decode
+step's 2.31-2.59 ms, a prefill's after idle 2.16-2.77 ms); see
 docs/design/engine-calibration.md.
 
 :func:`install` applies this to a built cluster's nodes (simulator side, used by

@@ -77,9 +77,8 @@ def validate(
             min=1,
             help="Engine runs per workload (the same arrivals each time); the table takes "
             "each request's median latency over them, so a slow spell of the machine does "
-            "not become the workload's P99 unless it hits the same request in most runs "
-            "(with 3 runs, two spells of a few requests each land on one request about "
-            "every other time on a 2-core VM). 1 on a quiet machine.",
+            "not become the workload's P99 unless it hits the same request in most runs. "
+            "1 on a quiet machine.",
         ),
     ] = 5,
     backend: Annotated[

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import math
 import tempfile
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from functools import partial
 from pathlib import Path
@@ -51,6 +52,7 @@ __all__ = [
     "ProbeRun",
     "ServingTerms",
     "StreamProbe",
+    "after_idle",
     "calibrate_engine",
     "engine_probe",
     "fetch_probe",
@@ -211,18 +213,25 @@ class ProbeRun(NamedTuple):
 IDLE_GAP_S = 1e-3
 
 
+def after_idle(log: Sequence[Any]) -> list[bool]:
+    """Per iteration of an engine run's ``iteration_log``: does it start more than
+    :data:`IDLE_GAP_S` after the previous one ended (the first one does)?"""
+    out: list[bool] = []
+    prev_end = -math.inf
+    for rec in log:
+        out.append(float(rec.start) - prev_end > IDLE_GAP_S)
+        prev_end = float(rec.start) + float(rec.seconds)
+    return out
+
+
 def split_busy(log: list[Any]) -> tuple[float, float, float]:
     """Seconds of an engine run's ``iteration_log`` by kind, in
     :class:`hwbench.interference.Interference`'s order: decode-only iterations,
     prompt-admitting ones back to back, prompt-admitting ones after an idle spell (starting
     more than :data:`IDLE_GAP_S` after the previous iteration ended; the first one too)."""
     out = [0.0, 0.0, 0.0]
-    prev_end = -math.inf
-    for rec in log:
-        start, sec = float(rec.start), float(rec.seconds)
-        kind = 0 if rec.new == 0 else (2 if start - prev_end > IDLE_GAP_S else 1)
-        out[kind] += sec
-        prev_end = start + sec
+    for rec, idle in zip(log, after_idle(log), strict=True):
+        out[0 if rec.new == 0 else (2 if idle else 1)] += float(rec.seconds)
     return out[0], out[1], out[2]
 
 
@@ -408,11 +417,9 @@ def _run_terms(cost: CostModel, log: tuple[Any, ...]) -> tuple[float, float, flo
     """One resident run's (decode_scale, wake_s, rewarm_s, rewarm_decay, wake_hide); see
     :func:`serving_terms`."""
     recs: list[tuple[float, float, float, bool, int, bool]] = []  # e, pre, dec, idle, j, new
-    prev_end, since = -math.inf, 1 << 30
-    for rec in log:
+    since = 1 << 30
+    for rec, idle in zip(log, after_idle(log), strict=True):
         pre, dec = _parts(cost, rec)
-        idle = float(rec.start) - prev_end > IDLE_GAP_S
-        prev_end = float(rec.start) + float(rec.seconds)
         since = 0 if rec.new else since + 1
         recs.append((float(rec.seconds), pre, dec, idle, since, bool(rec.new)))
     dec_rows = [(e, d, j) for e, _, d, idle, j, new in recs if not new and not idle and d > 0]

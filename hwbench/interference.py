@@ -209,11 +209,10 @@ def _wrap(
 ) -> None:
     orig_layers = node._layers
     orig_prefetch = node._prefetch
-    # the running iteration's compute time, kind, factor, overhead still to charge, bytes
-    # moved so far and overlap
+    # the running iteration's compute time, factor, overhead still to charge, bytes moved so
+    # far and overlap
     state: dict[str, Any] = {
         "t_total": 0.0,
-        "kind": 0,
         "s": 0.0,
         "h": 0.0,
         "moved": 0,
@@ -222,9 +221,7 @@ def _wrap(
 
     def layers(m: int, t_total: float, nb: int) -> Generator[simpy.Event, Any, None]:
         kind = _kind(node)
-        state.update(
-            t_total=t_total, kind=kind, s=factors[kind], h=extra[kind], moved=0, overlap=0.0
-        )
+        state.update(t_total=t_total, s=factors[kind], h=extra[kind], moved=0, overlap=0.0)
         t0 = node.env.now
         yield from orig_layers(m, t_total, nb)
         if busy is not None and state["moved"] > 0:  # a streamed iteration
@@ -268,14 +265,16 @@ def _fit_linear(
     with weight ``w``. For each ``s`` of :data:`S_GRID` every ``h_k`` has a closed form
     (a 1-D least squares, clipped to ``[0, H_MAX]``: exact for a convex 1-D problem); the
     grid point of smallest weighted squared error wins (a kind without rows gets 0)."""
+    # each kind's equations as arrays (a, c, b, w), built once for the whole grid
+    kinds = [np.array(eqs, dtype=float).T if eqs else None for eqs in rows]
     best: tuple[float, float, list[float]] | None = None
     for sv in S_GRID:
         err, hs = 0.0, []
-        for eqs in rows:
-            if not eqs:
+        for eq in kinds:
+            if eq is None:
                 hs.append(0.0)
                 continue
-            a, c, b, w = (np.array(v) for v in zip(*eqs, strict=True))
+            a, c, b, w = eq
             r = b - a * sv
             den = float(np.sum(w * c * c))
             hk = min(max(float(np.sum(w * c * r)) / den, 0.0), H_MAX) if den > 0 else 0.0
@@ -319,7 +318,7 @@ def fit_terms(
     best: tuple[float, Interference, Interference] | None = None
     for rnd in range(rounds + 1):
         obs = [sim(Interference(s, s, s), Interference(*h)) for sim in sims]
-        pairs = [(o, t) for o, t in zip(obs, targets, strict=True)]
+        pairs = list(zip(obs, targets, strict=True))
         sse = sum(
             (o.busy[k] / t[k] - 1.0) ** 2
             for o, t in pairs

@@ -390,13 +390,16 @@ class ServingTerms(NamedTuple):
     cost: the closed probe times prefills back to back, as they run while serving); the
     first iteration after an idle spell costs ``wake_s - wake_hide * C`` more (``C`` its own
     compute; floored at 0); the ``j``-th decode step after a prefill
-    ``rewarm_s * rewarm_decay ** (j - 1)`` more (sim.node's warm-up costs)."""
+    ``rewarm_s * rewarm_decay ** (j - 1)`` more (sim.node's warm-up costs); and the serving
+    loop spends ``iter_gap_s`` between two back-to-back iterations (``CostModel.iter_gap_s``;
+    the iterations' own seconds leave it out)."""
 
     decode_scale: float
     wake_s: float
     rewarm_s: float
     rewarm_decay: float
     wake_hide: float = 0.0
+    iter_gap_s: float = 0.0
 
 
 def _wake_line(extra: np.ndarray, compute: np.ndarray) -> tuple[float, float]:
@@ -413,15 +416,22 @@ def _wake_line(extra: np.ndarray, compute: np.ndarray) -> tuple[float, float]:
     return float(icept), float(-slope)
 
 
-def _run_terms(cost: CostModel, log: tuple[Any, ...]) -> tuple[float, float, float, float, float]:
-    """One resident run's (decode_scale, wake_s, rewarm_s, rewarm_decay, wake_hide); see
-    :func:`serving_terms`."""
+def _run_terms(
+    cost: CostModel, log: tuple[Any, ...]
+) -> tuple[float, float, float, float, float, float]:
+    """One resident run's (decode_scale, wake_s, rewarm_s, rewarm_decay, wake_hide,
+    iter_gap_s); see :func:`serving_terms`."""
     recs: list[tuple[float, float, float, bool, int, bool]] = []  # e, pre, dec, idle, j, new
+    gaps: list[float] = []
     since = 1 << 30
+    prev_end = -math.inf
     for rec, idle in zip(log, after_idle(log), strict=True):
         pre, dec = _parts(cost, rec)
         since = 0 if rec.new else since + 1
         recs.append((float(rec.seconds), pre, dec, idle, since, bool(rec.new)))
+        if not idle:
+            gaps.append(max(float(rec.start) - prev_end, 0.0))
+        prev_end = float(rec.start) + float(rec.seconds)
     dec_rows = [(e, d, j) for e, _, d, idle, j, new in recs if not new and not idle and d > 0]
     kd, rewarm, decay = 1.0, 0.0, 0.0
     if dec_rows:
@@ -445,7 +455,7 @@ def _run_terms(cost: CostModel, log: tuple[Any, ...]) -> tuple[float, float, flo
     if woke:
         arr = np.array(woke)
         wake, hide = _wake_line(arr[:, 0], arr[:, 1])
-    return kd, wake, rewarm, decay, hide
+    return kd, wake, rewarm, decay, hide, float(np.mean(gaps)) if gaps else 0.0
 
 
 def serving_terms(profile: Profile, spec: Any, probe: StreamProbe) -> ServingTerms:
@@ -460,7 +470,10 @@ def serving_terms(profile: Profile, spec: Any, probe: StreamProbe) -> ServingTer
     * ``wake_s``, ``wake_hide``: the least-squares line (:func:`_wake_line`) of the extra
       (engine seconds - the cost model's prefill part - ``decode_scale`` x its decode part)
       against the iteration's compute (the same two parts), over the prompt-admitting
-      iterations that follow an idle spell.
+      iterations that follow an idle spell;
+    * ``iter_gap_s``: the mean time from one iteration's end to the next one's start, over
+      the iterations that do not follow an idle spell (a request's latency sums these gaps:
+      ~15 us each on the 2-core VM, 0.6% of a 16-token request's).
 
     Measured on the 2-core VM: a prefill after an idle spell costs more than back to back
     (cold caches) -- ~1.5 ms for 64-128-token prompts (9 ms of compute), ~0.5 ms at 100-250
@@ -471,7 +484,7 @@ def serving_terms(profile: Profile, spec: Any, probe: StreamProbe) -> ServingTer
     cost = EngineCostModel(profile, spec)
     rows = [_run_terms(cost, run.resident_log) for run in probe.runs if run.resident_log]
     if not rows:
-        return ServingTerms(1.0, 0.0, 0.0, 0.0, 0.0)
+        return ServingTerms(1.0, 0.0, 0.0, 0.0, 0.0, 0.0)
     med = np.median(np.array(rows), axis=0)
     return ServingTerms(*(float(v) for v in med))
 
@@ -480,7 +493,8 @@ class EngineCostModel(CostModel):
     """:class:`CostModel` plus the engine's attention terms from ``fitted["engine_fit"]``
     (zero when the profile has none, which gives the plain cost model), its
     ``decode_scale`` (decode steps while serving against back to back; 1 when absent) and
-    warm-up costs ``wake_s``, ``wake_hide``, ``rewarm_s``, ``rewarm_decay``
+    warm-up costs ``wake_s``, ``wake_hide``, ``rewarm_s``, ``rewarm_decay`` and serving-loop
+    gap ``iter_gap_s``
     (:class:`CostModel`; 0 when absent), all from :func:`serving_terms`."""
 
     def __init__(self, profile: Profile, model: Any) -> None:
@@ -491,6 +505,7 @@ class EngineCostModel(CostModel):
         self.wake_hide = float(fit.get("wake_hide", 0.0))
         self.rewarm_s = float(fit.get("rewarm_s", 0.0))
         self.rewarm_decay = float(fit.get("rewarm_decay", 0.0))
+        self.iter_gap_s = float(fit.get("iter_gap_s", 0.0))
         self.attn_fixed = float(fit.get("attn_fixed_s", 0.0))
         self.attn_token = float(fit.get("attn_per_token_s", 0.0))
         self.prefill_sq = float(fit.get("prefill_sq_s", 0.0))
@@ -526,7 +541,8 @@ TERMS: tuple[str, ...] = (
 
 
 def _predict(cost: CostModel, p: PassPoint) -> float:
-    """The simulator node's charge for such an iteration (``ModelRt.iter_time``)."""
+    """The simulator node's compute charge for such an iteration (``ModelRt.iter_time``
+    less the serving loop's gap, which an iteration's own seconds leave out)."""
     t = 0.0
     if p.tokens:
         t += float(cost.prefill_time(p.tokens, round(p.sq)))
@@ -658,6 +674,7 @@ def calibrate_engine(
             "wake_hide": terms.wake_hide,
             "rewarm_s": terms.rewarm_s,
             "rewarm_decay": terms.rewarm_decay,
+            "iter_gap_s": terms.iter_gap_s,
         }
     ]
     with_link = with_link.model_copy(update={"fitted": fit})

@@ -160,6 +160,9 @@ class CostModel:
     wake_hide: float = 0.0
     rewarm_s: float = 0.0
     rewarm_decay: float = 0.0
+    #: seconds the serving loop spends between two back-to-back iterations (scheduling,
+    #: bookkeeping: no compute), charged once per iteration; zero here for the same reason
+    iter_gap_s: float = 0.0
 
     def __init__(self, profile: Profile, model: ModelSpec) -> None:
         self.profile = profile

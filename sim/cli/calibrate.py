@@ -151,6 +151,8 @@ def calibrate(
             f" / {efit['rewarm_s'] * 1e3:.3g} ms "
             f"x {efit['rewarm_decay']:.2g}^(step-1)",
         )
+    if "iter_gap_s" in efit:
+        table.add_row("serving loop between iterations", f"{efit['iter_gap_s'] * 1e6:.3g} us")
     if "copy_interference" in efit:
         from hwbench.interference import interference_of, overhead_of
 

@@ -196,12 +196,12 @@ def _fitted_profile() -> Profile:
 def _log(cost: EngineCostModel, t: ServingTerms, seed: int) -> tuple[IterationRecord, ...]:
     """Resident iterations of a served run whose times follow ``t`` exactly: requests arrive
     after idle spells (a prefill, then decode steps) or while others decode (a mixed
-    iteration, no idle spell)."""
+    iteration, no idle spell); back-to-back iterations are ``t.iter_gap_s`` apart."""
     rng = np.random.default_rng(seed)
     out: list[IterationRecord] = []
     clock = 0.0
     for _ in range(12):
-        clock += 0.05  # an idle spell
+        clock += 0.05 - t.iter_gap_s  # an idle spell
         for idle in (True, False):  # a lone request, then one joining a decoding one
             plen = int(rng.integers(32, 257))
             batch = 0 if idle else 1
@@ -210,12 +210,14 @@ def _log(cost: EngineCostModel, t: ServingTerms, seed: int) -> tuple[IterationRe
             d = cost.decode_step_time(batch, ctx) if batch else 0.0
             c = p + t.decode_scale * d
             sec = c + (max(t.wake_s - t.wake_hide * c, 0.0) if idle else 0.0)
+            clock += t.iter_gap_s
             out.append(IterationRecord(clock, sec, 1, plen, plen * plen, batch, ctx, 0.0))
             clock += sec
             for since in range(1, int(rng.integers(4, 9)) + 1):
                 batch = 1 if idle else 2
                 d = cost.decode_step_time(batch, 100 * batch)
                 sec = t.decode_scale * d + t.rewarm_s * t.rewarm_decay ** (since - 1)
+                clock += t.iter_gap_s
                 out.append(IterationRecord(clock, sec, 0, 0, 0, batch, 100 * batch, 0.0))
                 clock += sec
     return tuple(out)
@@ -246,9 +248,10 @@ def test_split_busy_sorts_iterations_by_kind() -> None:
     hide=st.floats(0.0, 0.9),
     rewarm=st.floats(0.0, 2e-3),
     decay=st.sampled_from(DECAYS[5:91]),  # the fit's grid
+    gap=st.floats(0.0, 1e-4),
 )
 def test_serving_terms_recover_the_served_runs_terms(
-    k: float, wake: float, hide: float, rewarm: float, decay: float
+    k: float, wake: float, hide: float, rewarm: float, decay: float, gap: float
 ) -> None:
     """Reference: engine iterations made from the cost model and known terms; one of three
     runs is disturbed (every term 3x), so the medians give the terms back. ``hide`` is the
@@ -258,8 +261,8 @@ def test_serving_terms_recover_the_served_runs_terms(
     spec = sim_catalogue(cfg)[cfg.name]
     cost = EngineCostModel(prof, spec)
     wake_hide = hide * wake / cost.prefill_time(256, 256 * 256) if wake > 0 else 0.0
-    true = ServingTerms(k, wake, rewarm, decay if rewarm > 0 else 0.0, wake_hide)
-    bad = ServingTerms(3 * k, 3 * wake, 3 * rewarm, decay, 3 * wake_hide)
+    true = ServingTerms(k, wake, rewarm, decay if rewarm > 0 else 0.0, wake_hide, gap)
+    bad = ServingTerms(3 * k, 3 * wake, 3 * rewarm, decay, 3 * wake_hide, 3 * gap)
     w = ValidationWorkload("r", "resident", requests=3, rate=50.0)
     runs = [
         ProbeRun(w, (0.0, 0.0, 0.0), w, _log(cost, t, seed))
@@ -270,6 +273,7 @@ def test_serving_terms_recover_the_served_runs_terms(
     assert got.wake_s == pytest.approx(wake, rel=1e-5, abs=1e-9)
     assert got.wake_hide == pytest.approx(wake_hide, rel=1e-4, abs=1e-6)
     assert got.rewarm_s == pytest.approx(rewarm, rel=1e-5, abs=1e-9)
+    assert got.iter_gap_s == pytest.approx(gap, rel=1e-6, abs=1e-12)
     if rewarm > 1e-5:
         assert got.rewarm_decay == decay
 
@@ -381,7 +385,7 @@ def test_median_requests_takes_each_requests_median_delay() -> None:
 
 
 def _with_warmup(
-    prof: Profile, wake: float, rewarm: float, decay: float, hide: float = 0.0
+    prof: Profile, wake: float, rewarm: float, decay: float, hide: float = 0.0, gap: float = 0.0
 ) -> Profile:
     fitted = dict(prof.fitted)
     fitted["engine_fit"] = [
@@ -391,6 +395,7 @@ def _with_warmup(
             "wake_hide": hide,
             "rewarm_s": rewarm,
             "rewarm_decay": decay,
+            "iter_gap_s": gap,
         }
     ]
     return prof.model_copy(update={"fitted": fitted})
@@ -418,6 +423,30 @@ def test_simulator_charges_warmup_after_idle_and_after_prefill(
     np.testing.assert_allclose(extra, wake + rewarm * (1 - decay**steps) / (1 - decay), rtol=1e-9)
     with pytest.raises(ValueError, match="rewarm_decay"):
         run_simulator(w, _with_warmup(base, wake, rewarm, 1.0), tmp_path)
+
+
+@pytest.mark.parametrize("hbm_fraction", [1.5, 0.6])  # resident (k-step decode) and streaming
+def test_simulator_charges_the_serving_loop_gap_once_per_iteration(
+    tmp_path: Path, hbm_fraction: float
+) -> None:
+    """Lone requests: the first token comes one gap later (one iteration), the end one gap
+    per iteration later (the prefill and each decode step); a negative gap is rejected."""
+    from hwbench.validate import run_simulator
+
+    w = ValidationWorkload(
+        "w", "apart", requests=3, rate=0.5, output_low=7, output_high=7, hbm_fraction=hbm_fraction
+    )
+    base = _fitted_profile()
+    gap = 3e-5
+    lat0 = run_simulator(w, base, tmp_path, interference=0.0)[0]
+    lat1 = run_simulator(
+        w, _with_warmup(base, 0.0, 0.0, 0.0, gap=gap), tmp_path, interference=0.0
+    )[0]
+    ttft = (lat1["first_token"] - lat0["first_token"]).to_numpy()
+    np.testing.assert_allclose(ttft, gap, rtol=1e-6)
+    np.testing.assert_allclose((lat1["end"] - lat0["end"]).to_numpy(), 7 * gap, rtol=1e-6)
+    with pytest.raises(ValueError, match="iter_gap_s"):
+        run_simulator(w, _with_warmup(base, 0.0, 0.0, 0.0, gap=-1e-6), tmp_path)
 
 
 def test_a_longer_prefill_hides_more_of_the_wake_cost(tmp_path: Path) -> None:

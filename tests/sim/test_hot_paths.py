@@ -1,13 +1,16 @@
 """The simulator's speed shortcuts keep their contracts: the scheduler's cached live-node list
-follows every change of a node's ``up`` flag (``stop``/``start`` and faults' direct writes), and
-the cluster's vectorised rejection mask equals the per-request rule it replaced."""
+follows every change of a node's ``up`` flag (``stop``/``start`` and faults' direct writes),
+the cluster's vectorised rejection mask equals the per-request rule it replaced, and the
+memoised decode-cost table charges what the cost model says."""
 
 from __future__ import annotations
 
 import copy
+import dataclasses
 from typing import Any
 
 import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -76,3 +79,42 @@ def test_live_nodes_cache_follows_every_up_change(flips: list[tuple[int, str]]) 
         assert live is sch.live_nodes()  # cached until the next change
         if live != before:
             assert live is not before  # a returned list is never changed in place
+
+
+class _LinearCost:
+    """A decode cost linear in the batch's context (what the interpolation must be exact for)."""
+
+    def decode_step_time(self, batch: int, ctx: int) -> float:
+        return 1e-3 + 2e-4 * batch + 3e-7 * ctx
+
+    def prefill_time(self, tokens: int, sq_tokens: int | None = None) -> float:
+        return 1e-5 * tokens
+
+
+@settings(max_examples=60)
+@given(
+    batch=st.integers(1, 64),
+    ctx=st.one_of(st.integers(0, 200_000), st.floats(0.0, 200_000.0)),
+)
+def test_decode_table_charges_the_cost_model(batch: int, ctx: float) -> None:
+    m = _build().ctx.models[0]  # llama-2-7b with the roofline CostModel
+    lin = dataclasses.replace(m, cost=_LinearCost())
+    # exact where the cost is linear in context, at any context (a segment's mean is a float)
+    assert lin.iter_time(0, 0, batch, ctx) == pytest.approx(
+        _LinearCost().decode_step_time(batch, ctx),
+        rel=1e-12,  # type: ignore[arg-type]
+    )
+    # the roofline is linear between its kinks: within a fraction of a percent everywhere
+    want = m.cost.decode_step_time(batch, int(ctx))
+    assert m.iter_time(0, 0, batch, int(ctx)) == pytest.approx(want, rel=2e-3)
+
+
+def test_decode_table_never_undercharges_the_roofline() -> None:
+    # rounding the context down to a knot undercharged every step, by half an interval's
+    # attention on average; interpolating a convex cost (a max of affine terms) never does
+    m = _build().ctx.models[0]
+    for batch in (1, 8, 64):
+        got = np.array([m.iter_time(0, 0, batch, c) for c in range(0, 8192, 7)])
+        want = np.array([m.cost.decode_step_time(batch, c) for c in range(0, 8192, 7)])
+        assert np.all(got >= want * (1 - 1e-12))
+        assert np.max(got / want - 1) < 2e-3

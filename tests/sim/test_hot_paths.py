@@ -84,7 +84,7 @@ def test_live_nodes_cache_follows_every_up_change(flips: list[tuple[int, str]]) 
 class _LinearCost:
     """A decode cost linear in the batch's context (what the interpolation must be exact for)."""
 
-    def decode_step_time(self, batch: int, ctx: int) -> float:
+    def decode_step_time(self, batch: int, ctx: float) -> float:
         return 1e-3 + 2e-4 * batch + 3e-7 * ctx
 
     def prefill_time(self, tokens: int, sq_tokens: int | None = None) -> float:
@@ -100,10 +100,8 @@ def test_decode_table_charges_the_cost_model(batch: int, ctx: float) -> None:
     m = _build().ctx.models[0]  # llama-2-7b with the roofline CostModel
     lin = dataclasses.replace(m, cost=_LinearCost())
     # exact where the cost is linear in context, at any context (a segment's mean is a float)
-    assert lin.iter_time(0, 0, batch, ctx) == pytest.approx(
-        _LinearCost().decode_step_time(batch, ctx),
-        rel=1e-12,  # type: ignore[arg-type]
-    )
+    want_lin = _LinearCost().decode_step_time(batch, ctx)
+    assert lin.iter_time(0, 0, batch, ctx) == pytest.approx(want_lin, rel=1e-12)
     # the roofline is linear between its kinks: within a fraction of a percent everywhere
     want = m.cost.decode_step_time(batch, int(ctx))
     assert m.iter_time(0, 0, batch, int(ctx)) == pytest.approx(want, rel=2e-3)

@@ -18,6 +18,13 @@ path's bandwidth (``links.pcie``) and the copy/compute interference factors
 streamed iteration of each kind, ``["stream_overhead_<kind>_s"]``;
 :mod:`hwbench.interference`), so ``pdsim
 validate`` can use the profile as written. ``--tiny`` keeps that probe to a few seconds.
+
+The share of the machine's CPU that other processes and the hypervisor (steal) took while
+calibrating goes into ``fitted["calibration_load"]`` (:mod:`hwbench.quiet`), with the time
+of a fixed reference workload at the start and the end (``reference_s``: their mean, which
+``pdsim validate`` compares with the machine as it is then). The command warns when either
+share is above 10%, or when the reference workload's time changed by more than 5% during
+the calibration: the timings are then skewed.
 """
 
 from __future__ import annotations
@@ -90,7 +97,11 @@ def calibrate(
         path = out if out is not None else Path("profiles") / f"{backend}-{host}.json"
         if path.exists() and path.is_dir():
             raise InputError("is a directory; allowed: a .json file path", source=str(path))
+        from hwbench.quiet import KEY, between, reference_seconds, sample, speed_warning, warning
+
         measurements = []
+        # was the machine quiet and steady while we measured? (hwbench.quiet)
+        start, ref0 = sample(), reference_seconds()
         if workdir is not None:
             workdir.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryDirectory(prefix="pdsim-calibrate-", dir=workdir) as scratch:
@@ -117,6 +128,14 @@ def calibrate(
                 profile = calibrate_engine(
                     profile, xp, quick=mode != "full", tiny=mode == "tiny", workdir=workdir
                 )
+        load, ref1 = between(start, sample()), reference_seconds()
+        row = {
+            **(load._asdict() if load is not None else {}),
+            "reference_s": (ref0 + ref1) / 2,
+            "reference_start_s": ref0,
+            "reference_end_s": ref1,
+        }
+        profile = profile.model_copy(update={"fitted": {**profile.fitted, KEY: [row]}})
         text = profile.model_dump_json(indent=2) + "\n"
         parse_profile(text, str(path))  # what is written must load
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -153,6 +172,9 @@ def calibrate(
         )
     if "iter_gap_s" in efit:
         table.add_row("serving loop between iterations", f"{efit['iter_gap_s'] * 1e6:.3g} us")
+    if load is not None:
+        table.add_row("CPU to others / steal meanwhile", f"{load.others:.1%} / {load.steal:.1%}")
+    table.add_row("reference workload start / end", f"{ref0 * 1e3:.4g} / {ref1 * 1e3:.4g} ms")
     if "copy_interference" in efit:
         from hwbench.interference import interference_of, overhead_of
 
@@ -166,3 +188,9 @@ def calibrate(
         )
     console.print(table)
     console.print(f"wrote {path}")
+    for note in (
+        warning(load, "calibration"),
+        speed_warning(ref1, ref0, "at the end of the calibration than at its start"),
+    ):
+        if note is not None:
+            err_console.print(f"[yellow]warning:[/] {note}")

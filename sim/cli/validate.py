@@ -21,7 +21,12 @@ times on the engine (the same arrivals) and compares the simulator with each req
 latency over them (:func:`hwbench.validate.median_requests`: a slow spell of the machine in
 one run does not become the P99). The engine runs on wall time (see
 :data:`hwbench.validate.EXCLUDE_CPU_WAIT`), so run it on a quiet machine, with the BLAS thread
-count the profile was measured with (its notes say which).
+count the profile was measured with (its notes say which). It warns when other processes or
+steal took more than 10% of the machine's CPU during the validation, or during the profile's
+calibration (``fitted["calibration_load"]``; :mod:`hwbench.quiet`), and when a fixed
+reference workload runs more than 5% slower or faster than when the profile was calibrated
+(timed before and after the workloads); ``--json`` reports the validation's shares under
+``machine_load`` and the reference times under ``machine_speed`` (``drift``: now / then - 1).
 """
 
 from __future__ import annotations
@@ -110,10 +115,26 @@ def validate(
             (out / "profile-with-engine-fit.json").write_text(
                 prof.model_dump_json(indent=2) + "\n", encoding="utf-8"
             )
+        from hwbench.quiet import (
+            between,
+            recorded,
+            recorded_reference,
+            reference_seconds,
+            sample,
+            speed_warning,
+            warning,
+        )
+
+        note = warning(recorded(prof.fitted), "its calibration")
+        if note is not None:
+            err_console.print(f"[yellow]warning:[/] profile {profile}: {note}")
+        start, ref0 = sample(), reference_seconds()
         comps = []
         for w in chosen:
             err_console.print(f"[bold]{w.name}[/]: {w.description}")
             comps.append(validate_workload(w, prof, refit=refit, repeats=repeats, xp=xp))
+        load, ref1 = between(start, sample()), reference_seconds()
+        ref_then = recorded_reference(prof.fitted)
         png = plot_cdfs(comps, out / "validate_cdf.png")
 
     for c in comps:
@@ -125,8 +146,21 @@ def validate(
             table.add_row(name, f"{e:.4g}", f"{s:.4g}", shown, _verdict(name, err, kind))
         console.print(table)
     console.print(f"latency CDFs: {png}")
+    ref_now = (ref0 + ref1) / 2
+    for note in (
+        warning(load, "validation"),
+        speed_warning(ref_now, ref_then, f"now than when profile {profile} was calibrated"),
+    ):
+        if note is not None:
+            err_console.print(f"[yellow]warning:[/] {note}")
     if as_json:
         doc = {
+            "machine_load": load._asdict() if load is not None else None,
+            "machine_speed": {
+                "reference_s": ref_now,
+                "profile_reference_s": ref_then,
+                "drift": ref_now / ref_then - 1.0 if ref_then else None,
+            },
             "profile": profile,
             "workloads": [c.as_dict() for c in comps],
             "max_errors": _max_errors(comps),

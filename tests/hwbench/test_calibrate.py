@@ -87,6 +87,18 @@ def test_cli_calibrate_tiny_writes_a_valid_profile(tmp_path: Path) -> None:
     # the simulator with the fitted terms, on the same run, by kind
     assert run["sim_stream_decode_s"] > 0 and run["sim_stream_wake_s"] > 0
     assert "decode" in res.output and "after idle" in res.output  # the terms in the table
+    # how much of the machine other processes and steal took meanwhile, and how fast a
+    # reference workload ran at the start and the end (hwbench.quiet)
+    from hwbench.quiet import sample
+
+    (load,) = p.fitted["calibration_load"]
+    assert load["reference_s"] == pytest.approx(
+        (load["reference_start_s"] + load["reference_end_s"]) / 2
+    )
+    assert load["reference_start_s"] > 0 and "reference workload" in res.output
+    if sample() is not None:
+        assert 0 <= load["others"] <= 1 and 0 <= load["steal"] <= 1
+        assert "CPU to others / steal" in res.output
 
 
 def test_cli_calibrate_no_engine_skips_the_engine_probe(tmp_path: Path) -> None:

@@ -439,9 +439,9 @@ def test_simulator_charges_the_serving_loop_gap_once_per_iteration(
     base = _fitted_profile()
     gap = 3e-5
     lat0 = run_simulator(w, base, tmp_path, interference=0.0)[0]
-    lat1 = run_simulator(
-        w, _with_warmup(base, 0.0, 0.0, 0.0, gap=gap), tmp_path, interference=0.0
-    )[0]
+    lat1 = run_simulator(w, _with_warmup(base, 0.0, 0.0, 0.0, gap=gap), tmp_path, interference=0.0)[
+        0
+    ]
     ttft = (lat1["first_token"] - lat0["first_token"]).to_numpy()
     np.testing.assert_allclose(ttft, gap, rtol=1e-6)
     np.testing.assert_allclose((lat1["end"] - lat0["end"]).to_numpy(), 7 * gap, rtol=1e-6)

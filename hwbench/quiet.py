@@ -4,19 +4,17 @@ and the speed of a fixed reference workload.
 Calibration and validation time real work in wall-clock seconds. Another process competing
 for the cores, or a hypervisor taking them away (steal), makes every measurement slower. A
 profile calibrated that way predicts a slower machine than the one it will validate
-against. On the 2-core VM, one profile calibrated while another job ran (a scan of the
-repository's files) made the simulator 16-33% slow at P50. :func:`sample` reads the machine's and
-this process's CPU counters (Linux ``/proc/stat`` and ``/proc/self/stat``). :func:`between`
-turns two samples into the share of the machine's CPU capacity that went to other processes
-(``others``) or to the hypervisor (``steal``) in between. The CLI warns above
-:data:`QUIET_LIMIT`.
+against. :func:`sample` reads the machine's and this process's CPU counters (Linux
+``/proc/stat`` and ``/proc/self/stat``). :func:`between` turns two samples into the share
+of the machine's CPU capacity that went to other processes (``others``) or to the
+hypervisor (``steal``) in between. The CLI warns above :data:`QUIET_LIMIT`.
 
 Where ``/proc`` is missing, :func:`sample` returns None and no check is made.
 
-A VM can also run slower for minutes without other processes or steal showing: its host is
-busy. On the 2-core VM one calibration ran during such a spell: the engine's serving terms
+A VM can also run slower for minutes because its host is busy, which need not show as
+steal. On the 2-core VM one calibration ran during such a spell: the engine's serving terms
 came out ~10% slow (decode scale 1.09 against 0.94-0.99 in other calibrations) and the
-streaming overheads 3-8 ms against 1-3 ms. The simulator with that profile was then 16-33%
+streaming overheads 3-8 ms against 0-1.8 ms. The simulator with that profile was then 16-33%
 slow at P50. :func:`reference_seconds` times a fixed NumPy workload shaped like the
 validation decoder's decode step. ``pdsim calibrate`` records it in the profile, and
 ``pdsim validate`` times it again and warns when the machine runs more than

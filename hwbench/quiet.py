@@ -152,7 +152,7 @@ def recorded_reference(fitted: Mapping[str, Any]) -> float | None:
 
 
 def reference_seconds(repeats: int = 5, steps: int = 900) -> float:
-    """Median wall seconds, over ``repeats`` timed runs after one warm-up, of a fixed NumPy
+    """Median wall seconds, over ``repeats`` timed runs after one untimed run, of a fixed NumPy
     workload shaped like a decode step of the validation decoder: ``steps`` times, a 512-wide
     float32 row through an RMS norm, a 512 x 1376 projection, a SiLU and a 1376 x 512
     projection (~0.1 s per run on the 2-core VM, BLAS on one thread). Seeded: the same work
@@ -171,7 +171,7 @@ def reference_seconds(repeats: int = 5, steps: int = 900) -> float:
             h = x @ up
             x = (h / (np.float32(1.0) + np.exp(-h))) @ down
 
-    run(max(steps // 10, 1))
+    run(steps)  # a cold first run reads 2-8% slow (first-touch, clocks ramping up)
     times = []
     for _ in range(repeats):
         t0 = time.perf_counter()

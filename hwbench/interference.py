@@ -51,8 +51,8 @@ docs/design/engine-calibration.md.
 ``node.woke``) and ``_prefetch`` to add one timeout event, ending at the formula's time, to
 the events the (held) layer waits for (the copy's own transfer events still gate it too: a
 copy queued behind others ends later); the iteration's overhead rides on that event of its
-first layer with a copy in flight, so the node's own busy accounting includes it. Given a :class:`KindBusy`, the wrapper also adds each streamed
-iteration's seconds to it by kind. :func:`fit_terms` finds ``s`` and the overheads so that
+first layer with a copy in flight, so the node's own busy accounting includes it. Given a
+:class:`KindBusy`, the wrapper also adds each streamed iteration's seconds to it by kind. :func:`fit_terms` finds ``s`` and the overheads so that
 the simulator's busy seconds per kind on probe streaming runs match the engine's
 (:func:`hwbench.engine_probe.fit_stream`).
 

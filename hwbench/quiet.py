@@ -52,7 +52,6 @@ KEY = "calibration_load"
 #: measurements are not trusted (a quiet 2-core VM shows 0.5-3%: kernel threads, the shell)
 QUIET_LIMIT = 0.10
 
-
 #: above this change of the reference workload's time (now against the profile's, or over
 #: one calibration) the timings are not comparable (its own spread on a steady machine: ~1%)
 SPEED_LIMIT = 0.05
@@ -134,29 +133,31 @@ def warning(load: Load | None, what: str) -> str | None:
     )
 
 
+def _recorded_row(fitted: Mapping[str, Any]) -> Mapping[str, Any]:
+    """The row ``pdsim calibrate`` wrote to ``fitted[KEY]`` (empty when there is none)."""
+    rows = fitted.get(KEY) or []
+    return rows[0] if rows else {}
+
+
 def recorded(fitted: Mapping[str, Any]) -> Load | None:
     """The :class:`Load` a profile's calibration recorded (``fitted[KEY]``); None if none."""
-    rows = fitted.get(KEY) or []
-    if not rows or "others" not in rows[0]:
-        return None
-    return Load(float(rows[0]["others"]), float(rows[0]["steal"]))
+    row = _recorded_row(fitted)
+    return Load(float(row["others"]), float(row["steal"])) if "others" in row else None
 
 
 def recorded_reference(fitted: Mapping[str, Any]) -> float | None:
     """The reference workload's seconds a profile's calibration recorded (``fitted[KEY]``,
     ``reference_s``); None if none."""
-    rows = fitted.get(KEY) or []
-    if not rows or "reference_s" not in rows[0]:
-        return None
-    return float(rows[0]["reference_s"])
+    row = _recorded_row(fitted)
+    return float(row["reference_s"]) if "reference_s" in row else None
 
 
 def reference_seconds(repeats: int = 5, steps: int = 900) -> float:
     """Median wall seconds, over ``repeats`` timed runs after one untimed run, of a fixed NumPy
     workload shaped like a decode step of the validation decoder: ``steps`` times, a 512-wide
     float32 row through an RMS norm, a 512 x 1376 projection, a SiLU and a 1376 x 512
-    projection (~0.1 s per run on the 2-core VM, BLAS on one thread). Seeded: the same work
-    on every call."""
+    projection (~0.19 s per run on the 2-core VM, BLAS on one thread). Seeded: the same
+    work on every call."""
     if repeats < 1 or steps < 1:
         raise ValueError(f"repeats and steps must be >= 1, got {repeats}, {steps}")
     rng = np.random.default_rng(0)

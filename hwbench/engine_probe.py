@@ -497,8 +497,11 @@ class EngineCostModel(CostModel):
     gap ``iter_gap_s``
     (:class:`CostModel`; 0 when absent), all from :func:`serving_terms`."""
 
-    def __init__(self, profile: Profile, model: Any) -> None:
-        super().__init__(profile, model)
+    #: the engine runs a prefill pass and a decode pass per iteration, not one fused pass
+    fused_iterations = False
+
+    def __init__(self, profile: Profile, model: Any, **parallel: int) -> None:
+        super().__init__(profile, model, **parallel)
         fit = (profile.fitted.get("engine_fit") or [{}])[0]
         self.decode_scale = float(fit.get("decode_scale", 1.0))
         self.wake_s = float(fit.get("wake_s", 0.0))

@@ -222,15 +222,20 @@ def scenario_dict(w: ValidationWorkload, sz: Sizes, model: str, trace: Path) -> 
         "name": f"validate-{w.name}",
         "deployments": [{"model": model}],
         "cluster": {
-            "nodes": 1,
+            "servers": 1,
             "param_servers": 1,
-            "node": {
+            "gpu": {
                 "hbm": 4 * sz.hbm_weights,  # weight cache = hbm / 4 exactly, KV = the rest
+                "memory_utilization": 1.0,
+                "workspace": 0,
                 "weight_cache_fraction": 0.25,
-                "host": sz.host,
-                "nvme": sz.ssd,
-                "max_batch": w.max_batch,
-                "max_batch_tokens": w.max_batch_tokens,
+            },
+            "server": {"host": sz.host, "nvme": sz.ssd},
+            # the engine's batch scheduler: whole prompts, the first always admitted
+            "replica": {
+                "max_num_seqs": w.max_batch,
+                "max_num_batched_tokens": w.max_batch_tokens,
+                "chunked_prefill": False,
             },
             "ps": {"dram": sz.model, "ssd": 4 * sz.model},
         },
@@ -243,7 +248,11 @@ def scenario_dict(w: ValidationWorkload, sz: Sizes, model: str, trace: Path) -> 
             "high_watermark": 1.0,
             "low_watermark": 1.0,
         },
-        "prefetch": {"enabled": w.window > 0, "window_batches": max(w.window, 1)},
+        "prefetch": {
+            "enabled": w.window > 0,
+            "window_batches": max(w.window, 1),
+            "order": "after-pin" if HOLD_PINS else "before-demand",  # the engine's rule
+        },
         "warmup": {"enabled": True, "ps_fraction": 1.0, "node_hbm": True},
         "kv": {"block_tokens": 16},
         "workload": {
@@ -282,8 +291,6 @@ def run_simulator(
             wr.writerow([repr(row[0]), row[1], row[2]])
     sc = validate_scenario(scenario_dict(w, sz, cfg.name, trace), source=f"<validate {w.name}>")
     cl = build(sc, 0, cat, profile, cost_cls)
-    for node in cl.ctx.nodes:
-        node.hold_pins = HOLD_PINS  # the engine's prefetch rule (see run_engine)
     s = interference_of(profile) if interference is None else interference
     pcie = profile.links.pcie
     h = overhead_of(profile) if overhead is None else overhead

@@ -23,7 +23,8 @@ from engine.errors import InputError
 from engine.kv.chunks import AttentionMemoryModel
 from engine.policy.registry import policy_class
 from sim.context import ModelRt, SimContext
-from sim.metrics import EV_REJECT, REJECTED, Metrics, TraceRecorder
+from sim.memory import plan_memory
+from sim.metrics import EV_REJECT, REJECTED, TIERS, Metrics, TraceRecorder
 from sim.network import Network
 from sim.node import ComputeNode
 from sim.paramserver import MetadataDirectory, ParamServer
@@ -52,9 +53,47 @@ class CountingEnvironment(simpy.Environment):
         _simpy_step(self)
 
 
-def _node_sizes(sc: Scenario, profile: Any) -> tuple[int, int]:
-    n = sc.cluster.node
-    return (n.hbm or int(profile.gpu.hbm_bytes), n.host or int(profile.host.dram_bytes))
+def _gpu_host(sc: Scenario, profile: Any) -> tuple[int, int]:
+    """(usable HBM per GPU, host memory per server) with profile defaults."""
+    c = sc.cluster
+    return (c.gpu.hbm or int(profile.gpu.hbm_bytes), c.server.host or int(profile.host.dram_bytes))
+
+
+def replica_share(sc: Scenario) -> float:
+    """The share of a server's host memory, NVMe and object-store link one replica gets (its
+    GPUs over the server's; the number of servers it spans when wider than one)."""
+    c = sc.cluster
+    g = c.gpus_per_replica
+    return g / c.gpus_per_server if g <= c.gpus_per_server else float(c.servers_per_replica)
+
+
+def _check_shape(sc: Scenario) -> None:
+    c = sc.cluster
+    g, gps = c.gpus_per_replica, c.gpus_per_server
+    src = sc.source
+    if g <= gps:
+        if gps % g:
+            raise InputError(
+                f"a replica of tp x pp = {g} GPUs does not divide a server of {gps} GPUs; "
+                f"use tp x pp in {', '.join(str(d) for d in range(1, gps + 1) if gps % d == 0)}",
+                source=src,
+                where="cluster.tp",
+            )
+    else:
+        if g % gps:
+            raise InputError(
+                f"a replica of tp x pp = {g} GPUs wider than a server must span whole servers "
+                f"of {gps} GPUs (a multiple of {gps})",
+                source=src,
+                where="cluster.tp",
+            )
+        if c.servers % c.servers_per_replica:
+            raise InputError(
+                f"{c.servers} servers do not split into replicas of {c.servers_per_replica} "
+                f"servers each; use a multiple of {c.servers_per_replica}",
+                source=src,
+                where="cluster.servers",
+            )
 
 
 def check_feasible(sc: Scenario, catalogue: dict[str, Any], profile: Any) -> None:
@@ -87,33 +126,29 @@ def check_feasible(sc: Scenario, catalogue: dict[str, Any], profile: Any) -> Non
                 source=src,
                 where="degradation.protected",
             )
-    hbm, host = _node_sizes(sc, profile)
+    _check_shape(sc)
+    hbm, host = _gpu_host(sc, profile)
     c = sc.cluster
     specs = [catalogue[d.model] for d in sc.deployments]
+    mem = plan_memory(sc, specs, hbm, profile.name)
     total = sum(s.param_bytes for s in specs)
-    cluster_bytes = c.nodes * (hbm + host + c.node.nvme) + c.param_servers * (c.ps.dram + c.ps.ssd)
+    cluster_bytes = (
+        c.gpus * hbm + c.servers * (host + c.server.nvme) + c.param_servers * (c.ps.dram + c.ps.ssd)
+    )
     if total > cluster_bytes:
         raise InputError(
             f"the models need {total / 2**30:.1f} GiB of weights but the whole cluster holds "
-            f"{cluster_bytes / 2**30:.1f} GiB in all tiers; add nodes/servers or memory",
+            f"{cluster_bytes / 2**30:.1f} GiB in all tiers; add servers or memory",
             source=src,
             where="deployments",
         )
     largest_layer = max(max(s.layer_bytes()) for s in specs)
-    if sc.mode == "coupled":
-        if total >= hbm:
-            raise InputError(
-                f"coupled mode keeps every weight in HBM: {total / 2**30:.1f} GiB of weights "
-                f"do not fit {hbm / 2**30:.1f} GiB of HBM per node (use mode: pd)",
-                source=src,
-                where="mode",
-            )
-    elif hbm * c.node.weight_cache_fraction < 2 * largest_layer:
+    if sc.mode == "pd" and mem.weight_cache < 2 * largest_layer:
         raise InputError(
-            f"the HBM weight cache ({hbm * c.node.weight_cache_fraction / 2**30:.2f} GiB) must hold "
+            f"a replica's HBM weight cache ({mem.weight_cache / 2**30:.2f} GiB) must hold "
             f"two of the largest layer ({largest_layer / 2**20:.0f} MiB) to pipeline",
             source=src,
-            where="cluster.node.weight_cache_fraction",
+            where="cluster.gpu.weight_cache_fraction",
         )
     if sc.workload.kind == "trace" and not sc.workload.trace:
         raise InputError("a trace workload needs a trace file", source=src, where="workload.trace")
@@ -134,7 +169,8 @@ def _model_rt(
         sc.chunks.sharding,
         heads=max(spec.heads, 1),
     )
-    cost = cost_cls(profile, spec)
+    c = sc.cluster
+    cost = cost_cls(profile, spec, tp=c.tp, pp=c.pp, gpus_per_server=c.gpus_per_server)
     starts = np.zeros(table.n_layers + 1, dtype=np.int64)
     for layer in range(table.n_layers):
         starts[layer + 1] = table.layer_slice(layer).stop
@@ -182,6 +218,10 @@ class Cluster:
         self.env: CountingEnvironment = ctx.env  # type: ignore[assignment]
         self._next = 0
         self._rejected: np.ndarray | None = None  # rejected_mask(), computed on first use
+        #: why the run stopped with requests unfinished (None: every request is final)
+        self.stop_reason: str | None = None
+        #: work counters at the start (``w0``) and end (``w1``) of the steady window
+        self.snaps: dict[str, dict[str, float]] = {}
 
     # -- arrivals ------------------------------------------------------------------------------
     def rejected_mask(self) -> np.ndarray:
@@ -261,13 +301,71 @@ class Cluster:
                     sum(n.ws.hbm.used for n in nodes),
                     sum(n.kv.reserved for n in nodes),
                     float(np.mean([n.kv.fragmentation() for n in nodes])),
+                    met.accesses,
+                    sum(n.busy for n in nodes),
+                    sum(n.tok_s for n in nodes),
+                    sum(n.preemptions for n in nodes),
                 )
             )
             yield env.timeout(interval)
 
+    # -- the steady window ----------------------------------------------------------------------
+    def window(self) -> tuple[float, float]:
+        """The steady window ``(start, end)`` in simulated seconds: requests arriving in it
+        make the headline figures. Open loops: ``[warmup, last arrival - cooldown]`` (warmup
+        defaults to 10% of the arrival span); closed loops: ``[warmup, end of run]``."""
+        mc = self.ctx.sc.metrics
+        wl = self.wl
+        if wl.closed_loop or wl.n == 0:
+            w0 = mc.warmup or 0.0
+            return w0, max(float(self.env.now), w0)
+        last = float(wl.arrival[-1])
+        first = float(wl.arrival[0])
+        w0 = mc.warmup if mc.warmup is not None else first + 0.1 * (last - first)
+        w1 = last - mc.cooldown
+        if w1 <= w0:
+            return first, last
+        return w0, w1
+
+    def snapshot(self) -> dict[str, float]:
+        """Cumulative work counters now (the summary differences two of them over the
+        steady window): per-replica sums and link bytes carried by kind."""
+        ctx, now = self.ctx, self.env.now
+        nodes = ctx.nodes
+        met = ctx.metrics
+        snap = {
+            "t": float(now),
+            "busy": sum(n.busy for n in nodes),
+            "tok_s": sum(n.tok_s for n in nodes),
+            "flops": sum(n.flops for n in nodes),
+            "hbm_read": sum(n.hbm_read for n in nodes),
+            "iterations": float(sum(n.iterations for n in nodes)),
+            "preemptions": float(sum(n.preemptions for n in nodes)),
+            "accesses": float(met.accesses),
+        }
+        for i, tier in enumerate(TIERS):
+            snap[f"hits_{tier}"] = float(met.tier_hits[i])
+            snap[f"bytes_{tier}"] = float(met.tier_bytes[i])
+        for kind in ("pcie", "nic", "nvme"):
+            snap[f"{kind}_bytes"] = sum(n.ws.links[kind].carried(now) for n in nodes)
+            snap[f"{kind}_bw"] = sum(n.ws.links[kind].bandwidth for n in nodes)
+        for kind in ("nic", "ssd"):
+            snap[f"ps_{kind}_bytes"] = sum(s.links[kind].carried(now) for s in ctx.servers)
+            snap[f"ps_{kind}_bw"] = sum(s.links[kind].bandwidth for s in ctx.servers)
+        return snap
+
+    def _snap_at(self, t: float) -> Any:
+        yield self.env.timeout(max(t - self.env.now, 0.0))
+        self.snaps["w0" if "w0" not in self.snaps else "w1"] = self.snapshot()
+
     # -- run ----------------------------------------------------------------------------------------
     def run(self, progress: Callable[[float, float], None] | None = None) -> float:
-        """Simulate until every request is final (or the time cap); returns the end time."""
+        """Simulate until every request is final; returns the end time.
+
+        Nothing is cut off silently: the run also stops at the scenario's ``duration`` (when
+        set) or when no request has arrived or finished for ``metrics.stall_timeout``
+        simulated seconds while some are unfinished; ``stop_reason`` then says which, and the
+        unfinished requests stay ``pending`` in the results."""
         ctx, env = self.ctx, self.env
         sc = ctx.sc
         for node in ctx.nodes:
@@ -282,15 +380,36 @@ class Cluster:
         env.process(self._sampler(interval))
         if sc.hot_shards.enabled:
             env.process(ctx.directory.hot_shard_process())
-        cap = sc.duration if sc.duration > 0 else self.horizon * 50 + 600.0
-        step = max(self.horizon / 100.0, 1e-3)
+        w0, w1 = self.window()
+        env.process(self._snap_at(w0))
+        if not self.wl.closed_loop:
+            env.process(self._snap_at(w1))
+        cap = sc.duration if sc.duration > 0 else float("inf")
+        stall = sc.metrics.stall_timeout
+        step = max(min(self.horizon / 100.0, stall / 4), 1e-3)
         n = self.wl.n
         met = ctx.metrics
-        while met.n_final < n and env.now < cap:
-            target = min(env.now + step, cap)
-            env.run(until=target)
+        seen, seen_at = -1, 0.0
+        while met.n_final < n:
+            if env.now >= cap:
+                self.stop_reason = f"the scenario's duration ({cap:g} s) ended the run"
+                break
+            mark = met.n_final + met.n_arrived
+            if mark != seen:
+                seen, seen_at = mark, float(env.now)
+            elif env.now - seen_at >= stall:
+                self.stop_reason = (
+                    f"no request arrived or finished for {stall:g} simulated seconds "
+                    "(metrics.stall_timeout)"
+                )
+                break
+            env.run(until=min(env.now + step, cap))
             if progress is not None:
                 progress(met.n_final / n, env.now)
+        if "w0" not in self.snaps:
+            self.snaps["w0"] = self.snapshot()
+        if "w1" not in self.snaps or self.wl.closed_loop:
+            self.snaps["w1"] = self.snapshot()
         return self._end_time()
 
     def _end_time(self) -> float:
@@ -317,14 +436,10 @@ def build(
     forced = [cnames.index(d.cls) if d.cls is not None else None for d in sc.deployments]
     wl = make_workload(sc.workload, shares, rngs.get("workload"), base_dir, forced)
     specs = [catalogue[d.model] for d in sc.deployments]
-    hbm, host = _node_sizes(sc, profile)
-    total = sum(s.param_bytes for s in specs)
+    hbm, host = _gpu_host(sc, profile)
     c = sc.cluster
-    if sc.mode == "coupled":
-        weight_cap = total + max(sc.chunks.size, 1) * len(specs)
-    else:
-        weight_cap = int(hbm * c.node.weight_cache_fraction)
-    kv_bytes = max(hbm - weight_cap, 1)
+    mem = plan_memory(sc, specs, hbm, profile.name)
+    weight_cap, kv_bytes = mem.weight_cache, mem.kv
     models = [_model_rt(i, s, sc, profile, cost_cls, kv_bytes) for i, s in enumerate(specs)]
     names = [cl.name for cl in sc.workload.classes]
     protected = [n in sc.degradation.protected for n in names]
@@ -344,7 +459,9 @@ def build(
         protected=protected,
     )
     L = profile.links
-    rdma_bw = c.network.rdma or L.rdma.bandwidth
+    g = c.gpus_per_replica
+    share = replica_share(sc)
+    rdma_bw = (c.network.rdma or L.rdma.bandwidth) * g  # one NIC per GPU
     rdma_lat = c.network.rdma_latency if c.network.rdma_latency is not None else L.rdma.latency
     obj_bw = c.network.object_store or L.object_store.bandwidth
     obj_lat = (
@@ -363,16 +480,19 @@ def build(
     ctx.directory = MetadataDirectory(ctx)
     if sc.warmup.enabled:
         ctx.directory.warm_up(shares, sc.warmup.ps_fraction, 0.0)
-    tokens = (wl.inp.tolist(), wl.out.tolist(), wl.cls.tolist())  # shared by every node
-    for i in range(c.nodes):
+    tokens = (wl.inp.tolist(), wl.out.tolist(), wl.cls.tolist())  # shared by every replica
+    host_r = int(host * share)
+    nvme_r = int(c.server.nvme * share)
+    swap_r = sc.kv.swap_space * g
+    for i in range(c.replicas):
         name = f"node{i}"
         links = {
-            "pcie": net.add_link(f"{name}.pcie", L.pcie.bandwidth, L.pcie.latency),
+            "pcie": net.add_link(f"{name}.pcie", L.pcie.bandwidth * g, L.pcie.latency),
             "nic": net.add_link(f"{name}.nic", rdma_bw, 0.0),
-            "nvme": net.add_link(f"{name}.nvme", L.nvme.bandwidth, L.nvme.latency),
-            "object": net.add_link(f"{name}.object", obj_bw, obj_lat),
+            "nvme": net.add_link(f"{name}.nvme", L.nvme.bandwidth * share, L.nvme.latency),
+            "object": net.add_link(f"{name}.object", obj_bw * share, obj_lat),
         }
-        ws = WeightStore(ctx, i, name, weight_cap, host, c.node.nvme, links)
+        ws = WeightStore(ctx, i, name, weight_cap, host_r, nvme_r, links)
         if sc.mode == "coupled" or sc.warmup.node_hbm:
             for m in sorted(range(len(models)), key=lambda j: (-shares[j], j)):
                 if not ws.preload(m, 0.0) and sc.mode == "coupled":
@@ -380,7 +500,7 @@ def build(
                         "coupled mode: weights do not fit HBM", source=sc.source, where="mode"
                     )
         ws.fetches_after_warmup = 0
-        ctx.nodes.append(ComputeNode(ctx, i, name, ws, kv_bytes, wl, tokens))
+        ctx.nodes.append(ComputeNode(ctx, i, name, ws, kv_bytes, wl, tokens, swap_r))
     if sc.metrics.check_invariants:
         ctx.metrics.layer_log = []
     horizon = float(wl.arrival[-1]) if not wl.closed_loop and wl.n else 1.0

@@ -51,9 +51,8 @@ class ModelRt:
     warm_on: bool = field(init=False)
     #: the cost model's ``iter_gap_s``: serving-loop seconds charged once per iteration
     iter_gap_s: float = field(init=False)
-    _pre_memo: dict[tuple[int, int], float] = field(init=False, default_factory=dict, repr=False)
-    #: decode cost per (batch, knot): (cost at the knot, slope to the next knot per token)
-    _dec_memo: dict[tuple[int, int], tuple[float, float]] = field(
+    #: decode cost per (batch, knot): (seconds, slope per token, flops, slope, bytes, slope)
+    _dec_memo: dict[tuple[int, int], tuple[float, float, float, float, float, float]] = field(
         init=False, default_factory=dict, repr=False
     )
 
@@ -97,43 +96,73 @@ class ModelRt:
         r = self.rewarm_decay  # in [0, 1) (checked at construction); 0.0 ** 0 == 1.0
         return float(self.rewarm_s * r**since * (1.0 - r**steps) / (1.0 - r))
 
-    def iter_time(
-        self, prefill_tokens: int, n_new: int, n_dec: int, ctx: float, prefill_sq: int = -1
-    ) -> float:
-        """Seconds of one iteration: the serving loop's ``iter_gap_s`` plus its compute --
-        prefill of ``prefill_tokens`` (``n_new`` requests whose prompt lengths squared sum to
-        ``prefill_sq``; -1 = one prompt) and one decode step of ``n_dec`` sequences holding
-        ``ctx`` context tokens in total; CNN models: one forward pass over ``n_new`` samples.
+    def iter_cost(
+        self, prefill_tokens: int, prefill_sq: float, n_prompts: int, n_dec: int, ctx: float
+    ) -> tuple[float, float, float]:
+        """``(seconds, flops, bytes)`` of one iteration: the serving loop's ``iter_gap_s`` plus
+        its compute -- ``prefill_tokens`` prompt tokens (chunks whose squared lengths plus twice
+        length x prior context sum to ``prefill_sq``; ``n_prompts`` of them end their prompt and
+        sample a token) and one decode step of ``n_dec`` sequences holding ``ctx`` context
+        tokens in total; CNN models: one forward pass over ``n_prompts`` samples. ``flops`` and
+        ``bytes`` are the replica's (model FLOPs and HBM bytes read, for MFU and MBU).
 
-        Lookups are memoised (a table filled on first use): prefill by exact token count,
-        decode by batch and total context, interpolated linearly between knots every
-        ``CTX_BUCKET`` tokens -- exact wherever the cost model is linear in context (its
-        roofline is, between kinks). (Evaluating at a knot instead -- rounding the context
-        down -- undercharged every step by half a bucket's attention on average: 3% of a
-        decode step of the small validation model.)"""
-        if prefill_sq < 0:
-            prefill_sq = prefill_tokens * prefill_tokens
+        A cost model with ``fused_iterations`` runs both in ONE pass over the weights
+        (:meth:`sim.costmodel.CostModel.iteration_time`); otherwise a prefill pass plus a decode
+        pass (the project's engine). Decode-only lookups are memoised by batch and total
+        context, interpolated linearly between knots every ``CTX_BUCKET`` tokens -- exact
+        wherever the cost is linear in context (the roofline is, between kinks)."""
+        cost = self.cost
         if self.is_cnn:
-            return float(self.cost.cnn_batch_time(max(n_new, 1))) + self.iter_gap_s
-        t = self.iter_gap_s
-        if prefill_tokens > 0:
-            pkey = (prefill_tokens, prefill_sq)
-            p = self._pre_memo.get(pkey)
-            if p is None:
-                p = self._pre_memo[pkey] = float(
-                    self.cost.prefill_time(int(prefill_tokens), int(prefill_sq))
-                )
-            t += p
-        if n_dec > 0:
+            t = float(cost.cnn_batch_time(max(n_prompts, 1)))
+            return t + self.iter_gap_s, 0.0, 0.0
+        if prefill_tokens <= 0:
+            if n_dec <= 0:
+                return self.iter_gap_s, 0.0, 0.0
             knot = int(ctx) >> CTX_BUCKET_BITS
             key = (n_dec, knot)
             d = self._dec_memo.get(key)
             if d is None:
-                lo = float(self.cost.decode_step_time(int(n_dec), knot << CTX_BUCKET_BITS))
-                hi = float(self.cost.decode_step_time(int(n_dec), (knot + 1) << CTX_BUCKET_BITS))
-                d = self._dec_memo[key] = (lo, (hi - lo) / CTX_BUCKET)
-            t += d[0] + d[1] * (ctx - (knot << CTX_BUCKET_BITS))
-        return t
+                lo = self._raw(0, 0.0, 0, n_dec, float(knot << CTX_BUCKET_BITS))
+                hi = self._raw(0, 0.0, 0, n_dec, float((knot + 1) << CTX_BUCKET_BITS))
+                d = self._dec_memo[key] = (
+                    lo[0],
+                    (hi[0] - lo[0]) / CTX_BUCKET,
+                    lo[1],
+                    (hi[1] - lo[1]) / CTX_BUCKET,
+                    lo[2],
+                    (hi[2] - lo[2]) / CTX_BUCKET,
+                )
+            x = ctx - (knot << CTX_BUCKET_BITS)
+            return (
+                self.iter_gap_s + d[0] + d[1] * x,
+                d[2] + d[3] * x,
+                d[4] + d[5] * x,
+            )
+        t, f, b = self._raw(prefill_tokens, prefill_sq, n_prompts, n_dec, ctx)
+        return t + self.iter_gap_s, f, b
+
+    def _raw(
+        self, prefill_tokens: int, prefill_sq: float, n_prompts: int, n_dec: int, ctx: float
+    ) -> tuple[float, float, float]:
+        cost = self.cost
+        work = getattr(cost, "iteration_work", None)
+        f = b = 0.0
+        if work is not None:
+            c, k, f, b = work(prefill_tokens, prefill_sq, n_prompts, n_dec, ctx)
+            if getattr(cost, "fused_iterations", True):
+                return c + k, f, b
+        t = 0.0
+        if prefill_tokens > 0:
+            t += float(cost.prefill_time(int(prefill_tokens), int(round(prefill_sq))))
+        if n_dec > 0:
+            t += float(cost.decode_step_time(int(n_dec), int(ctx)))
+        return t, f, b
+
+    def iter_time(
+        self, prefill_tokens: int, prefill_sq: float, n_prompts: int, n_dec: int, ctx: float
+    ) -> float:
+        """Seconds of one iteration (:meth:`iter_cost`)."""
+        return self.iter_cost(prefill_tokens, prefill_sq, n_prompts, n_dec, ctx)[0]
 
 
 @dataclass

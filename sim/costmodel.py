@@ -66,7 +66,8 @@ class GpuProfile(_Strict):
     """One accelerator."""
 
     hbm_bytes: Size
-    """GPU memory, bytes or a size like `80GB`."""
+    """Usable GPU memory per GPU (what the driver reports, not the marketing figure), bytes or
+    a size like `79GiB`."""
     hbm_bandwidth: Rate
     """GPU memory bandwidth, bytes/s or a rate like `2TB/s`."""
     flops_fp16: float = Field(gt=0)
@@ -85,24 +86,25 @@ class HostProfile(_Strict):
     """The host's DRAM (pinned host memory tier)."""
 
     dram_bytes: Size
-    """Host DRAM (the pinned host memory tier's default size), bytes or a size."""
+    """Host DRAM per server (the pinned host memory tier's default size), bytes or a size."""
     dram_bandwidth: Rate
     """Host DRAM bandwidth, bytes/s or a rate."""
 
 
 class LinksProfile(_Strict):
-    """The links a node uses, one profile each."""
+    """The links of a server, one profile each: `pcie`, `nvlink` and `rdma` per GPU (a server
+    has one of each per GPU), `nvme` and `object_store` per server."""
 
     pcie: LinkProfile
-    """Host <-> GPU PCIe link."""
+    """Host <-> GPU PCIe link, per GPU."""
     nvlink: LinkProfile
-    """GPU <-> GPU NVLink."""
+    """GPU <-> GPU NVLink inside a server, per GPU and direction (TP all-reduce, PP hand-off)."""
     rdma: LinkProfile
-    """Node NIC (RDMA) to parameter servers (R3)."""
+    """NIC (RDMA) per GPU: parameter servers (R3), and TP/PP traffic across servers."""
     nvme: LinkProfile
-    """Local NVMe SSD."""
+    """Local NVMe SSD, per server."""
     object_store: LinkProfile
-    """Object store (cold tier, R23)."""
+    """Object store (cold tier, R23), per server."""
 
 
 class Profile(_Strict):
@@ -164,9 +166,34 @@ class CostModel:
     #: bookkeeping: no compute), charged once per iteration; zero here for the same reason
     iter_gap_s: float = 0.0
 
-    def __init__(self, profile: Profile, model: ModelSpec) -> None:
+    #: whether an iteration that mixes prefill chunks and decodes is ONE pass over the weights
+    #: (a vLLM / SGLang server: :meth:`iteration_time`) or a prefill pass plus a decode pass
+    #: (the project's real engine, whose cost model turns this off)
+    fused_iterations: bool = True
+
+    def __init__(
+        self,
+        profile: Profile,
+        model: ModelSpec,
+        tp: int = 1,
+        pp: int = 1,
+        gpus_per_server: int = 1,
+    ) -> None:
+        """``tp`` x ``pp`` GPUs per replica; a replica wider than ``gpus_per_server`` runs its
+        collectives over the NIC (``rdma``) instead of NVLink."""
+        if tp < 1 or pp < 1 or gpus_per_server < 1:
+            raise ValueError(
+                f"tp, pp, gpus_per_server must be >= 1, got {tp}, {pp}, {gpus_per_server}"
+            )
         self.profile = profile
         self.model = model
+        self.tp, self.pp = tp, pp
+        link = profile.links.nvlink if tp * pp <= gpus_per_server else profile.links.rdma
+        self.tp_link = (link.latency, link.bandwidth)
+        #: activations travel in 16 bits unless the weights are wider (fp8 weights: bf16 activations)
+        self.act_bytes = max(2, model.dtype_bytes)
+        #: KV heads are split over TP ranks; with more ranks than KV heads each rank keeps a copy
+        self.kv_replication = max(1, tp // max(model.kv_heads, 1)) if model.kv_heads else 1
         gpu = profile.gpu
         peak = gpu.flops_fp16 if model.dtype_bytes <= 2 else gpu.flops_fp32
         self.flop_rate = peak * gpu.compute_efficiency  # achieved FLOP/s
@@ -199,6 +226,22 @@ class CostModel:
             )
             groups[sig] = groups.get(sig, 0) + 1
         self._groups = [(*sig, count) for sig, count in groups.items()]
+        # The fused, parallel pass (iteration_time): per layer kind, FLOPs per token and weight
+        # bytes per TP rank (a layer lives on one PP stage).
+        head = np.array([ly.name == "lm_head" for ly in model.layers], dtype=bool)
+        self._fgroups: list[tuple[float, float, bool, bool, bool, int]] = []
+        fsig: dict[tuple[float, float, bool, bool, bool], int] = {}
+        for i in range(n):
+            key = (
+                float(self.layer_flops[i]) / tp,
+                float(self.layer_bytes[i]) / tp,
+                bool(self.layer_attention[i]),
+                bool(self.layer_lookup[i]),
+                bool(head[i]),
+            )
+            fsig[key] = fsig.get(key, 0) + 1
+        self._fgroups = [(*k, c) for k, c in fsig.items()]
+        self.n_allreduce = 2 * model.n_attention_layers + 1  # attention + MLP per layer, embedding
         self._links: dict[str, tuple[float, float]] = {
             name: (getattr(profile.links, name).latency, getattr(profile.links, name).bandwidth)
             for name in LINK_NAMES
@@ -283,6 +326,85 @@ class CostModel:
                 np.maximum(f / self.flop_rate, by / self.hbm_bandwidth) + self.overhead
             )
         return total + self.launch
+
+    # -- the fused, tensor/pipeline-parallel iteration ---------------------------------------
+    def allreduce_time(self, nbytes: float) -> float:
+        """One ring all-reduce of ``nbytes`` over the replica's ``tp`` GPUs: ``2 (tp-1)`` steps,
+        each moving ``nbytes / tp`` over the TP link (NVLink inside a server, else the NIC) and
+        paying its latency; 0 at ``tp = 1``."""
+        tp = self.tp
+        if tp <= 1 or nbytes <= 0:
+            return 0.0
+        lat, bw = self.tp_link
+        steps = 2 * (tp - 1)
+        return steps * (lat + nbytes / tp / bw)
+
+    def iteration_work(
+        self,
+        prefill_tokens: int,
+        prefill_sq: float,
+        n_prompts: int,
+        n_decode: int,
+        decode_ctx: float,
+    ) -> tuple[float, float, float, float]:
+        """``(compute_s, collective_s, flops, bytes)`` of one fused iteration, per replica.
+
+        The iteration runs ``prefill_tokens`` prompt tokens (chunks whose squared lengths plus
+        twice length x prior context sum to ``prefill_sq``) and one token of each of
+        ``n_decode`` sequences holding ``decode_ctx`` context tokens in all, in ONE pass over
+        the weights. The LM head computes logits only for sampled tokens: ``n_prompts`` prompts
+        whose prefill ends in this iteration, and every decode. Each layer is split over ``tp``
+        GPUs (weights, FLOPs and KV heads) and the layers over ``pp`` stages, which run one
+        after another for the one batch in flight. ``compute_s`` = sum over layers of
+        ``max(flops / rate, bytes / hbm_bandwidth) + per_layer_overhead`` per GPU plus one
+        kernel launch; ``collective_s`` = ``2`` all-reduces per transformer layer and one for
+        the embedding, of ``tokens x hidden x act_bytes`` each, plus ``pp - 1`` activation
+        hand-offs. ``flops``/``bytes`` are the whole replica's (for MFU and MBU)."""
+        tokens = float(prefill_tokens + n_decode)
+        if tokens <= 0:
+            return 0.0, 0.0, 0.0, 0.0
+        tp, m = self.tp, self.model
+        sampled = float(n_prompts + n_decode)
+        attn_f = (
+            0.5 * self.attn_flops_per_ctx * prefill_sq + self.attn_flops_per_ctx * decode_ctx
+        ) / tp
+        kv_b = (
+            self.kv_bytes_per_token_layer * (prefill_tokens + decode_ctx) * self.kv_replication / tp
+        )
+        row = m.hidden * m.dtype_bytes / tp
+        rate, bw, over = self.flop_rate, self.hbm_bandwidth, self.overhead
+        t = flops = nbytes = 0.0
+        for f1, b1, attention, lookup, head, count in self._fgroups:
+            toks = sampled if head else tokens
+            f = f1 * toks
+            b = min(b1, toks * row) if lookup else b1
+            if attention:
+                f += attn_f
+                b += kv_b
+            t += count * (max(f / rate, b / bw) + over)
+            flops += count * f
+            nbytes += count * b
+        compute = t + self.launch * self.pp  # every layer runs once, stage after stage
+        act = tokens * m.hidden * self.act_bytes
+        coll = self.n_allreduce * self.allreduce_time(act)
+        if self.pp > 1:
+            lat, bw_l = self.tp_link
+            coll += (self.pp - 1) * (lat + act / tp / bw_l)
+        return compute, coll, flops * tp, nbytes * tp
+
+    def iteration_time(
+        self,
+        prefill_tokens: int,
+        prefill_sq: float,
+        n_prompts: int,
+        n_decode: int,
+        decode_ctx: float,
+    ) -> float:
+        """Seconds of one fused iteration (see :meth:`iteration_work`)."""
+        c, k, _, _ = self.iteration_work(
+            prefill_tokens, prefill_sq, n_prompts, n_decode, decode_ctx
+        )
+        return c + k
 
     def cnn_batch_time(self, batch: int) -> float:
         """Seconds for a forward pass of ``batch`` samples through a CNN."""

@@ -50,24 +50,7 @@ class Degrader:
         node.up = False
         now = self.env.now
         met = self.ctx.metrics
-        held: list[int] = []
-        for per in node.queues:
-            for q in per:
-                held.extend(q)
-                q.clear()
-        node.qlen = 0
-        for m, heap in enumerate(node.b_heap):
-            for _, rid in sorted(heap):
-                need, exact = node._kv_of.pop(rid)
-                node.kv.give(need, exact, rid, m)
-                met.acc[rid] += node.cum[m]
-                met.start[rid] = np.nan
-                met.first[rid] = np.nan
-                held.append(rid)
-            heap.clear()
-            node.b_n[m] = node.b_off[m] = 0
-            node.b_base[m] = 0.0
-        node.running = 0
+        held = node.abort_all()
         ws = node.ws
         for m, mr in enumerate(self.ctx.models):
             for cid in range(mr.n_chunks):
@@ -75,11 +58,6 @@ class Degrader:
                 while key in ws.hbm and ws.hbm.pin_count(key) > 0:
                     ws.hbm.unpin(key)
             drop_model(ws, m, now, nvme=False)
-        node.wake = None
-        node.seg_model = -1
-        node._carry = 0.0
-        node._quantum = 0
-        node._cur = -1
         if node.proc is not None and node.proc.is_alive:
             node.proc.interrupt("kill")
         for rid in held:

@@ -58,7 +58,7 @@ class Control:
         sc = ctx.sc
         cfg = self.cfg = sc.faults
         c = sc.cluster
-        self.hosts = hosts(c.param_servers, c.nodes)
+        self.hosts = hosts(c.param_servers, c.replicas)
         self.meta = MetaService(ctx, cfg, self.hosts, ctx.rngs.get("raft"))
         self.checkers = RunCheckers(self.env, cfg.stop_on_violation, cfg.linearizability_max_ops)
         self.integrity = Integrity(ctx, cfg.verify)
@@ -73,7 +73,7 @@ class Control:
                 cfg.random,
                 ctx.rngs.get("faults"),
                 c.param_servers,
-                c.nodes,
+                c.replicas,
                 cfg.raft.replicas,
             )
         self.schedule: list[FaultSpec] = sorted(sched, key=lambda f: f.at)  # stable

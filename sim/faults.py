@@ -312,7 +312,7 @@ def check_faults(sc: Any) -> None:
 
     c = sc.cluster
     f = sc.faults
-    all_hosts = hosts(c.param_servers, c.nodes)
+    all_hosts = hosts(c.param_servers, c.replicas)
     replicas = [f"raft{i}" for i in range(f.raft.replicas)]
     allowed = [*all_hosts, *replicas, "raft-leader"]
     for i, spec in enumerate(f.schedule):

@@ -29,6 +29,7 @@ PENDING, DONE, SHED, REJECTED, DEGRADED = 0, 1, 2, 3, 4
 
 # event kinds written to the trace hash
 EV_ARRIVE, EV_ADMIT, EV_FIRST, EV_DONE, EV_SHED, EV_FETCH, EV_REPLICA, EV_REJECT = range(8)
+EV_PREEMPT = 8
 
 _PACK = struct.Struct("<dBqq").pack
 
@@ -77,7 +78,12 @@ class Metrics:
         self.arrival = np.full(n, np.nan)
         self.status = np.zeros(n, dtype=np.int8)
         self.acc = np.zeros((n, N_ACC))
+        #: ``tier_hits[0]``: chunk accesses that found the chunk in HBM; ``tier_hits[i > 0]``:
+        #: chunks fetched into HBM from tier ``i`` (demand and prefetch)
         self.tier_hits = np.zeros(len(TIERS))
+        #: weight-chunk accesses: each chunk of a layer, once per iteration that computes it
+        self.accesses = 0
+        self.n_preempted = 0
         self.tier_bytes = np.zeros(len(TIERS))
         self.busy = 0.0
         self.param_wait = 0.0
@@ -139,71 +145,133 @@ def requests_frame(
     return df
 
 
+#: achieved throughput below this share of the offered load in the steady window = overloaded
+OVERLOAD_SHARE = 0.95
+#: fewer requests than this in the steady window make its P99 a few requests' figure
+MIN_P99_SAMPLES = 100
+
+
+def _latencies(g: pd.DataFrame) -> dict[str, dict[str, float | None]]:
+    """E2E, TTFT and TPOT percentiles of the done requests in ``g`` (TPOT: the mean gap
+    between a request's tokens after the first, over requests of two or more tokens)."""
+    out = g["output_tokens"].to_numpy()
+    multi = out > 1
+    tpot = ((g["end"] - g["first_token"]).to_numpy()[multi]) / (out[multi] - 1)
+    return {
+        "e2e": _pct((g["end"] - g["arrival"]).to_numpy()),
+        "ttft": _pct((g["first_token"] - g["arrival"]).to_numpy()),
+        "tpot": _pct(tpot),
+    }
+
+
+def meets_slo(g: pd.DataFrame, classes: dict[str, dict[str, float | None]]) -> np.ndarray:
+    """Per done request of ``g``: whether it met every objective of its class (``e2e``,
+    ``ttft``, ``tpot``; ``None`` = no objective)."""
+    cls = g["cls"].astype(str)
+    ok = np.ones(len(g), dtype=bool)
+    e2e = (g["end"] - g["arrival"]).to_numpy()
+    ttft = (g["first_token"] - g["arrival"]).to_numpy()
+    out = g["output_tokens"].to_numpy()
+    tpot = np.where(out > 1, (g["end"] - g["first_token"]).to_numpy() / np.maximum(out - 1, 1), 0.0)
+    for key, val in (("e2e", e2e), ("ttft", ttft), ("tpot", tpot)):
+        lim = cls.map({k: (v[key] if v[key] is not None else np.inf) for k, v in classes.items()})
+        ok &= val <= lim.to_numpy(dtype=float)
+    return ok
+
+
 def summarize(
-    df: pd.DataFrame, m: Metrics, sim_time: float, slos: dict[str, float], extra: dict[str, Any]
+    df: pd.DataFrame,
+    m: Metrics,
+    sim_time: float,
+    classes: dict[str, dict[str, float | None]],
+    extra: dict[str, Any],
+    window: tuple[float, float] | None = None,
+    closed_loop: bool = False,
 ) -> dict[str, Any]:
-    """The run's headline figures (JSON-ready; every float rounded to 9 significant digits)."""
-    done = df[df["status"] == "done"]
-    lat = (done["end"] - done["arrival"]).to_numpy()
-    ttft = (done["first_token"] - done["arrival"]).to_numpy()
-    gen = done["output_tokens"].to_numpy()
-    multi = gen > 1
-    tbt = ((done["end"] - done["first_token"]).to_numpy()[multi]) / (gen[multi] - 1)
+    """The run's headline figures (JSON-ready; every float rounded to 9 significant digits).
+
+    ``classes`` maps each class to its objectives ``{"e2e", "ttft", "tpot"}`` (seconds or
+    ``None``). Latency percentiles, throughput and goodput are over the *steady window*
+    ``window = (start, end)``: requests arriving in it; offered = those arrivals per second,
+    achieved = requests finished inside it per second, ``overloaded`` when achieved <
+    ``OVERLOAD_SHARE`` x offered. ``requests`` counts every request of the run."""
+    w0, w1 = window if window is not None else (0.0, max(sim_time, 1e-12))
+    span = max(w1 - w0, 1e-12)
+    arr = df["arrival"].to_numpy()
+    in_w = (arr >= w0) & (arr <= w1)
+    st = df["status"]
+    done_all = df[st == "done"]
+    win = df[in_w]
+    done = win[win["status"] == "done"]
+    ends = done_all["end"].to_numpy()
+    finished_in = int(((ends >= w0) & (ends <= w1)).sum())
+    offered = None if closed_loop else len(win) / span
+    achieved = finished_in / span
+    overloaded = bool(offered is not None and offered > 0 and achieved < OVERLOAD_SHARE * offered)
+    good = meets_slo(done, classes)
     per: dict[str, Any] = {}
     for (model, cls), g in done.groupby(["model", "cls"], observed=True, sort=True):
-        lt = (g["end"] - g["arrival"]).to_numpy()
-        per[f"{model}/{cls}"] = {
-            "n": len(g),
-            "latency": _pct(lt),
-            "ttft": _pct((g["first_token"] - g["arrival"]).to_numpy()),
-        }
+        per[f"{model}/{cls}"] = {"n": len(g), "latency": _latencies(g)}
     by_class: dict[str, Any] = {}
-    for cls, g in df.groupby("cls", observed=True, sort=True):
+    for cls, g in win.groupby("cls", observed=True, sort=True):
         gd = g[g["status"] == "done"]
+        ok = meets_slo(gd, classes)
         by_class[str(cls)] = {
             "n": len(g),
             "done": len(gd),
             "shed": int((g["status"] == "shed").sum()),
-            "latency": _pct((gd["end"] - gd["arrival"]).to_numpy()),
+            "latency": _latencies(gd),
+            "goodput_rps": int(ok.sum()) / span,
+            "slo_attainment": int(ok.sum()) / len(g) if len(g) else None,
         }
-    slo = done["cls"].astype(str).map(slos).to_numpy(dtype=float)
-    good = int((lat <= slo).sum()) if lat.size else 0
-    span = max(sim_time, 1e-12)
-    hits = m.tier_hits
-    total_hits = float(hits.sum())
-    hit_rate = {
-        t: (float(hits[i] / total_hits) if total_hits else None) for i, t in enumerate(TIERS)
+    counts = {
+        "total": len(df),
+        "completed": len(done_all),
+        "shed": int((st == "shed").sum()),
+        "rejected": int((st == "rejected").sum()),
+        "unfinished": int((st == "pending").sum()),
+        "degraded": int((st == "degraded").sum()),
+        "in_window": len(win),
+        "preemptions": int(m.n_preempted),
     }
-    hit_rate["local"] = float(hits[:3].sum() / total_hits) if total_hits else None
-    hit_rate["cross_node"] = hit_rate["remote"]
-    hit_rate["disk_fallback"] = hit_rate["object"]
+    warnings: list[str] = []
+    if counts["unfinished"]:
+        warnings.append(f"{counts['unfinished']} requests unfinished")
+    if overloaded:
+        warnings.append(
+            f"overloaded: achieved {achieved:.4g} req/s < {OVERLOAD_SHARE:g} x offered "
+            f"{offered:.4g} req/s in the steady window"
+        )
+    if 0 < len(done) < MIN_P99_SAMPLES:
+        warnings.append(
+            f"P99 from {len(done)} requests in the steady window: a few requests' figure"
+        )
     fl = np.asarray(m.fetch_lat)
+    gen = done["output_tokens"].to_numpy()
     out = {
-        "requests": len(df),
-        "completed": len(done),
-        "shed": int((df["status"] == "shed").sum()),
-        "rejected": int((df["status"] == "rejected").sum()),
-        "unfinished": int((df["status"] == "pending").sum()),
-        "degraded": int((df["status"] == "degraded").sum()),
+        "requests": counts,
         "sim_time_s": sim_time,
-        "throughput_rps": len(done) / span,
-        "tokens_per_s": float(gen.sum()) / span,
-        "goodput_rps": good / span,
-        "slo_attainment": good / len(done) if len(done) else None,
-        "latency": _pct(lat),
-        "ttft": _pct(ttft),
-        "tbt": _pct(tbt),
+        "window_s": [w0, w1],
+        "throughput": {
+            "offered_rps": offered,
+            "achieved_rps": achieved,
+            "tokens_per_s": float(done_all["output_tokens"].sum()) / max(sim_time, 1e-12),
+            "output_tokens_per_s": float(gen.sum()) / span,
+        },
+        "overloaded": overloaded,
+        "goodput_rps": int(good.sum()) / span,
+        "slo_attainment": int(good.sum()) / len(win) if len(win) else None,
+        "latency": _latencies(done),
         "per_model_class": per,
         "per_class": by_class,
-        "hit_rate": hit_rate,
-        "bytes_by_tier": {t: float(m.tier_bytes[i]) for i, t in enumerate(TIERS) if i > 0},
         "param_wait_share": m.param_wait / m.busy if m.busy else 0.0,
         "param_load_p99_s": float(np.percentile(fl, 99)) if fl.size else None,
         "replicas_added": m.replicas_added,
         "fetch_retries": m.fetch_retries,
-        "max_context_served": int((done["input_tokens"] + done["output_tokens"]).max())
-        if len(done)
+        "max_context_served": int((done_all["input_tokens"] + done_all["output_tokens"]).max())
+        if len(done_all)
         else 0,
+        "warnings": warnings,
     }
     out.update(extra)
     return _round(out)

@@ -1,30 +1,38 @@
-"""A compute node: ONE long-lived SimPy process doing continuous batching, layer by layer.
+"""A replica: ONE long-lived SimPy process running vLLM-style iterations, layer by layer.
 
-Per model the node keeps one running batch. Batch state is O(1) to advance: ``off`` counts the
-decode steps the batch has taken; a request whose first token came at step ``a`` finishes at
-step ``a + out - 1`` (a min-heap of those targets), and the batch's total context is
-``base + n * off``. One *iteration* = prefill of newly admitted requests plus one decode step
-of the others. When no request was admitted and every weight of the model is resident in HBM,
-nothing can change until the next completion, so the node runs ``k`` decode steps as ONE
-timeout (``k`` = steps to the next completion, capped by ``max_steps_per_turn`` when other
-models wait) using the mean context over the ``k`` steps. An arrival that could join the node
-interrupts that timeout; the node then finishes the step in progress and re-plans.
+A replica is one copy of the served models on ``tp`` x ``pp`` GPUs (:mod:`sim.cluster` builds
+them from servers). It keeps, per model, a running batch of *prefilling* sequences (prompts
+being computed, in chunks) and *decoding* sequences. One **iteration** runs at most
+``max_num_batched_tokens`` tokens: one per decoding sequence, then prefill chunks of the
+prompts in admission order, then newly admitted prompts, in ONE pass over the weights
+(:meth:`sim.context.ModelRt.iter_cost`); at most ``max_num_seqs`` sequences run at once. A
+prompt whose last chunk runs samples its first token at the end of that iteration (TTFT).
 
-Otherwise the iteration runs layer by layer (:meth:`ComputeNode._layers`): a layer computes
-only once all its chunks are resident in HBM (invariant; pinned while it computes), missing
-chunks are fetched as one aggregated transfer per source, and the next ``window`` layers are
-prefetched while the current one computes (R7/R21/R27), wrapping into the next iteration.
+Decode state is O(1) to advance: ``off`` counts the model's iterations; a sequence that
+started decoding at ``a`` finishes at ``a + out - 1`` (a min-heap of those targets), and the
+decoding sequences' total context is ``base + n * off``. When nothing is prefilling, nothing
+was admitted and every weight of the model is resident, nothing can change until the next
+completion, KV block boundary or arrival, so the replica runs ``k`` decode steps as ONE
+timeout (capped by ``max_steps_per_turn`` when other models wait); an arrival that could join
+interrupts it, the step in progress finishes and the replica re-plans.
 
-Warm-up costs (off unless the model's cost model sets them, e.g. a calibrated engine's
-:class:`hwbench.engine_probe.EngineCostModel`): the first iteration after the node sat idle
-costs ``wake_s`` more, less ``wake_hide`` times its own compute (cold caches, clocks ramping
-up; a long prefill's compute hides part of it), and the ``j``-th decode step after an
-iteration that admitted prompts costs ``rewarm_s * rewarm_decay ** (j - 1)`` more (the
-prefill evicted the decode's working set from the caches); :meth:`ModelRt.rewarm`.
+**KV** (:class:`KvAccount` over :class:`engine.kv.allocator.KVBlockAllocator`, the engine's
+allocator): admission reserves the blocks of the prompt only (never the unknown output
+length) and leaves ``admission_watermark`` of the blocks free; a decoding sequence takes a
+new block when its context crosses a block boundary (a min-heap of those steps, so a segment
+of ``k`` steps takes its blocks up front). When blocks run out, the most recently admitted
+sequence of the model is **preempted**: ``recompute`` frees its blocks and re-queues it at the
+front (it prefills prompt + generated tokens again), ``swap`` copies its KV to host swap space
+over PCIe (charged to the iteration) and back when it resumes. Nothing is lost.
 
-KV accounting is :class:`KvAccount` (block counts in bytes, reserved for the whole sequence
-at admission so a running request never stalls). It is an adapter: the KV core's allocator
-can replace it without touching the node.
+Weights: an iteration whose model is not fully resident runs layer by layer
+(:meth:`ComputeNode._layers`): a layer computes only once all its chunks are in HBM (pinned
+while it computes), missing chunks come as one aggregated transfer per source, and the next
+``window`` layers are prefetched while it computes (R7/R21/R27). Each chunk access (a layer's
+chunk when the layer computes) is counted once: an HBM hit if it was resident then.
+
+Warm-up costs (off unless the cost model sets them, e.g. a calibrated engine's): see
+:meth:`sim.context.ModelRt.wake` and :meth:`sim.context.ModelRt.rewarm`.
 """
 
 from __future__ import annotations
@@ -38,9 +46,10 @@ import numpy as np
 import simpy
 
 from engine.kv.allocator import KVBlockAllocator
+from engine.kv.prefix import num_blocks
 from engine.prefetch import HeatMap, PrefetchPlanner
 from sim.context import SimContext
-from sim.metrics import DONE, EV_ADMIT, EV_DONE, N_ACC, TIERS
+from sim.metrics import DONE, EV_ADMIT, EV_DONE, EV_PREEMPT, N_ACC, TIERS
 from sim.weights import WeightStore
 
 _NT = len(TIERS)
@@ -49,14 +58,14 @@ FETCH_RETRY_S = 1e-3
 
 
 class KvAccount:
-    """KV cache accounting of one node: bytes reserved in whole blocks of ``block_tokens``.
+    """KV blocks of one replica, in bytes, shared by its models.
 
     With ``allocators`` (one :class:`engine.kv.allocator.KVBlockAllocator` per model, or
-    ``None`` for models without KV), every reservation is also a real block-table allocation
-    in the KV core's allocator (block ids only, no bytes), so the simulator exercises the same
-    allocator as the engine; the byte total here bounds all models' pools together.
+    ``None`` for models without KV) every block taken here is also taken in the engine's
+    allocator (block ids only, no bytes), so the simulator runs the engine's block tables.
 
-    Invariant: ``0 <= reserved <= capacity``; ``needed <= reserved`` (tokens actually held).
+    Invariant: ``0 <= reserved <= capacity``; ``reserved`` = sum over live sequences of
+    ``blocks * block_tokens * bytes_per_token``; ``needed`` = their exact token bytes.
     """
 
     def __init__(
@@ -67,28 +76,48 @@ class KvAccount:
         self.reserved = 0
         self.needed = 0
         self.allocators = allocators
+        #: per live sequence: [model, tokens, blocks]
+        self.seqs: dict[int, list[int]] = {}
 
     def size(self, tokens: int, bytes_per_token: int) -> tuple[int, int]:
-        """(reserved bytes in whole blocks, exact bytes) for a ``tokens``-token sequence."""
-        bt = self.block_tokens
-        return -(-tokens // bt) * bt * bytes_per_token, tokens * bytes_per_token
+        """(bytes in whole blocks, exact bytes) of a ``tokens``-token sequence."""
+        return num_blocks(tokens, self.block_tokens) * self.block_tokens * bytes_per_token, (
+            tokens * bytes_per_token
+        )
 
     def can(self, nbytes: int) -> bool:
         return self.reserved + nbytes <= self.capacity
 
-    def take(self, nbytes: int, exact: int, rid: int = -1, m: int = 0, tokens: int = 0) -> None:
+    def take(self, rid: int, m: int, tokens: int, bytes_per_token: int) -> None:
+        """Give new sequence ``rid`` (model ``m``) the blocks of ``tokens`` tokens."""
+        blocks = num_blocks(tokens, self.block_tokens)
         allocs = self.allocators
         if allocs is not None and (a := allocs[m]) is not None:
             a.allocate(rid, tokens)
-        self.reserved += nbytes
-        self.needed += exact
+        self.seqs[rid] = [m, tokens, blocks]
+        self.reserved += blocks * self.block_tokens * bytes_per_token
+        self.needed += tokens * bytes_per_token
 
-    def give(self, nbytes: int, exact: int, rid: int = -1, m: int = 0) -> None:
+    def grow(self, rid: int, tokens: int, bytes_per_token: int) -> None:
+        """Extend ``rid`` to ``tokens`` tokens (taking the blocks that needs)."""
+        st = self.seqs[rid]
+        allocs = self.allocators
+        if allocs is not None and (a := allocs[st[0]]) is not None:
+            a.append(rid, tokens - st[1])
+        blocks = num_blocks(tokens, self.block_tokens)
+        self.reserved += (blocks - st[2]) * self.block_tokens * bytes_per_token
+        self.needed += (tokens - st[1]) * bytes_per_token
+        st[1], st[2] = tokens, blocks
+
+    def give(self, rid: int, bytes_per_token: int) -> int:
+        """Release ``rid``'s blocks; returns its exact KV bytes."""
+        m, tokens, blocks = self.seqs.pop(rid)
         allocs = self.allocators
         if allocs is not None and (a := allocs[m]) is not None:
             a.free(rid)
-        self.reserved -= nbytes
-        self.needed -= exact
+        self.reserved -= blocks * self.block_tokens * bytes_per_token
+        self.needed -= tokens * bytes_per_token
+        return tokens * bytes_per_token
 
     def fragmentation(self) -> float:
         """Internal fragmentation of the reserved blocks (0 when nothing is reserved)."""
@@ -96,7 +125,7 @@ class KvAccount:
 
 
 class ComputeNode:
-    """One GPU node; see the module docstring. ``submit`` hands it a request id."""
+    """One replica; see the module docstring. ``submit`` hands it a request id."""
 
     def __init__(
         self,
@@ -107,9 +136,11 @@ class ComputeNode:
         kv_bytes: int,
         wl: Any,
         tokens: tuple[list[int], list[int], list[int]] | None = None,
+        swap_bytes: int = 0,
     ) -> None:
         """``tokens``: ``(wl.inp.tolist(), wl.out.tolist(), wl.cls.tolist())``, shared by all
-        nodes of a cluster (plain ints read faster than numpy scalars); built here if not given."""
+        replicas of a cluster (plain ints read faster than numpy scalars); built if not given.
+        ``swap_bytes``: host swap space for ``swap`` preemption."""
         sc = ctx.sc
         self.ctx, self.env, self.idx, self.name, self.ws, self.wl = (
             ctx,
@@ -121,16 +152,37 @@ class ComputeNode:
         )
         nm = len(ctx.models)
         nc = len(sc.workload.classes)
-        self.max_batch = sc.cluster.node.max_batch
-        self.max_tokens = sc.cluster.node.max_batch_tokens
-        self.max_steps = sc.cluster.node.max_steps_per_turn
+        rc = sc.cluster.replica
+        self.max_seqs = rc.max_num_seqs
+        self.max_tokens = rc.max_num_batched_tokens
+        self.chunked = rc.chunked_prefill
+        self.max_steps = rc.max_steps_per_turn
+        self.swap = sc.kv.preemption == "swap"
+        self.swap_cap = swap_bytes
+        self.swap_used = 0
+        self.watermark = sc.kv.admission_watermark
         self.queues: list[list[deque[int]]] = [[deque() for _ in range(nc)] for _ in range(nm)]
         self.qlen = 0
         self.running = 0
+        # decoding batch per model (see the module docstring)
         self.b_n = [0] * nm
         self.b_off = [0] * nm
         self.b_base = [0.0] * nm
-        self.b_heap: list[list[tuple[int, int]]] = [[] for _ in range(nm)]
+        self.b_heap: list[list[tuple[int, int, int]]] = [[] for _ in range(nm)]
+        #: KV block boundaries per model: (step that needs the next block, rid, seqno)
+        self._grow: list[list[tuple[int, int, int]]] = [[] for _ in range(nm)]
+        #: prefilling sequences per model, in admission order: [rid, tokens left, tokens done]
+        self.pf: list[list[list[int]]] = [[] for _ in range(nm)]
+        #: running sequences per model in admission order (preemption takes the last)
+        self._order: list[dict[int, None]] = [{} for _ in range(nm)]
+        #: per decoding rid: its context base (context in step off -> off + 1 = base + off)
+        self._base_of: dict[int, int] = {}
+        #: per running rid: its seqno (heap entries of an older life are skipped)
+        self._life: dict[int, int] = {}
+        self._seqno = 0
+        #: tokens generated before a preemption (recompute) / KV kept on host (swap)
+        self._gen: dict[int, int] = {}
+        self._swapped: dict[int, tuple[int, int]] = {}
         self.cum = [np.zeros(N_ACC) for _ in range(nm)]
         # Element views for the per-turn hit counts (a memoryview element update is the same
         # float64 addition as numpy's, at half the cost). Invariant: these arrays are never
@@ -150,20 +202,24 @@ class ComputeNode:
                 for mr in ctx.models
             ]
         self.kv = KvAccount(kv_bytes, sc.kv.block_tokens, allocs)
-        self._kv_of: dict[int, tuple[int, int]] = {}
         self.wake: simpy.Event | None = None
         self.seg_model = -1
         self._up_watchers: list[Callable[[], None]] = []
         self._up = True
+        #: accumulated work: busy seconds, token-budget integral (tokens x seconds), model
+        #: FLOPs, HBM bytes read, iterations, preemptions, swap bytes over PCIe
         self.busy = 0.0
+        self.tok_s = 0.0
+        self.flops = 0.0
+        self.hbm_read = 0.0
+        self.iterations = 0
+        self.preemptions = 0
+        self.swap_moved = 0
         #: requests the running turn admitted (0: a decode-only iteration); set at the turn's
         #: start, before its compute, so hooks on the iteration (hwbench.interference) see it
         self.admitted = 0
-        #: the running turn follows an idle spell (the node waited for a request); set with
-        #: ``admitted``
+        #: the running turn follows an idle spell (the replica waited for a request)
         self.woke = False
-        #: warm-up state (models whose cost model charges it, ModelRt.warm_on): the node sat
-        #: idle before this turn; decode steps since the last iteration that admitted prompts
         self._woke = False
         self._since = 1 << 30
         self.proc: simpy.Process | None = None
@@ -171,10 +227,10 @@ class ComputeNode:
         self._carry = 0.0
         self._quantum = 0
         self._window = sc.prefetch.window_batches if sc.prefetch.enabled else 0
-        #: the real engine's deterministic mode (set by hwbench.validate, off by default):
-        #: fetch and pin a layer, then plan the next layers' prefetch, and keep the layer
-        #: pinned until that prefetch has landed
-        self.hold_pins = False
+        #: the real engine's prefetch order (scenario field ``prefetch.order``): fetch and pin
+        #: a layer, then plan the next layers' prefetch, and keep the layer pinned until that
+        #: prefetch has landed
+        self.hold_pins = sc.prefetch.order == "after-pin"
         self._heat = HeatMap(half_life=sc.prefetch.heat_half_life)
         self._planner = PrefetchPlanner(window_batches=max(self._window, 1), heat=self._heat)
         if tokens is None:
@@ -186,19 +242,19 @@ class ComputeNode:
 
     # -- control ------------------------------------------------------------------------------
     def start(self) -> None:
-        """Start (or restart) the node's process."""
+        """Start (or restart) the replica's process."""
         self.up = True
         if self.proc is None or not self.proc.is_alive:
             self.proc = self.env.process(self._run())
 
     def stop(self) -> None:
-        """Mark the node down: the scheduler stops sending it work (faults, issue 5)."""
+        """Mark the replica down: the scheduler stops sending it work (faults)."""
         self.up = False
 
     @property
     def up(self) -> bool:
-        """Whether the node takes work. Setting it (``start``/``stop``, faults) calls every
-        watcher (the scheduler's cached live-node list)."""
+        """Whether the replica takes work. Setting it (``start``/``stop``, faults) calls every
+        watcher (the scheduler's cached live list)."""
         return self._up
 
     @up.setter
@@ -214,6 +270,11 @@ class ComputeNode:
     @property
     def load(self) -> int:
         return self.qlen + self.running
+
+    @property
+    def max_batch(self) -> int:
+        """The running-batch limit (``max_num_seqs``)."""
+        return self.max_seqs
 
     def oldest_wait(self, now: float) -> float:
         """How long the longest-waiting queued request has waited."""
@@ -231,17 +292,56 @@ class ComputeNode:
         if self.wake is not None:
             if not self.wake.triggered:
                 self.wake.succeed()
-        elif self.seg_model >= 0 and (self.seg_model != m or self.b_n[m] < self.max_batch):
+        elif self.seg_model >= 0 and (self.seg_model != m or self.b_n[m] < self.max_seqs):
             self.seg_model = -1
             assert self.proc is not None
             self.proc.interrupt()
+
+    def abort_all(self) -> list[int]:
+        """Drop every request this replica holds (a crash): release their KV and swap space,
+        close their per-request counters, and return them (queued first, then running)."""
+        met = self.ctx.metrics
+        held: list[int] = []
+        for per in self.queues:
+            for q in per:
+                held.extend(q)
+                q.clear()
+        self.qlen = 0
+        for m, order in enumerate(self._order):
+            bpt = self.ctx.models[m].kv_bytes_per_token
+            for rid in list(order):
+                if rid in self.kv.seqs:
+                    self.kv.give(rid, bpt)
+                met.acc[rid] += self.cum[m]
+                met.start[rid] = np.nan
+                met.first[rid] = np.nan
+                held.append(rid)
+            order.clear()
+            self.b_heap[m].clear()
+            self._grow[m].clear()
+            self.pf[m].clear()
+            self.b_n[m] = self.b_off[m] = 0
+            self.b_base[m] = 0.0
+        for rid in held:
+            self._gen.pop(rid, None)
+            self._swapped.pop(rid, None)
+        self._base_of.clear()
+        self._life.clear()
+        self.swap_used = 0
+        self.running = 0
+        self.wake = None
+        self.seg_model = -1
+        self._carry = 0.0
+        self._quantum = 0
+        self._cur = -1
+        return held
 
     # -- the process ------------------------------------------------------------------------
     def _run(self) -> Generator[simpy.Event, Any, None]:
         try:
             while True:
                 m = self._cur  # _pick's first case, inline: the current model keeps running
-                if not (m >= 0 and self._quantum < self.max_steps and self.b_n[m]):
+                if not (m >= 0 and self._quantum < self.max_steps and self._active(m)):
                     m = self._pick()
                 if m < 0:
                     self.wake = self.env.event()
@@ -254,6 +354,9 @@ class ComputeNode:
             if intr.cause != "kill":
                 raise
 
+    def _active(self, m: int) -> bool:
+        return bool(self.b_n[m] or self.pf[m])
+
     def _head(self, m: int) -> int:
         for c in self.ctx.class_order:
             q = self.queues[m][c]
@@ -261,21 +364,17 @@ class ComputeNode:
                 return q[0]
         return -1
 
-    def _kv_need(self, rid: int) -> tuple[int, int]:
-        mr = self.ctx.models[int(self._model[rid])]
-        return self.kv.size(int(self._inp[rid]) + int(self._out[rid]), mr.kv_bytes_per_token)
-
     def _runnable(self, m: int) -> bool:
-        if self.b_n[m]:
+        if self.b_n[m] or self.pf[m]:
             return True
         h = self._head(m)
-        return h >= 0 and self.kv.can(self._kv_need(h)[0])
+        return h >= 0 and self._fits(h, m)
 
     def _pick(self) -> int:
         """The model to run next: the current one until its quantum of ``max_steps_per_turn``
         steps is used up (switching models is what evicts weights), then round-robin."""
         cur = self._cur
-        if cur >= 0 and self._quantum < self.max_steps and (self.b_n[cur] or self._runnable(cur)):
+        if cur >= 0 and self._quantum < self.max_steps and self._runnable(cur):
             return cur
         nm = len(self.b_n)
         for i in range(1, nm + 1):
@@ -289,66 +388,212 @@ class ComputeNode:
                 return m
         return -1
 
-    def _admit(self, m: int) -> list[int]:
-        if not self.qlen:  # nothing queued for any model (the common case mid-batch)
-            return []
+    # -- admission and KV -------------------------------------------------------------------
+    def _kv_tokens(self, rid: int) -> int:
+        """KV tokens ``rid`` needs to (re)start: its prompt plus tokens generated earlier."""
+        sw = self._swapped.get(rid)
+        if sw is not None:
+            return sw[0]
+        return self._inp[rid] + self._gen.get(rid, 0)
+
+    def _fits(self, rid: int, m: int) -> bool:
+        """Whether ``rid``'s blocks fit now, leaving the admission watermark free (a replica
+        with nothing running admits anything that fits at all)."""
+        bpt = self.ctx.models[m].kv_bytes_per_token
+        if bpt == 0:
+            return True
+        kv = self.kv
+        need = kv.size(self._kv_tokens(rid), bpt)[0]
+        spare = kv.capacity * self.watermark if self.running else 0.0
+        return kv.reserved + need + spare <= kv.capacity
+
+    def _admit(self, m: int, budget: int) -> tuple[list[int], list[int]]:
+        """Admit queued requests of model ``m`` (class order, head of line first) while slots,
+        token ``budget`` and KV blocks allow. Returns (admitted rids, swapped-in rids)."""
         new: list[int] = []
-        tokens = 0
+        swapped: list[int] = []
+        if not self.qlen:
+            return new, swapped
         now = self.env.now
         ctx = self.ctx
-        met, kv, inp, out, cum = ctx.metrics, self.kv, self._inp, self._out, self.cum[m]
-        bpt = ctx.models[m].kv_bytes_per_token  # queues[m] holds only requests of model m
-        room = self.max_batch - self.b_n[m]
-        per = self.queues[m]
+        met, cum = ctx.metrics, self.cum[m]
+        mr = ctx.models[m]
+        bpt = mr.kv_bytes_per_token
+        pf, order = self.pf[m], self._order[m]
+        room = self.max_seqs - self.b_n[m] - len(pf)
+        first_prompt = not pf  # unchunked: the iteration's first prompt runs whatever its size
         for c in ctx.class_order:
-            q = per[c]
-            while q and len(new) < room:
+            q = self.queues[m][c]
+            while q and room > 0:
                 rid = q[0]
-                t = inp[rid]
-                total = t + out[rid]
-                need, exact = kv.size(total, bpt)  # == self._kv_need(rid)
-                if not kv.can(need) or (new and tokens + t > self.max_tokens):
-                    return new  # head-of-line: never let a lower class overtake
+                sw = self._swapped.get(rid)
+                if sw is None:
+                    tokens = self._kv_tokens(rid)
+                    if not mr.is_cnn and (
+                        budget <= 0 or (not self.chunked and tokens > budget and not first_prompt)
+                    ):
+                        return new, swapped
+                if not self._fits(rid, m):
+                    return new, swapped  # head-of-line: never let a lower class overtake
                 q.popleft()
-                kv.take(need, exact, rid, m, total)
-                self._kv_of[rid] = (need, exact)
-                tokens += t
-                new.append(rid)
-                met.start[rid] = now
+                self.qlen -= 1
+                self.running += 1
+                room -= 1
+                order[rid] = None
+                self._seqno += 1
+                self._life[rid] = self._seqno
+                if bpt:
+                    self.kv.take(rid, m, self._kv_tokens(rid), bpt)
+                if np.isnan(met.start[rid]):
+                    met.start[rid] = now
                 row = met.acc[rid]  # a view: subtract in place
                 row -= cum
                 ctx.trace.rec(now, EV_ADMIT, rid, self.idx)
-        return new
+                if sw is not None:
+                    swapped.append(rid)
+                    continue
+                tokens = self._kv_tokens(rid)
+                pf.append([rid, tokens, 0])
+                new.append(rid)
+                budget -= tokens
+                first_prompt = False
+        return new, swapped
 
+    def _preempt(self, m: int, off: int) -> float:
+        """Preempt the most recently admitted sequence of model ``m``; returns the seconds its
+        swap-out adds to the iteration (0 for recompute)."""
+        order = self._order[m]
+        rid = next(reversed(order))
+        del order[rid]
+        mr = self.ctx.models[m]
+        bpt = mr.kv_bytes_per_token
+        met = self.ctx.metrics
+        self.preemptions += 1
+        self.running -= 1
+        del self._life[rid]
+        cost = 0.0
+        pf = self.pf[m]
+        for i, ent in enumerate(pf):
+            if ent[0] == rid:  # still prefilling: its chunks are lost
+                del pf[i]
+                break
+        else:
+            base = self._base_of.pop(rid)
+            self.b_n[m] -= 1
+            self.b_base[m] -= base
+            gen = base + off - self._inp[rid]  # tokens generated so far
+            kv_tok = base + off - 1  # KV written so far (the allocator may lag behind)
+            nbytes = kv_tok * bpt
+            if self.swap and bpt and self.swap_used + nbytes <= self.swap_cap:
+                self.swap_used += nbytes
+                self.swap_moved += nbytes
+                self._swapped[rid] = (kv_tok, gen)
+                cost = nbytes / self.ws.links["pcie"].bandwidth
+            else:
+                self._gen[rid] = gen
+        if bpt and rid in self.kv.seqs:
+            self.kv.give(rid, bpt)
+        met.acc[rid] += self.cum[m]
+        met.n_preempted += 1
+        self.ctx.trace.rec(self.env.now, EV_PREEMPT, rid, self.idx)
+        self.queues[m][self._cls[rid]].appendleft(rid)
+        self.qlen += 1
+        if self.b_n[m] == 0:
+            self.b_base[m] = 0.0
+        return cost
+
+    def _grow_kv(self, m: int, off: int, k: int) -> int:
+        """Take the KV blocks the decoding sequences need for steps ``off .. off + k - 1``,
+        nearest first; returns how many of those steps are covered (``k`` unless blocks ran
+        out; 0: the next step itself needs a block that is not there)."""
+        heap = self._grow[m]
+        if not heap or heap[0][0] > off + k - 1:
+            return k
+        bpt = self.ctx.models[m].kv_bytes_per_token
+        kv, life, bt = self.kv, self._life, self.kv.block_tokens
+        block = bt * bpt
+        last = off + k - 1
+        while heap and heap[0][0] <= last:
+            s, rid, seq = heap[0]
+            if life.get(rid) != seq:
+                heapq.heappop(heap)
+                continue
+            if kv.reserved + block > kv.capacity:
+                return s - off
+            heapq.heappop(heap)
+            tokens = self._base_of[rid] + s  # context written in step s -> s + 1
+            kv.grow(rid, tokens, bpt)
+            heapq.heappush(heap, (s + bt, rid, seq))
+        return k
+
+    def _start_decoding(self, m: int, rid: int, off: int, kv_tokens: int, gen: int) -> None:
+        """``rid`` (holding ``kv_tokens`` of KV, ``gen`` tokens generated) decodes from step
+        ``off`` on; it finishes after ``out - gen`` more steps."""
+        base = kv_tokens + 1 - off
+        self._base_of[rid] = base
+        self.b_base[m] += base
+        self.b_n[m] += 1
+        seq = self._life[rid]
+        heapq.heappush(self.b_heap[m], (off + self._out[rid] - gen, rid, seq))
+        bt = self.kv.block_tokens
+        if self.ctx.models[m].kv_bytes_per_token:
+            # the first step whose context needs a block beyond those held
+            step = num_blocks(kv_tokens, bt) * bt + 1 - base
+            heapq.heappush(self._grow[m], (max(step, off), rid, seq))
+
+    # -- one turn -------------------------------------------------------------------------------
     def _turn(self, m: int) -> Generator[simpy.Event, Any, None]:
         env, mr, ws, met = self.env, self.ctx.models[m], self.ws, self.ctx.metrics
-        new = self._admit(m)
+        off = self.b_off[m]
+        extra = 0.0
+        # 1. the decoding sequences' next block (preempting the newest while none is free)
+        while self.b_n[m] and self._grow_kv(m, off, 1) == 0:
+            extra += self._preempt(m, off)
+        n = self.b_n[m]
+        # 2. prefill chunks of running prompts, then newly admitted ones, within the budget
+        pf = self.pf[m]
+        new, swapped = self._admit(m, self.max_tokens - n - sum(e[1] for e in pf))
+        for rid in swapped:
+            kv_tok, gen = self._swapped.pop(rid)
+            self.swap_used -= kv_tok * mr.kv_bytes_per_token
+            self.swap_moved += kv_tok * mr.kv_bytes_per_token
+            bw = ws.links["pcie"].bandwidth
+            extra += kv_tok * mr.kv_bytes_per_token / bw
+            self._start_decoding(m, rid, off, kv_tok, gen)
+        n = self.b_n[m]
         self.admitted = len(new)
         woke, self._woke = self._woke, False
         self.woke = woke
-        if new:
-            self.qlen -= len(new)
-            self.running += len(new)
         used = ws.hbm.used + self.kv.reserved
         if used > met.peak_hbm:
             met.peak_hbm = used
-        n = self.b_n[m]
-        off = self.b_off[m]
         resident = ws.all_resident(m)  # a pure read; nothing below changes it before a yield
-        if new or mr.is_cnn or not resident:
-            ptok = sq = 0
-            inp = self._inp
-            xs: list[int] = []
-            for rid in new:
-                x = inp[rid]
-                xs.append(x)
-                ptok += x
-                sq += x * x
-            t = mr.iter_time(ptok, len(new), n, self.b_base[m] + n * off, sq)
+        if pf or mr.is_cnn or not resident or extra > 0:
+            left = self.max_tokens - n
+            ptok = 0
+            sq = 0.0
+            ends: list[list[int]] = []
+            chunks: list[tuple[list[int], int]] = []
+            for ent in pf:
+                if left <= 0:
+                    break
+                c = ent[1] if (mr.is_cnn or not self.chunked) else min(ent[1], left)
+                if not self.chunked and chunks and c > left:
+                    break
+                p = ent[2]
+                ptok += c
+                sq += c * c + 2.0 * c * p
+                left -= c
+                chunks.append((ent, c))
+                if c == ent[1]:
+                    ends.append(ent)
+            ctx_tok = self.b_base[m] + n * off
+            t, fl, by = mr.iter_cost(ptok, sq, len(ends), n, ctx_tok)
+            t += extra
             if mr.warm_on:  # warm-up costs (sim.context.ModelRt.rewarm): one iteration
                 if woke:
                     t += mr.wake(t)
-                if new:
+                if ptok:
                     self._since = 0
                 else:
                     t += mr.rewarm(self._since, 1)
@@ -358,27 +603,50 @@ class ComputeNode:
                 yield env.timeout(carry + t)
                 self.busy += t
                 met.busy += t
-                c = mr.n_chunks  # == self._hbm_hits(m, mr.n_chunks)
+                c = mr.n_chunks
                 self._hits_mv[0] += c
                 self._cum_mv[m][1] += c
+                met.accesses += c
                 ws.touch(m, env.now)
+                spent = t
             else:
-                yield from self._execute(m, t, n + len(new), carry)
+                t0 = env.now
+                yield from self._execute(m, t, n + len(chunks), carry)
+                spent = env.now - t0
+            self.tok_s += (ptok + n) * spent
+            self.flops += fl
+            self.hbm_read += by
+            self.iterations += 1
             self._quantum += 1
             off += 1
             self.b_off[m] = off
             now = env.now
-            heap, out, first = self.b_heap[m], self._out, met.first
-            for rid, x in zip(new, xs, strict=True):
-                first[rid] = now
-                heapq.heappush(heap, (off + out[rid] - 1, rid))
-                self.b_base[m] += x + 1 - off
-            self.b_n[m] = n + len(new)
+            first = met.first
+            for ent, c in chunks:
+                ent[1] -= c
+                ent[2] += c
+            for ent in ends:
+                rid = ent[0]
+                pf.remove(ent)
+                if np.isnan(first[rid]):
+                    first[rid] = now
+                if mr.is_cnn:
+                    self._finish(m, rid, now)
+                    continue
+                gen = self._gen.pop(rid, 0) + 1  # the prefill samples one token
+                if gen >= self._out[rid]:
+                    self._finish(m, rid, now)
+                    continue
+                self._start_decoding(m, rid, off, ent[2], gen)
         else:
+            # invariant: a model is picked only with work that can run (_runnable), and the
+            # one whose blocks the first step needed was preempted only for a fitting restart
+            assert n > 0, f"replica {self.idx}: model {m} picked with nothing to run"
             k = self.b_heap[m][0][0] - off
             if self.qlen or self._others_running(m):
                 k = min(k, max(self.max_steps - self._quantum, 1))
-            t_step = mr.iter_time(0, 0, n, self.b_base[m] + n * (off + (k - 1) / 2.0))
+            k = self._grow_kv(m, off, k)
+            t_step, fl, by = mr.iter_cost(0, 0.0, 0, n, self.b_base[m] + n * (off + (k - 1) / 2.0))
             if mr.warm_on:  # spread over the k steps (an interrupted segment pays its share)
                 t_step += (mr.rewarm(self._since, k) + (mr.wake(t_step) if woke else 0.0)) / k
             if self._carry > 0:  # the interrupted step still has to finish
@@ -405,9 +673,14 @@ class ComputeNode:
             self.b_off[m] = off = off + steps
             self.busy += steps * t_step
             met.busy += steps * t_step
-            c = mr.n_chunks * steps  # == self._hbm_hits(m, mr.n_chunks * steps)
+            self.tok_s += n * steps * t_step
+            self.flops += fl * steps
+            self.hbm_read += by * steps
+            self.iterations += steps
+            c = mr.n_chunks * steps
             self._hits_mv[0] += c
             self._cum_mv[m][1] += c
+            met.accesses += c
             ws.touch(m, env.now)
         self._complete(m, off)
 
@@ -415,35 +688,37 @@ class ComputeNode:
         b_n = self.b_n
         return len(b_n) > 1 and any(b for i, b in enumerate(b_n) if i != m)
 
-    def _hbm_hits(self, m: int, count: int) -> None:
-        self._hits_mv[0] += count  # == ctx.metrics.tier_hits[0] += count
-        self._cum_mv[m][1] += count  # == self.cum[m][1] += count
+    def _finish(self, m: int, rid: int, now: float) -> None:
+        """``rid`` is done: release its blocks, close its counters, record it."""
+        ctx = self.ctx
+        met = ctx.metrics
+        bpt = ctx.models[m].kv_bytes_per_token
+        if bpt and rid in self.kv.seqs:
+            self.kv.give(rid, bpt)
+        del self._order[m][rid]
+        del self._life[rid]
+        self.running -= 1
+        met.end[rid] = now
+        row = met.acc[rid]  # a view: add in place
+        row += self.cum[m]
+        met.finish(rid, DONE)
+        ctx.trace.rec(now, EV_DONE, rid, self.idx)
+        if ctx.on_complete is not None:
+            ctx.on_complete(rid)
 
     def _complete(self, m: int, off: int) -> None:
         heap = self.b_heap[m]
         if not heap or heap[0][0] > off:
             return
         now = self.env.now
-        ctx = self.ctx
-        met = ctx.metrics
-        cum = self.cum[m]
-        acc, end, rec, give, kv_of = met.acc, met.end, ctx.trace.rec, self.kv.give, self._kv_of
-        inp, out = self._inp, self._out
+        life = self._life
         while heap and heap[0][0] <= off:
-            target, rid = heapq.heappop(heap)
-            need, exact = kv_of.pop(rid)
-            give(need, exact, rid, m)  # KvAccount.give
+            _, rid, seq = heapq.heappop(heap)
+            if life.get(rid) != seq:
+                continue  # preempted since: an entry of an older life
             self.b_n[m] -= 1
-            self.running -= 1
-            # its share of base was inp + 1 - a, with a = target - out + 1 (first-token step)
-            self.b_base[m] -= inp[rid] + 1 - (target - out[rid] + 1)
-            end[rid] = now
-            row = acc[rid]  # a view: add in place
-            row += cum
-            met.finish(rid, DONE)
-            rec(now, EV_DONE, rid, self.idx)
-            if ctx.on_complete is not None:
-                ctx.on_complete(rid)
+            self.b_base[m] -= self._base_of.pop(rid)
+            self._finish(m, rid, now)
         if self.b_n[m] == 0:
             self.b_base[m] = 0.0
 
@@ -456,8 +731,12 @@ class ComputeNode:
         if self.ws.all_resident(m):
             yield self.env.timeout(carry + t)
             self.busy += t
-            self.ctx.metrics.busy += t
-            self._hbm_hits(m, self.ctx.models[m].n_chunks)
+            met = self.ctx.metrics
+            met.busy += t
+            c = self.ctx.models[m].n_chunks
+            self._hits_mv[0] += c
+            self._cum_mv[m][1] += c
+            met.accesses += c
             self.ws.touch(m, self.env.now)
         else:
             if carry > 0:
@@ -476,13 +755,19 @@ class ComputeNode:
             cum[1 + tier] += count
             cum[1 + _NT + tier] += nbytes * share
 
-        self._hbm_hits(m, sum(ws.counts[m]))
         t_start = env.now
         wait = 0.0
         log = met.layer_log
+        counts = ws.counts[m]
         for layer in range(mr.n_layers):
             dt = t_total * float(mr.layer_frac[layer])
-            if mr.layer_chunks[layer]:
+            nch = mr.layer_chunks[layer]
+            if nch:
+                # each chunk of the layer is accessed once, now: a hit if resident in HBM
+                hit = counts[layer]
+                met.tier_hits[0] += hit
+                cum[1] += hit
+                met.accesses += nch
                 # hold_pins (the real engine's order): fetch the layer, pin it, then plan the
                 # prefetch, so the prefetch overlaps the compute only; else plan first
                 early = self._window and not self.hold_pins
@@ -500,12 +785,11 @@ class ComputeNode:
                         yield env.timeout(FETCH_RETRY_S)
                     wait += env.now - t0
                 if log is not None:
-                    mr_ = self.ctx.models[m]
                     arrived = max(
                         (
-                            ws.arrived_at.get(mr_.base | c, -1.0)
+                            ws.arrived_at.get(mr.base | c, -1.0)
                             for c in range(
-                                int(mr_.layer_start[layer]), int(mr_.layer_start[layer + 1])
+                                int(mr.layer_start[layer]), int(mr.layer_start[layer + 1])
                             )
                         ),
                         default=-1.0,

@@ -46,6 +46,9 @@ class RunResult:
 
 
 def _timeseries(cl: Cluster) -> pd.DataFrame:
+    """The sampler's rows plus rates between samples: ``qps`` (arrivals/s), ``completed_rps``
+    (requests final/s), ``hbm_hit_rate`` (HBM hits / chunk accesses), ``busy`` and
+    ``token_budget`` (the replicas' mean utilisation, as in the summary)."""
     cols = [
         "t",
         "arrived",
@@ -57,56 +60,105 @@ def _timeseries(cl: Cluster) -> pd.DataFrame:
         "hbm_weights_bytes",
         "kv_reserved_bytes",
         "kv_fragmentation",
+        "accesses",
+        "busy_s",
+        "token_s",
+        "preemptions",
     ]
     df = pd.DataFrame(cl.ctx.metrics.samples, columns=cols)
     dt = df["t"].diff().replace(0, np.nan)
     df["qps"] = (df["arrived"].diff() / dt).fillna(0.0)
-    hits = df[[f"hits_{t}" for t in TIERS]].diff()
-    tot = hits.sum(axis=1).replace(0, np.nan)
-    df["hbm_hit_rate"] = (hits["hits_hbm"] / tot).astype(float)
+    df["completed_rps"] = (df["final"].diff() / dt).fillna(0.0)
+    acc = df["accesses"].diff().replace(0, np.nan)
+    df["hbm_hit_rate"] = (df["hits_hbm"].diff() / acc).astype(float)
+    r = max(len(cl.ctx.nodes), 1)
+    df["busy"] = (df["busy_s"].diff() / (dt * r)).fillna(0.0)
+    budget = cl.ctx.sc.cluster.replica.max_num_batched_tokens
+    df["token_budget"] = (df["token_s"].diff() / (dt * r * budget)).fillna(0.0)
     return df
+
+
+def utilisation(cl: Cluster) -> dict[str, float]:
+    """Each resource's used share of its capacity over the steady window (work counters at
+    its two ends, :meth:`sim.cluster.Cluster.snapshot`): ``busy`` (a replica computing),
+    ``token_budget`` (tokens per iteration / ``max_num_batched_tokens``, time-weighted),
+    ``mfu`` (model FLOPs / peak FLOP/s of every GPU), ``mbu`` (HBM bytes read / HBM bandwidth
+    of every GPU), and bytes carried / bandwidth x time of the replicas' ``pcie``, ``nic`` and
+    ``nvme`` links and the parameter servers' ``ps_nic`` and ``ps_ssd``."""
+    a, b = cl.snaps["w0"], cl.snaps["w1"]
+    dt = max(b["t"] - a["t"], 1e-12)
+    sc = cl.ctx.sc
+    c = sc.cluster
+    r = len(cl.ctx.nodes)
+    gpus = r * c.gpus_per_replica
+    gpu = cl.ctx.models[0].cost.profile.gpu
+    peak = gpu.flops_fp16 if cl.ctx.models[0].cost.model.dtype_bytes <= 2 else gpu.flops_fp32
+
+    def d(key: str) -> float:
+        return b[key] - a[key]
+
+    out = {
+        "busy": d("busy") / (r * dt),
+        "token_budget": d("tok_s") / (c.replica.max_num_batched_tokens * r * dt),
+        "mfu": d("flops") / (peak * gpus * dt),
+        "mbu": d("hbm_read") / (gpu.hbm_bandwidth * gpus * dt),
+    }
+    for kind in ("pcie", "nic", "nvme", "ps_nic", "ps_ssd"):
+        bw = b[f"{kind}_bw"]
+        out[kind] = d(f"{kind}_bytes") / (bw * dt) if bw > 0 else 0.0
+    return out
+
+
+def _hit_rate(cl: Cluster) -> dict[str, float | None]:
+    """Weight-chunk accesses over the steady window: ``hbm`` = accesses that found the chunk
+    in HBM / accesses (each access counted once); ``host``, ``nvme``, ``remote``, ``object``
+    = chunks fetched into HBM from that tier / accesses (prefetches included, so with
+    prefetch these need not add up to 1 - hbm); ``local`` = hbm + host + nvme."""
+    a, b = cl.snaps["w0"], cl.snaps["w1"]
+    acc = b["accesses"] - a["accesses"]
+    out: dict[str, float | None] = {
+        t: ((b[f"hits_{t}"] - a[f"hits_{t}"]) / acc if acc else None) for t in TIERS
+    }
+    out["local"] = (
+        sum(v for k, v in out.items() if k in ("hbm", "host", "nvme") and v is not None)
+        if acc
+        else None
+    )
+    out["cross_node"] = out["remote"]
+    out["disk_fallback"] = out["object"]
+    return out
 
 
 def _extra(cl: Cluster, end: float) -> dict[str, Any]:
     ctx, env = cl.ctx, cl.env
     nodes = ctx.nodes
-    span = max(end, 1e-12)
-    nic = [lk.utilisation(env.now) for n in nodes for lk in [n.ws.links["nic"]]]
-    ps_nic = [s.links["nic"].utilisation(env.now) for s in ctx.servers]
-    pcie = [n.ws.links["pcie"].utilisation(env.now) for n in nodes]
-    frag = [s[-1] for s in ctx.metrics.samples] or [0.0]
+    frag = [s[17] for s in ctx.metrics.samples] or [0.0]
     met = ctx.metrics
     fl = np.asarray(met.fetch_lat)
-    util = sum(n.busy for n in nodes) / (len(nodes) * span)
+    util = utilisation(cl)
+    nic = [n.ws.links["nic"].utilisation(env.now) for n in nodes]
+    ps_nic = [s.links["nic"].utilisation(env.now) for s in ctx.servers]
     return {
         "events": env.steps,
         "events_per_request": env.steps / max(cl.wl.n, 1),
-        "peak_hbm_bytes_per_node": met.peak_hbm,
-        "weight_bytes_per_node": float(np.mean([n.ws.hbm.used for n in nodes])),
-        "compute_utilisation": util,
-        "pcie_utilisation": float(np.mean(pcie)),
+        "replicas": len(nodes),
+        "gpus": len(nodes) * ctx.sc.cluster.gpus_per_replica,
+        "utilisation": util,
+        "hit_rate": _hit_rate(cl),
+        "bytes_by_tier": {t: float(met.tier_bytes[i]) for i, t in enumerate(TIERS) if i > 0},
+        "peak_hbm_bytes_per_replica": met.peak_hbm,
+        "weight_bytes_per_replica": float(np.mean([n.ws.hbm.used for n in nodes])),
+        "kv_bytes_per_replica": int(nodes[0].kv.capacity),
         "fetches_after_warmup": int(sum(n.ws.fetches_after_warmup for n in nodes)),
-        "r31": {
+        "health": {
             "param_load_p99_s": float(np.percentile(fl, 99)) if fl.size else None,
-            "fragmentation": float(np.mean(frag)),
-            "compute_utilisation": util,
+            "kv_fragmentation": float(np.mean(frag)),
+            "busy": util["busy"],
             "network_saturation": float(max(nic + ps_nic)) if nic else 0.0,
-            "recovery_time_s": None,  # set by fault scenarios (issue 5)
+            "recovery_time_s": None,  # set by fault scenarios
         },
         "max_context_limit": {m.name: int(min(m.max_context, 1 << 30)) for m in ctx.models},
-        # for sim.plan (issue 7): which resource saturates first
-        "node_nic_utilisation": float(max(nic)) if nic else 0.0,
-        "ps_nic_utilisation": float(max(ps_nic)) if ps_nic else 0.0,
-        "ps_utilisation": float(
-            max(
-                (
-                    max(s.links["nic"].utilisation(env.now), s.links["ssd"].utilisation(env.now))
-                    for s in ctx.servers
-                ),
-                default=0.0,
-            )
-        ),
-        "hbm_bytes_per_node": int(ctx.nodes[0].ws.hbm.capacity + ctx.nodes[0].kv.capacity),
+        "stop_reason": cl.stop_reason,
     }
 
 
@@ -127,17 +179,25 @@ def _run_one(
     names = [m.name for m in ctx.models]
     classes = [c.name for c in sc.workload.classes]
     df = requests_frame(ctx.metrics, cl.wl, names, classes)
-    slos = {c.name: c.slo for c in sc.workload.classes}
     h = ctx.trace.hexdigest()
     extra = _extra(cl, end)
     extra["trace_hash"] = h
     if ctl is not None:
         extra.update(ctl.finish(end, h))
         h = extra["trace_hash"]
-        extra["r31"]["recovery_time_s"] = extra["faults"]["recovery_time_s"]
-    summary = summarize(df, ctx.metrics, end, slos, extra)
+        extra["health"]["recovery_time_s"] = extra["faults"]["recovery_time_s"]
+    summary = summarize(
+        df, ctx.metrics, end, classes_slo(sc), extra, cl.window(), cl.wl.closed_loop
+    )
     applied = list(ctl.applied) if ctl is not None else []
     return summary, df, _timeseries(cl), h, applied
+
+
+def classes_slo(sc: Scenario) -> dict[str, dict[str, float | None]]:
+    """Each workload class's objectives: ``{"e2e", "ttft", "tpot"}`` in seconds or ``None``."""
+    return {
+        c.name: {"e2e": c.slo, "ttft": c.ttft_slo, "tpot": c.tpot_slo} for c in sc.workload.classes
+    }
 
 
 def lookup_metric(summary: dict[str, Any], path: str) -> Any:

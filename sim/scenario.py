@@ -48,23 +48,47 @@ class Deployment(_M):
     """Workload class every request of this model gets; null: classes drawn by their share."""
 
 
-class NodeCfg(_M):
-    """A compute node. ``hbm``/``host`` default to the profile's figures when 0."""
+class GpuCfg(_M):
+    """One GPU's memory and how a replica splits it (every GPU of the cluster is alike).
+
+    Per GPU: ``hbm * memory_utilization`` is the budget; the activation workspace (sized by
+    the replica's token budget) comes off it first; in ``pd`` mode ``weight_cache_fraction`` of
+    the rest caches streamed weights, in ``coupled`` mode the weights take ``1 / (tp * pp)`` of
+    the model; what is left holds KV blocks."""
 
     hbm: Size = 0
-    """GPU memory (HBM) per node, bytes or a size like `80GiB`; 0: profile `gpu.hbm_bytes`."""
+    """Usable GPU memory (HBM) per GPU, bytes or a size like `80GiB`; 0: profile `gpu.hbm_bytes`."""
+    memory_utilization: float = Field(default=0.9, gt=0, le=1)
+    """Share of the usable HBM the server may use (vLLM's `gpu_memory_utilization`), in (0, 1]."""
+    workspace: Size | None = None
+    """Activation workspace per GPU, bytes or a size; null: estimated from the token budget
+    (see docs/serving-model.md)."""
     weight_cache_fraction: float = Field(default=0.5, gt=0, le=1)
-    """Share of HBM used as the weight cache (the rest holds the KV cache); in (0, 1]."""
+    """`pd` mode: share of the budget left after the workspace used as the weight cache; (0, 1]."""
+
+
+class ServerCfg(_M):
+    """A server: `gpus_per_server` GPUs in one NVLink domain plus host memory and NVMe, shared
+    by the replicas on it in proportion to their GPUs."""
+
     host: Size = 0
-    """Pinned host memory tier per node (R7), bytes; 0: the profile's `host.dram_bytes`."""
+    """Pinned host memory tier per server (R7), bytes; 0: the profile's `host.dram_bytes`."""
     nvme: Size = "2TiB"  # type: ignore[assignment]
-    """Local NVMe SSD weight cache per node (R25), bytes; 0: no NVMe tier."""
-    max_batch: int = Field(default=64, ge=1)
-    """Most sequences in one continuous batch on a node (>= 1)."""
-    max_batch_tokens: int = Field(default=16384, ge=1)
-    """Most prompt tokens a node admits into one batch step (>= 1)."""
+    """Local NVMe SSD weight cache per server (R25), bytes; 0: no NVMe tier."""
+
+
+class ReplicaCfg(_M):
+    """How a replica (one model copy on `tp` x `pp` GPUs) runs its iterations, vLLM-style."""
+
+    max_num_seqs: int = Field(default=256, ge=1)
+    """Most sequences (prefilling or decoding) in one replica's running batch (>= 1)."""
+    max_num_batched_tokens: int = Field(default=8192, ge=1)
+    """Token budget of one iteration: one per decoding sequence plus prefill chunks (>= 1)."""
+    chunked_prefill: bool = True
+    """Split long prompts into chunks that fill the token budget next to the decodes (vLLM v1);
+    false: a prompt is prefilled whole in one iteration (the first prompt always fits)."""
     max_steps_per_turn: int = Field(default=64, ge=1)
-    """Decode steps one model runs before a node with several models switches (>= 1)."""
+    """Decode steps one model runs before a replica with several models switches (>= 1)."""
 
 
 class PsCfg(_M):
@@ -84,7 +108,7 @@ class NetworkCfg(_M):
     """Links; zero/None values fall back to the hardware profile."""
 
     rdma: Rate | None = None
-    """Compute-node NIC (RDMA) bandwidth, bytes/s or a rate (R3); null: profile `links.rdma`."""
+    """NIC (RDMA) bandwidth per GPU, bytes/s or a rate (R3); null: profile `links.rdma`."""
     rdma_latency: Duration | None = None
     """RDMA first-byte latency, seconds or a duration like `5us`; null: the profile's."""
     object_store: Rate | None = None
@@ -94,18 +118,59 @@ class NetworkCfg(_M):
 
 
 class ClusterCfg(_M):
-    """The machines: compute nodes, parameter servers and the links between them."""
+    """The machines: GPU servers, the replicas they host, parameter servers and links.
 
-    nodes: int = Field(default=4, ge=1, le=4096)
-    """Number of compute (GPU) nodes, 1..4096."""
+    A *server* holds `gpus_per_server` GPUs in one NVLink domain. A *replica* is one copy of
+    the served models on `tp` x `pp` GPUs: inside one server when `tp * pp <= gpus_per_server`
+    (then `gpus_per_server` must be a multiple of `tp * pp`), else spanning whole servers (then
+    `tp * pp` must be a multiple of `gpus_per_server` and `servers` of the servers per replica).
+    """
+
+    servers: int = Field(default=4, ge=1, le=4096)
+    """Number of GPU servers, 1..4096."""
+    gpus_per_server: int = Field(default=1, ge=1, le=64)
+    """GPUs per server, all in one NVLink domain (e.g. 8 for an HGX H200), 1..64."""
+    tp: int = Field(default=1, ge=1, le=512)
+    """Tensor-parallel degree of a replica: each layer is split over `tp` GPUs (2 all-reduces
+    per transformer layer), 1..512."""
+    pp: int = Field(default=1, ge=1, le=128)
+    """Pipeline-parallel degree: the layers are split into `pp` stages on different GPUs
+    (one activation hand-off per stage boundary; one batch in flight, so (pp-1)/pp bubbles), 1..128."""
     param_servers: int = Field(default=2, ge=1, le=1024)
     """Number of parameter servers (R1/R8), 1..1024."""
-    node: NodeCfg = NodeCfg()
-    """Per compute node memory and batching (every node is alike)."""
+    gpu: GpuCfg = GpuCfg()
+    """Per GPU memory (every GPU is alike)."""
+    server: ServerCfg = ServerCfg()
+    """Per server host memory and NVMe (every server is alike)."""
+    replica: ReplicaCfg = ReplicaCfg()
+    """Per replica batching (every replica is alike)."""
     ps: PsCfg = PsCfg()
     """Per parameter server tiers and bandwidths (every server is alike)."""
     network: NetworkCfg = NetworkCfg()
     """Link overrides; unset values come from the hardware profile."""
+
+    @property
+    def gpus_per_replica(self) -> int:
+        """GPUs of one replica (`tp * pp`)."""
+        return self.tp * self.pp
+
+    @property
+    def servers_per_replica(self) -> int:
+        """Servers one replica spans (1 when it fits in one server)."""
+        return max(1, self.gpus_per_replica // self.gpus_per_server)
+
+    @property
+    def replicas(self) -> int:
+        """Number of replicas (every GPU of the cluster in one; see the class docstring)."""
+        g = self.gpus_per_replica
+        if g <= self.gpus_per_server:
+            return self.servers * (self.gpus_per_server // g)
+        return self.servers // self.servers_per_replica
+
+    @property
+    def gpus(self) -> int:
+        """GPUs of the whole cluster."""
+        return self.servers * self.gpus_per_server
 
 
 class ChunkCfg(_M):
@@ -143,6 +208,10 @@ class PrefetchCfg(_M):
     """How many batches ahead to prefetch (R30 suggests 3-5), 1..16."""
     heat_half_life: Duration = 10.0
     """Half-life of the access heat map, seconds or a duration."""
+    order: Literal["before-demand", "after-pin"] = "before-demand"
+    """When a layer's prefetch is planned: `before-demand` (before its own missing chunks are
+    fetched) or `after-pin` (the real engine's order: fetch and pin the layer, then plan, and
+    keep it pinned until that prefetch lands)."""
 
 
 class RingCfg(_M):
@@ -230,6 +299,14 @@ class KvCfg(_M):
     """Attention memory model (R12): `chunked` (O(chunk) scratch) or `unchunked` (O(context^2))."""
     chunk_tokens: int = Field(default=512, ge=1)
     """`chunked`: KV tokens attended per piece (R12: 512), >= 1."""
+    preemption: Literal["recompute", "swap"] = "recompute"
+    """When KV blocks run out mid-decode, the newest running sequence is preempted: `recompute`
+    (its blocks are freed; it re-queues and prefills prompt + generated tokens again) or `swap`
+    (its KV is copied to host swap space over PCIe and back when it resumes)."""
+    swap_space: Size = "4GiB"  # type: ignore[assignment]
+    """`swap`: host swap space per GPU (vLLM's default 4 GiB); a full swap space recomputes."""
+    admission_watermark: float = Field(default=0.01, ge=0, lt=1)
+    """Share of KV blocks a new prompt must leave free for running sequences to grow (0.01)."""
 
 
 class TokenDist(_M):
@@ -256,6 +333,11 @@ class ClassCfg(_M):
     """Relative share of requests in this class (> 0)."""
     slo: Duration = 10.0
     """End-to-end latency objective of the class, seconds or a duration (availability counts it)."""
+    ttft_slo: Duration | None = None
+    """Time-to-first-token objective, seconds or a duration; null: none (goodput ignores it)."""
+    tpot_slo: Duration | None = None
+    """Time-per-output-token objective (mean gap between a request's tokens after the first),
+    seconds or a duration; null: none."""
 
 
 class StepCfg(_M):
@@ -273,7 +355,11 @@ class WorkloadCfg(_M):
     kind: Literal["poisson", "step", "diurnal", "closed-loop", "trace"] = "poisson"
     """Arrival process; see the workload kinds below."""
     requests: int = Field(default=1000, ge=1)
-    """Number of requests to generate (a trace: at most this many records), >= 1."""
+    """Number of requests to generate (a trace: at most this many records), >= 1; ignored when
+    `duration` bounds the workload."""
+    duration: Duration = 0.0
+    """Bound the workload by time instead: every arrival in `[0, duration)` seconds (open-loop
+    kinds; a trace: its records in that span); 0: bounded by `requests`."""
     rate: float = Field(default=10.0, gt=0)
     """Mean arrival rate, requests/s (`poisson`, `diurnal`; `step` before its first step)."""
     steps: list[StepCfg] = []
@@ -301,12 +387,23 @@ class WorkloadCfg(_M):
 
 
 class MetricsCfg(_M):
-    """Time series sampling and run-time invariant checks."""
+    """Time series sampling, the steady-state window, the stall limit and invariant checks.
+
+    Headline figures (latency percentiles, offered and achieved throughput, goodput,
+    utilisation) come from the *steady window*: requests that arrive in
+    ``[warmup, last arrival - cooldown]``; see docs/metrics.md."""
 
     interval: Duration = 0.0
     """Time-series sampling interval, seconds or a duration; 0: about 200 samples per run."""
     check_invariants: bool = False
     """Check cache and allocator invariants during the run (slower; for tests)."""
+    warmup: Duration | None = None
+    """Start of the steady window, seconds or a duration; null: 10% of the arrival span."""
+    cooldown: Duration = 0.0
+    """The steady window ends this long before the last arrival, seconds or a duration."""
+    stall_timeout: Duration = Field(default=600.0, gt=0)
+    """Stop when no request has finished for this long (simulated) while some are unfinished;
+    they are reported as unfinished and `pdsim run` exits 3. Seconds or a duration (> 0)."""
 
 
 class Claim(_M):

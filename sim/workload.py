@@ -91,6 +91,30 @@ def diurnal_arrivals(cfg: WorkloadCfg, n: int, rng: np.random.Generator) -> F64:
     return _invert(grid, cum, cfg.rate, targets)
 
 
+def bounded_arrivals(cfg: WorkloadCfg, rng: np.random.Generator) -> F64:
+    """Every arrival of an open-loop ``cfg`` in ``[0, cfg.duration)``: unit-rate Poisson
+    targets drawn in a block sized for the peak rate (redrawn twice as large if it falls
+    short), mapped through the kind's rate; deterministic in ``rng``."""
+    peak = cfg.rate
+    if cfg.kind == "step":
+        peak = max([cfg.rate] + [st.rate for st in cfg.steps])
+    elif cfg.kind == "diurnal":
+        peak = cfg.rate * (1 + cfg.amplitude)
+    block = max(int(peak * cfg.duration * 1.1) + 64, 64)
+    n = 0
+    arrival = np.zeros(0)
+    while True:
+        n += block
+        if cfg.kind == "poisson":
+            arrival = np.cumsum(rng.exponential(1.0 / cfg.rate, size=n))
+        elif cfg.kind == "step":
+            arrival = step_arrivals(cfg, n, rng)
+        else:
+            arrival = diurnal_arrivals(cfg, n, rng)
+        if arrival[-1] >= cfg.duration:
+            return arrival[arrival < cfg.duration]
+
+
 def read_mooncake(path: Path, limit: int) -> tuple[F64, I32, I32]:
     """(arrival s, input, output) of the first ``limit`` records of a Mooncake JSONL trace
     (``timestamp`` in ms). ``InputError`` names the line of a bad record."""
@@ -159,6 +183,12 @@ def make_workload(
     ``model_classes[i]`` (a class index or ``None``) pins the class of model ``i``'s requests."""
     n = cfg.requests
     think = None
+    bounded = cfg.duration > 0
+    if bounded and cfg.kind == "closed-loop":
+        raise InputError(
+            "a closed-loop workload is bounded by `requests`, not `duration`",
+            where="workload.duration",
+        )
     if cfg.kind == "trace":
         if not cfg.trace:
             raise InputError("workload.trace: a trace workload needs a trace file path")
@@ -168,15 +198,21 @@ def make_workload(
         if not p.is_file():
             raise InputError(f"no such trace file: {cfg.trace}", where="workload.trace")
         reader = read_mooncake if cfg.trace_format == "mooncake" else read_request_csv
-        arrival, inp, out = reader(p, n)
+        arrival, inp, out = reader(p, (1 << 62) if bounded else n)
         if arrival.size == 0:
             raise InputError("trace has no records", source=str(p))
         order = np.argsort(arrival, kind="stable")
         arrival = (arrival[order] - arrival[order][0]) * cfg.trace_time_scale
         inp, out = np.maximum(inp[order], 1), np.maximum(out[order], 1)
+        if bounded:
+            keep = arrival < cfg.duration
+            arrival, inp, out = arrival[keep], inp[keep], out[keep]
         n = int(arrival.size)
     else:
-        if cfg.kind == "poisson":
+        if bounded:
+            arrival = bounded_arrivals(cfg, rng)
+            n = int(arrival.size)
+        elif cfg.kind == "poisson":
             arrival = np.cumsum(rng.exponential(1.0 / cfg.rate, size=n))
         elif cfg.kind == "step":
             arrival = step_arrivals(cfg, n, rng)

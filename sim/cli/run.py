@@ -25,36 +25,54 @@ def _table(title: str, s: dict[str, Any]) -> Table:
     t.add_column("metric")
     t.add_column("value", justify="right")
     lat = s.get("latency", {})
+    req, thr, util = s["requests"], s["throughput"], s["utilisation"]
+
+    def pct(d: dict[str, Any], scale: float, unit: str) -> str:
+        return " / ".join(
+            _fmt(None if d.get(k) is None else d[k] * scale, unit) for k in ("p50", "p99")
+        )
+
     rows = [
-        ("requests (done / shed / rejected)", f"{s['completed']} / {s['shed']} / {s['rejected']}"),
-        ("simulated time", _fmt(s["sim_time_s"], " s")),
-        ("throughput", _fmt(s["throughput_rps"], " req/s")),
-        ("goodput under SLO", _fmt(s["goodput_rps"], " req/s")),
         (
-            "latency p50 / p99 / p99.9",
-            " / ".join(_fmt(lat.get(k), " s") for k in ("p50", "p99", "p999")),
+            "requests done / shed / rejected / unfinished",
+            f"{req['completed']} / {req['shed']} / {req['rejected']} / {req['unfinished']}",
         ),
-        ("TTFT p50 / p99", " / ".join(_fmt(s["ttft"].get(k), " s") for k in ("p50", "p99"))),
-        ("TBT p50 / p99", " / ".join(_fmt(s["tbt"].get(k), " s") for k in ("p50", "p99"))),
+        ("preemptions", str(req["preemptions"])),
+        ("simulated time", _fmt(s["sim_time_s"], " s")),
+        (
+            "offered / achieved (steady window)",
+            f"{_fmt(thr['offered_rps'])} / {_fmt(thr['achieved_rps'], ' req/s')}",
+        ),
+        ("overloaded", "YES" if s["overloaded"] else "no"),
+        ("goodput under SLO", _fmt(s["goodput_rps"], " req/s")),
+        ("E2E p50 / p99", pct(lat.get("e2e", {}), 1.0, " s")),
+        ("TTFT p50 / p99", pct(lat.get("ttft", {}), 1e3, " ms")),
+        ("TPOT p50 / p99", pct(lat.get("tpot", {}), 1e3, " ms")),
     ]
     hr = s["hit_rate"]
+    rows.append(("weight HBM hit rate (per access)", _fmt(hr.get("hbm"))))
+    rows.append(("param-wait share of busy time", _fmt(s["param_wait_share"])))
     rows.append(
         (
-            "hit rate hbm/host/nvme/remote/object",
-            " / ".join(_fmt(hr.get(k)) for k in ("hbm", "host", "nvme", "remote", "object")),
+            "utilisation busy / tokens / MFU / MBU",
+            " / ".join(_fmt(util[k]) for k in ("busy", "token_budget", "mfu", "mbu")),
         )
     )
-    rows.append(("param-wait share of busy time", _fmt(s["param_wait_share"])))
-    r31 = s["r31"]
-    rows.append(("param-load p99", _fmt(r31["param_load_p99_s"], " s")))
-    rows.append(("KV fragmentation", _fmt(r31["fragmentation"])))
-    rows.append(("compute utilisation", _fmt(r31["compute_utilisation"])))
-    rows.append(("network saturation (max NIC)", _fmt(r31["network_saturation"])))
-    rows.append(("peak HBM per node", _fmt(s["peak_hbm_bytes_per_node"] / 2**30, " GiB")))
+    rows.append(
+        (
+            "utilisation PCIe / NIC / PS NIC",
+            " / ".join(_fmt(util[k]) for k in ("pcie", "nic", "ps_nic")),
+        )
+    )
+    rows.append(("replicas / GPUs", f"{s['replicas']} / {s['gpus']}"))
+    rows.append(("peak HBM per replica", _fmt(s["peak_hbm_bytes_per_replica"] / 2**30, " GiB")))
     rows.append(("events per request", _fmt(s["events_per_request"])))
     for cls, c in s.get("per_class", {}).items():
         rows.append(
-            (f"class {cls}: p99 latency (shed)", f"{_fmt(c['latency']['p99'], ' s')} ({c['shed']})")
+            (
+                f"class {cls}: E2E p99 (shed)",
+                f"{_fmt(c['latency']['e2e']['p99'], ' s')} ({c['shed']})",
+            )
         )
     for k, v in rows:
         t.add_row(k, v)
@@ -113,3 +131,26 @@ def run(
             console.print(line)
         console.print(f"trace hash: {result.trace_hash}")
     console.print(str(result.out_dir))
+    for w in _warnings(s):
+        err_console.print(f"warning: {w}")
+    unfinished = _unfinished(s)
+    if unfinished:
+        reason = _stop_reason(s) or "the run ended"
+        err_console.print(f"error: {unfinished} requests unfinished: {reason}")
+        raise typer.Exit(3)
+
+
+def _runs(s: dict[str, Any]) -> list[dict[str, Any]]:
+    return list(s["variants"].values()) if "variants" in s else [s]
+
+
+def _warnings(s: dict[str, Any]) -> list[str]:
+    return [w for r in _runs(s) for w in r.get("warnings", [])]
+
+
+def _unfinished(s: dict[str, Any]) -> int:
+    return sum(int(r["requests"]["unfinished"]) for r in _runs(s))
+
+
+def _stop_reason(s: dict[str, Any]) -> str | None:
+    return next((r["stop_reason"] for r in _runs(s) if r.get("stop_reason")), None)

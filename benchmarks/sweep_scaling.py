@@ -28,7 +28,7 @@ ROOT = Path(__file__).resolve().parents[1]
 def measure(workers: int, runs: int, requests: int, dask: bool) -> tuple[float, float]:
     """(runs per minute, mean CPU-seconds per run as measured inside the runs)."""
     scen = ROOT / "scenarios" / "burst-traffic.yaml"
-    over = [f"workload.requests={requests}", "cluster.nodes=16"]
+    over = [f"workload.requests={requests}", "cluster.servers=16"]
     warm = build_points(scen, {}, list(range(10_000, 10_000 + workers)), over)
     pts = build_points(scen, {}, list(range(runs)), over)
     with tempfile.TemporaryDirectory() as tmp, Runner(workers, force_dask=dask) as runner:

@@ -72,7 +72,7 @@ print("SLOs:", shipped.slo.model_dump(mode="json", exclude_none=True))
 # %% [markdown]
 # ## 1. The question as a plan
 #
-# We keep the shipped plan's SLOs, size knob (`cluster.nodes`, 1..32) and load knob (the rate
+# We keep the shipped plan's SLOs, size knob (`cluster.servers`, 1..32) and load knob (the rate
 # after the step, `workload.steps.0.rate`), and ask the "smallest size" question for each
 # load in `LOADS`. The plan is validated like a file would be (unknown keys are errors).
 
@@ -136,7 +136,7 @@ else:
 # %% [markdown]
 # ## 3. P99 against cluster size around the answer (`sim.sweep`)
 #
-# A sweep over `cluster.nodes` at the last load, in the plan's folder: points the plan already
+# A sweep over `cluster.servers` at the last load, in the plan's folder: points the plan already
 # ran come from its cache (same scenario, overrides and seed -> same config hash).
 
 # %%

@@ -66,7 +66,7 @@ FILES: tuple[FileKind, ...] = (
         "Scenario file",
         Scenario,
         "A scenario YAML (`scenarios/*.yaml`, `pdsim run FILE`). Any field can be changed from "
-        "the command line with `--set path=value` (e.g. `--set cluster.nodes=8`).",
+        "the command line with `--set path=value` (e.g. `--set cluster.servers=8`).",
     ),
     FileKind(
         "Plan file",

@@ -194,7 +194,9 @@ def summarize(
     ``None``). Latency percentiles, throughput and goodput are over the *steady window*
     ``window = (start, end)``: requests arriving in it; offered = those arrivals per second,
     achieved = requests finished inside it per second, ``overloaded`` when achieved <
-    ``OVERLOAD_SHARE`` x offered. ``requests`` counts every request of the run."""
+    ``OVERLOAD_SHARE`` x offered. ``requests`` counts every request of the run;
+    ``throughput.run_rps`` and ``tokens_per_s`` are over the whole run (completed / simulated
+    time), warm-up and drain included."""
     w0, w1 = window if window is not None else (0.0, max(sim_time, 1e-12))
     span = max(w1 - w0, 1e-12)
     arr = df["arrival"].to_numpy()
@@ -255,6 +257,7 @@ def summarize(
         "throughput": {
             "offered_rps": offered,
             "achieved_rps": achieved,
+            "run_rps": len(done_all) / max(sim_time, 1e-12),
             "tokens_per_s": float(done_all["output_tokens"].sum()) / max(sim_time, 1e-12),
             "output_tokens_per_s": float(gen.sum()) / span,
         },

@@ -11,7 +11,7 @@ A plan file (YAML; unknown keys are errors)::
       p99: {high: 500ms, low: 5s}     # P99 latency per workload class ("all": every request)
       availability: 0.999             # see "SLOs" below
       degraded_rate: 0.01             # (shed + degraded results) / requests
-    size_key: cluster.nodes           # the integer size knob
+    size_key: cluster.servers         # the integer size knob
     size_range: [1, 64]
     qps_key: workload.steps.0.rate    # the load knob (workload.rate for Poisson traffic)
     qps: [1200]                       # question 1: smallest size for each of these loads
@@ -19,7 +19,7 @@ A plan file (YAML; unknown keys are errors)::
     qps_range: [50, 5000]
     qps_tolerance: 0.02               # relative width at which the QPS bisection stops
     alternatives: {cluster.param_servers: [2, 4]}   # other knobs: every combination is tried
-    costs: {cluster.nodes: 3.0, cluster.param_servers: 1.0}  # per unit; cheapest is marked
+    costs: {cluster.servers: 3.0, cluster.param_servers: 1.0}  # per unit; cheapest is marked
 
 Every probe (alternative, size, load) runs all seeds through the sweep machinery (cached by
 config hash under ``OUT/runs``, so re-running or extending a plan reuses finished runs).
@@ -109,7 +109,7 @@ class PlanFile(BaseModel):
     """A probe passes when at least this share of its seeds pass, in (0, 1] (1.0: all)."""
     slo: SloCfg
     """The service-level objectives every passing run meets."""
-    size_key: str = "cluster.nodes"
+    size_key: str = "cluster.servers"
     """Scenario key of the integer size knob the smallest-size search varies."""
     size_range: tuple[int, int] = (1, 64)
     """Bounds [low, high] of the size search, 1 <= low <= high."""
@@ -243,7 +243,7 @@ class Planner:
         pts = self.points(alt, size, qps)
         batch = self.runner.run(pts, self.cache, progress=self.run_progress)
         sc = pts[0].scenario
-        hbm = float(sc.cluster.node.hbm or _profile_hbm(sc.profile))
+        hbm = float(sc.cluster.gpu.hbm or _profile_hbm(sc.profile))
         n_pass, utils, reasons = 0, [], []
         for p in pts:
             rec = batch.records.get(p.config_hash)

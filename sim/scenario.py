@@ -3,7 +3,7 @@
 A scenario is one YAML file (see ``scenarios/*.yaml``). Loading validates every field, turns
 human units into numbers (sizes -> bytes, rates -> bytes/s, durations -> s) and rejects
 unknown keys. Any problem becomes one :class:`engine.errors.InputError` naming the file, the
-field path and what is allowed, e.g. ``scenarios/x.yaml: cluster.node.hbm: "12 GBB" is not a
+field path and what is allowed, e.g. ``scenarios/x.yaml: cluster.gpu.hbm: "12 GBB" is not a
 size``. Semantic checks that need the model catalogue (an impossible cluster) live in
 :func:`sim.cluster.check_feasible`, called by the runner before anything is written.
 """
@@ -498,7 +498,7 @@ def validate(data: Any, source: str = "<memory>") -> Scenario:
 def parse_override(text: str) -> tuple[list[str], Any]:
     """Split ``a.b.c=value`` into (path, YAML-parsed value)."""
     if "=" not in text:
-        raise InputError(f"--set {text!r}: expected KEY=VALUE, e.g. cluster.nodes=8")
+        raise InputError(f"--set {text!r}: expected KEY=VALUE, e.g. cluster.servers=8")
     key, raw = text.split("=", 1)
     path = [p for p in key.strip().split(".")]
     if not key.strip() or any(not p for p in path):

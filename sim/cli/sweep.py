@@ -51,7 +51,7 @@ def failures_table(failed: list[dict[str, Any]]) -> Table:
 def _overview(df: Any, keys: list[str]) -> Table:
     cols = [
         c
-        for c in ("throughput_rps", "latency.p99", "hit_rate.hbm", "slo_attainment")
+        for c in ("throughput.achieved_rps", "latency.e2e.p99", "hit_rate.hbm", "slo_attainment")
         if c in df.columns
     ]
     ok = df[df["status"] == "ok"]

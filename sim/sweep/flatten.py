@@ -1,7 +1,7 @@
 """Flatten a run summary into one row of scalar metrics, and the headline subset.
 
 ``flatten`` turns the nested summary of :func:`sim.runner.run_scenario` into dotted column
-names (``latency.p99``, ``per_class.high.latency.p99``, ``hit_rate.hbm``...). Only scalars are
+names (``latency.e2e.p99``, ``per_class.high.latency.e2e.p99``, ``hit_rate.hbm``...). Only scalars are
 kept (numbers, booleans as 0/1, strings, ``None``); lists (claims) are dropped. The headline
 set is what ``pdsim ab`` compares and what ``pdsim sweep`` prints.
 """
@@ -16,56 +16,64 @@ _SKIP = frozenset({"scenario", "seed", "claims", "variants"})
 
 #: headline metrics in display order; ``per_class.*`` rows are added per class
 HEADLINE: tuple[str, ...] = (
-    "throughput_rps",
+    "throughput.offered_rps",
+    "throughput.achieved_rps",
+    "overloaded",
     "goodput_rps",
     "slo_attainment",
-    "tokens_per_s",
-    "completed",
-    "shed",
-    "rejected",
-    "latency.p50",
-    "latency.p99",
-    "ttft.p50",
-    "ttft.p99",
-    "tbt.p50",
-    "tbt.p99",
+    "throughput.output_tokens_per_s",
+    "requests.completed",
+    "requests.shed",
+    "requests.rejected",
+    "requests.unfinished",
+    "requests.preemptions",
+    "latency.e2e.p50",
+    "latency.e2e.p99",
+    "latency.ttft.p50",
+    "latency.ttft.p99",
+    "latency.tpot.p50",
+    "latency.tpot.p99",
     "hit_rate.hbm",
-    "hit_rate.local",
     "hit_rate.remote",
     "hit_rate.object",
     "param_wait_share",
     "param_load_p99_s",
-    "compute_utilisation",
-    "pcie_utilisation",
-    "r31.network_saturation",
-    "r31.fragmentation",
+    "utilisation.busy",
+    "utilisation.token_budget",
+    "utilisation.mfu",
+    "utilisation.mbu",
+    "utilisation.pcie",
+    "utilisation.nic",
+    "health.network_saturation",
+    "health.kv_fragmentation",
     "availability",
     "degraded_rate",
-    "degraded",
+    "requests.degraded",
     "faults.availability",
     "faults.requests_lost",
     "faults.recovery_time_s",
 )
-_PER_CLASS = re.compile(r"^per_class\.[^.]+\.(latency\.p99|shed)$")
+_PER_CLASS = re.compile(r"^per_class\.[^.]+\.(latency\.e2e\.p99|shed|goodput_rps)$")
 
 #: +1: higher is better, -1: lower is better (used for A/B verdicts)
 DIRECTION: dict[str, int] = {
-    "throughput_rps": 1,
+    "throughput.achieved_rps": 1,
     "goodput_rps": 1,
     "slo_attainment": 1,
-    "tokens_per_s": 1,
-    "completed": 1,
-    "shed": -1,
-    "rejected": -1,
+    "throughput.output_tokens_per_s": 1,
+    "requests.completed": 1,
+    "requests.shed": -1,
+    "requests.rejected": -1,
+    "requests.unfinished": -1,
+    "requests.preemptions": -1,
     "hit_rate.hbm": 1,
-    "hit_rate.local": 1,
     "hit_rate.remote": -1,
     "hit_rate.object": -1,
     "param_wait_share": -1,
     "param_load_p99_s": -1,
     "availability": 1,
     "degraded_rate": -1,
-    "degraded": -1,
+    "requests.degraded": -1,
     "faults.availability": 1,
     "faults.requests_lost": -1,
 }

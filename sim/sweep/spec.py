@@ -11,7 +11,7 @@ Sweep file (YAML; unknown keys are errors)::
     set: {workload.requests: 200}    # base overrides, applied before the grid
     variant: null                    # optional: one of the scenario's variants as the base
     grid:                            # key path -> values (the order of keys is kept)
-      cluster.nodes: [2, 4, 8]
+      cluster.servers: [2, 4, 8]
       cache.hbm_policy: [lru, lru-k]
     seeds: 3                         # n -> seeds 0..n-1, or an explicit list [0, 7, 9]
 
@@ -90,12 +90,12 @@ def _split_top_level(text: str) -> list[str]:
 
 
 def parse_grid(text: str) -> tuple[str, list[Any]]:
-    """``"cluster.nodes=2,4,8"`` -> ``("cluster.nodes", [2, 4, 8])``; values are YAML.
+    """``"cluster.servers=2,4,8"`` -> ``("cluster.servers", [2, 4, 8])``; values are YAML.
 
     Commas inside ``[...]``/``{...}`` or quotes do not split (``cache.params={k: 2},{k: 3}``).
     """
     if "=" not in text:
-        raise InputError(f"--grid {text!r}: expected KEY=V1,V2,..., e.g. cluster.nodes=2,4,8")
+        raise InputError(f"--grid {text!r}: expected KEY=V1,V2,..., e.g. cluster.servers=2,4,8")
     key, raw = text.split("=", 1)
     key = key.strip()
     if not key or any(not p for p in key.split(".")):

@@ -30,6 +30,7 @@ from hwbench.engine_probe import (
     serving_terms,
     split_busy,
 )
+from sim.memory import plan_memory
 from hwbench.validate import (
     compare,
     decoder_config,
@@ -79,11 +80,12 @@ def test_simulator_scenario_matches_engine_sizes(tmp_path: Path) -> None:
     trace = tmp_path / "t.csv"
     trace.write_text("time,input_tokens,output_tokens\n0,1,1\n", encoding="utf-8")
     sc = validate_scenario(scenario_dict(w, sz, cfg.name, trace))
-    n = sc.cluster.node
-    assert sc.cluster.nodes == 1
-    assert int(n.hbm * n.weight_cache_fraction) == sz.hbm_weights  # exact weight cache
-    assert n.hbm - sz.hbm_weights == sz.kv
-    assert (n.host, n.nvme) == (sz.host, sz.ssd)
+    assert sc.cluster.servers == 1 and sc.cluster.replicas == 1
+    mem = plan_memory(sc, [sim_catalogue(cfg)[cfg.name]], sc.cluster.gpu.hbm, "validation")
+    assert mem.weight_cache == sz.hbm_weights  # exact weight cache
+    assert mem.kv == sz.kv
+    assert (sc.cluster.server.host, sc.cluster.server.nvme) == (sz.host, sz.ssd)
+    assert not sc.cluster.replica.chunked_prefill  # the engine prefills whole prompts
     assert sc.cache.hbm_policy == w.policy and sc.warmup.node_hbm
     assert sc.prefetch.window_batches == w.window
 

@@ -67,9 +67,9 @@ def test_compare_pairs_by_seed_and_gives_verdicts_only_outside_zero() -> None:
         {
             "seed": [0, 1, 2, 3],
             "status": ["ok"] * 4,
-            "latency.p99": [1.0, 2.0, 3.0, 4.0],
+            "latency.e2e.p99": [1.0, 2.0, 3.0, 4.0],
             "hit_rate.hbm": [0.5, 0.6, 0.7, 0.8],
-            "throughput_rps": [10.0, 10.0, 10.0, 10.0],
+            "throughput.achieved_rps": [10.0, 10.0, 10.0, 10.0],
         }
     )
     # B: rows in another order, one failed seed; latency lower by 0.5, hit rate the same
@@ -77,17 +77,17 @@ def test_compare_pairs_by_seed_and_gives_verdicts_only_outside_zero() -> None:
         {
             "seed": [3, 2, 1, 0],
             "status": ["ok", "ok", "ok", "failed"],
-            "latency.p99": [3.5, 2.5, 1.5, None],
+            "latency.e2e.p99": [3.5, 2.5, 1.5, None],
             "hit_rate.hbm": [0.8, 0.7, 0.6, None],
-            "throughput_rps": [11.0, 9.0, 10.0, None],
+            "throughput.achieved_rps": [11.0, 9.0, 10.0, None],
         }
     )
     by = {d.metric: d for d in compare(fa, fb)}
-    lat = by["latency.p99"]
+    lat = by["latency.e2e.p99"]
     assert (lat.n, lat.diff, lat.ci_low, lat.ci_high) == (3, -0.5, -0.5, -0.5)
     assert lat.verdict == "B better"
     assert by["hit_rate.hbm"].verdict is None and by["hit_rate.hbm"].diff == 0
-    assert by["throughput_rps"].verdict is None  # +1, -1, 0: the interval straddles zero
+    assert by["throughput.achieved_rps"].verdict is None  # +1, -1, 0: the interval straddles zero
 
 
 def test_a_equals_b_interval_includes_zero(tmp_path: Path) -> None:

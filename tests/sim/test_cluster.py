@@ -19,9 +19,9 @@ SMALL: dict[str, Any] = {
     "name": "small",
     "deployments": [{"model": "llama-2-7b", "share": 0.5}, {"model": "llama-2-13b", "share": 0.5}],
     "cluster": {
-        "nodes": 2,
+        "servers": 2,
         "param_servers": 2,
-        "node": {"host": "16GiB", "weight_cache_fraction": 0.4, "max_batch": 8},
+        "gpu": {"weight_cache_fraction": 0.4}, "server": {"host": "16GiB"}, "replica": {"max_num_seqs": 8},
     },
     "chunks": {"size": "16MiB"},
     "workload": {
@@ -67,9 +67,9 @@ def test_layers_never_run_before_their_chunks_arrive() -> None:
 
 
 def test_coupled_mode_fetches_nothing_after_warmup() -> None:
-    res = run_scenario(_sc(mode="coupled", cluster__node={"host": "16GiB", "max_batch": 8}))
+    res = run_scenario(_sc(mode="coupled", cluster__server={"host": "16GiB"}, cluster__replica={"max_num_seqs": 8}))
     s = res.summary
-    assert s["completed"] == 40
+    assert s["requests"]["completed"] == 40
     assert s["fetches_after_warmup"] == 0
     assert s["hit_rate"]["hbm"] == 1.0
     assert s["bytes_by_tier"]["remote"] == 0.0
@@ -92,25 +92,27 @@ def test_same_seed_same_summary_and_hash_different_seed_differs() -> None:
 )
 def test_kv_account_never_overcommits(ops: list[tuple[bool, int]], bt: int) -> None:
     kv = KvAccount(capacity=200_000, block_tokens=bt)
-    held: list[tuple[int, int]] = []
+    held: list[int] = []
+    rid = 0
     for take, tokens in ops:
         if take:
             need, exact = kv.size(tokens, 8)
             assert need >= exact and need % (bt * 8) == 0
             if kv.can(need):
-                kv.take(need, exact)
-                held.append((need, exact))
+                kv.take(rid, 0, tokens, 8)
+                held.append(rid)
+                rid += 1
         elif held:
-            kv.give(*held.pop(0))
+            kv.give(held.pop(0), 8)
         assert 0 <= kv.reserved <= kv.capacity
-        assert kv.reserved == sum(h[0] for h in held)
+        assert kv.reserved == sum(kv.size(kv.seqs[r][1], 8)[0] for r in held)
         assert 0.0 <= kv.fragmentation() < 1.0
 
 
 def _overload(action: str) -> Any:
     return _sc(
         deployments=[{"model": "llama-2-7b"}],
-        cluster__node={"host": "16GiB", "max_batch": 4},
+        cluster__server={"host": "16GiB"}, cluster__replica={"max_num_seqs": 4},
         warmup={"node_hbm": True},
         workload={
             "requests": 300,
@@ -166,9 +168,9 @@ def test_hot_shards_get_replicated_under_burst() -> None:
     sc = _sc(
         deployments=[{"model": "llama-2-7b"}],
         cluster={
-            "nodes": 4,
+            "servers": 4,
             "param_servers": 3,
-            "node": {"host": "1GiB", "nvme": "1GiB", "weight_cache_fraction": 0.12, "max_batch": 4},
+            "gpu": {"weight_cache_fraction": 0.12}, "server": {"host": "1GiB", "nvme": "1GiB"}, "replica": {"max_num_seqs": 4},
         },
         hot_shards={"enabled": True, "window": 0.2, "factor": 2.0, "min_count": 2},
         workload={
@@ -181,7 +183,7 @@ def test_hot_shards_get_replicated_under_burst() -> None:
     )
     res = run_scenario(sc)
     assert res.summary["replicas_added"] > 0
-    assert res.summary["completed"] == 40
+    assert res.summary["requests"]["completed"] == 40
 
 
 def test_engine_kv_allocator_matches_byte_accounting() -> None:
@@ -203,7 +205,7 @@ def test_cold_start_warmup_keeps_first_fetches_off_the_object_store() -> None:
     assert cold["bytes_by_tier"]["object"] > 0  # empty servers read the object store first
     assert warm["bytes_by_tier"]["object"] == 0.0  # warmed servers serve from DRAM
     assert warm["bytes_by_tier"]["remote"] > 0
-    assert warm["latency"]["p99"] <= cold["latency"]["p99"]
+    assert warm["latency"]["e2e"]["p99"] <= cold["latency"]["e2e"]["p99"]
 
 
 def test_fetches_survive_a_dropped_link() -> None:
@@ -212,7 +214,7 @@ def test_fetches_survive_a_dropped_link() -> None:
     from sim.costmodel import CostModel, load_profile
     from sim.models import load_catalogue
 
-    sc = _sc(cluster={"nodes": 2, "param_servers": 1, "node": {"host": "1GiB", "max_batch": 8}})
+    sc = _sc(cluster={"servers": 2, "param_servers": 1, "server": {"host": "1GiB"}, "replica": {"max_num_seqs": 8}})
     cl = build(sc, 0, load_catalogue(), load_profile(sc.profile), CostModel)
     link = cl.ctx.network.links["ps0.nic"]
     env = cl.env
@@ -271,7 +273,7 @@ def test_ring_placement_unit(placement: str) -> None:
     from sim.models import load_catalogue
 
     sc = _sc(
-        cluster={"nodes": 1, "param_servers": 4, "node": {"host": "1GiB"}},
+        cluster={"servers": 1, "param_servers": 4, "server": {"host": "1GiB"}},
         ring={"placement": placement},
     )
     cl = build(sc, 0, load_catalogue(), load_profile(sc.profile), CostModel)
@@ -305,9 +307,9 @@ def test_random_small_clusters_keep_request_invariants(
 ) -> None:
     sc = _sc(
         cluster={
-            "nodes": nodes,
+            "servers": nodes,
             "param_servers": 2,
-            "node": {"host": "4GiB", "weight_cache_fraction": 0.4, "max_batch": max_batch},
+            "gpu": {"weight_cache_fraction": 0.4}, "server": {"host": "4GiB"}, "replica": {"max_num_seqs": max_batch},
         },
         scheduler={"policy": policy},
         workload={

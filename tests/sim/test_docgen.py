@@ -13,7 +13,7 @@ from sim.costmodel import GpuProfile, LinkProfile, Profile
 from sim.faults import KINDS, FaultSpec, RaftCfg, RandomFaultsCfg
 from sim.models import CatalogueFile, LayerSpec, LlamaShape, ResNetShape
 from sim.plan import PlanFile, SloCfg
-from sim.scenario import NodeCfg, Scenario, StepCfg, WorkloadCfg
+from sim.scenario import GpuCfg, ReplicaCfg, Scenario, StepCfg, WorkloadCfg
 from sim.scheduler import PLACEMENTS
 from sim.sweep.spec import SweepFile
 
@@ -23,7 +23,7 @@ REFERENCE = Path(__file__).parents[2] / "docs" / "scenario-reference.md"
 def test_every_field_of_every_documented_model_has_a_description() -> None:
     models = docgen.documented_models()
     # the walk reaches the nested sections of every file kind, not only the roots
-    for m in (Scenario, NodeCfg, StepCfg, FaultSpec, RaftCfg, RandomFaultsCfg, PlanFile, SloCfg,
+    for m in (Scenario, GpuCfg, ReplicaCfg, StepCfg, FaultSpec, RaftCfg, RandomFaultsCfg, PlanFile, SloCfg,
               SweepFile, Profile, GpuProfile, LinkProfile, CatalogueFile, LayerSpec, LlamaShape,
               ResNetShape):  # fmt: skip
         assert m in models, m.__name__
@@ -50,7 +50,7 @@ def test_committed_reference_matches_the_generator() -> None:
 
 def test_reference_lists_every_field_path_and_registry_name() -> None:
     text = docgen.render()
-    for path in ("cluster.node.hbm", "faults.schedule[].kind", "workload.steps[].rate",
+    for path in ("cluster.gpu.hbm", "faults.schedule[].kind", "workload.steps[].rate",
                  "slo.p99", "links.rdma.bandwidth", "models[].shape.vocab", "grid"):  # fmt: skip
         assert f"| `{path}` |" in text, path
     assert "`source`" not in text.split("## Plan file")[0]  # loader-only field, not a key

@@ -17,16 +17,16 @@ from sim.scenario import load_scenario
 SCEN = Path(__file__).resolve().parents[2] / "scenarios"
 
 REDUCED = {
-    "quickstart": ["workload.requests=60", "cluster.nodes=2"],
+    "quickstart": ["workload.requests=60", "cluster.servers=2"],
     "burst-traffic": [
         "workload.requests=150",
-        "cluster.nodes=4",
+        "cluster.servers=4",
         "workload.steps=[{at: 0.5s, rate: 600}]",
     ],
     "long-context": ["workload.requests=12", "workload.rate=2"],
-    "multi-model-coloring": ["workload.requests=30", "cluster.nodes=2"],
-    "lruk-vs-lru": ["workload.requests=30", "cluster.nodes=2"],
-    "pd-vs-coupled": ["workload.requests=40", "cluster.nodes=2"],
+    "multi-model-coloring": ["workload.requests=30", "cluster.servers=2"],
+    "lruk-vs-lru": ["workload.requests=30", "cluster.servers=2"],
+    "pd-vs-coupled": ["workload.requests=40", "cluster.servers=2"],
 }
 
 
@@ -41,8 +41,9 @@ def test_shipped_scenario_runs_reduced(name: str) -> None:
     s = res.summary
     runs = s.get("variants", {"": s})
     for v in runs.values():
-        assert v["completed"] + v["shed"] + v["rejected"] == v["requests"]
-        assert v["completed"] > 0
+        r = v["requests"]
+        assert r["completed"] + r["shed"] + r["rejected"] == r["total"]
+        assert r["completed"] > 0 and r["unfinished"] == 0
     if name != "quickstart":
         assert sc.claims and len(res.claims) == len(sc.claims)
         assert all(c["measured"] is not None for c in res.claims)
@@ -53,7 +54,7 @@ def test_long_context_chunked_serves_longer_contexts() -> None:
     s = run_scenario(sc, seed=2).summary["variants"]
     lim = {k: v["max_context_limit"]["llama-2-7b"] for k, v in s.items()}
     assert lim["chunked"] > lim["unchunked"]
-    assert s["unchunked"]["rejected"] >= s["chunked"]["rejected"]
+    assert s["unchunked"]["requests"]["rejected"] >= s["chunked"]["requests"]["rejected"]
 
 
 def test_cli_run_writes_the_run_folder(tmp_path: Path) -> None:
@@ -68,7 +69,7 @@ def test_cli_run_writes_the_run_folder(tmp_path: Path) -> None:
     assert {"latency_cdf.png", "timeseries.png", "bytes_by_tier.png"} <= names
     summary = json.loads((folder / "summary.json").read_text())
     req = pd.read_parquet(folder / "requests.parquet")
-    assert len(req) == summary["requests"] == 60
+    assert len(req) == summary["requests"]["total"] == 60
     for col in (
         "request_id",
         "model",

@@ -22,7 +22,7 @@ from sim.scenario import validate
 SMALL: dict[str, Any] = {
     "name": "hot-paths",
     "deployments": [{"model": "llama-2-7b", "share": 0.5}, {"model": "resnet-50", "share": 0.5}],
-    "cluster": {"nodes": 4, "param_servers": 2, "node": {"host": "16GiB", "max_batch": 8}},
+    "cluster": {"servers": 4, "param_servers": 2, "server": {"host": "16GiB"}, "replica": {"max_num_seqs": 8}},
     "chunks": {"size": "16MiB"},
     "workload": {
         "requests": 300,
@@ -52,7 +52,7 @@ def _scalar_rejected(cl: Cluster, rid: int) -> bool:
 
 def test_rejected_mask_equals_the_per_request_rule() -> None:
     # a tight HBM makes long requests exceed the KV capacity, so both outcomes occur
-    cl = _build({"cluster": {**SMALL["cluster"], "node": {"host": "16GiB", "hbm": "24GiB"}}})
+    cl = _build({"cluster": {**SMALL["cluster"], "gpu": {"hbm": "24GiB"}, "server": {"host": "16GiB"}}})
     mask = cl.rejected_mask()
     expect = np.array([_scalar_rejected(cl, r) for r in range(cl.wl.n)])
     assert mask.dtype == bool and mask.shape == (cl.wl.n,)
@@ -101,10 +101,10 @@ def test_decode_table_charges_the_cost_model(batch: int, ctx: float) -> None:
     lin = dataclasses.replace(m, cost=_LinearCost())
     # exact where the cost is linear in context, at any context (a segment's mean is a float)
     want_lin = _LinearCost().decode_step_time(batch, ctx)
-    assert lin.iter_time(0, 0, batch, ctx) == pytest.approx(want_lin, rel=1e-12)
+    assert lin.iter_time(0, 0.0, 0, batch, ctx) == pytest.approx(want_lin, rel=1e-12)
     # the roofline is linear between its kinks: within a fraction of a percent everywhere
     want = m.cost.decode_step_time(batch, int(ctx))
-    assert m.iter_time(0, 0, batch, int(ctx)) == pytest.approx(want, rel=2e-3)
+    assert m.iter_time(0, 0.0, 0, batch, int(ctx)) == pytest.approx(want, rel=2e-3)
 
 
 def test_decode_table_never_undercharges_the_roofline() -> None:
@@ -112,7 +112,7 @@ def test_decode_table_never_undercharges_the_roofline() -> None:
     # attention on average; interpolating a convex cost (a max of affine terms) never does
     m = _build().ctx.models[0]
     for batch in (1, 8, 64):
-        got = np.array([m.iter_time(0, 0, batch, c) for c in range(0, 8192, 7)])
+        got = np.array([m.iter_time(0, 0.0, 0, batch, c) for c in range(0, 8192, 7)])
         want = np.array([m.cost.decode_step_time(batch, c) for c in range(0, 8192, 7)])
         assert np.all(got >= want * (1 - 1e-12))
         assert np.max(got / want - 1) < 2e-3

@@ -117,7 +117,7 @@ def test_burst_traffic_nodes_for_1200_qps_is_reproducible(tmp_path: Path) -> Non
     plan.write_text(
         f"scenario: {SCEN / 'burst-traffic.yaml'}\nslo: {{p99: {{high: 2s}}}}\n"
         "size_range: [1, 16]\nqps_key: workload.steps.0.rate\nqps: [600]\n"
-        "costs: {cluster.nodes: 2.5}\n"
+        "costs: {cluster.servers: 2.5}\n"
     )
     r1 = _plan_cli(tmp_path / "p1", plan)
     assert r1.exit_code == 0, r1.output
@@ -131,13 +131,13 @@ def test_burst_traffic_nodes_for_1200_qps_is_reproducible(tmp_path: Path) -> Non
     assert row["question"] == "min-size" and row["qps"] == 1200 and 1 < n <= 16
     assert row["cost"] == 2.5 * n and row["cheapest"]
     assert row["saturates_first"] in {"compute", "hbm", "pcie", "network", "parameter_servers"}
-    assert f"1200 QPS: smallest cluster.nodes = {n}" in r1.output
+    assert f"1200 QPS: smallest cluster.servers = {n}" in r1.output
     # the answer is a true boundary: n passes on both seeds, n - 1 fails on some seed
     assert row["boundary_size"] == n - 1 and not row["boundary_passed"]
     runs = [json.loads(p.read_text()) for p in (tmp_path / "p1" / "runs").glob("*.json")]
     p99 = {}
     for rec in runs:
-        nodes = rec["params"]["cluster.nodes"]
+        nodes = rec["params"]["cluster.servers"]
         p99.setdefault(nodes, []).append(rec["metrics"]["per_class.high.latency.p99"])
     assert len(p99[n]) == 2 and max(p99[n]) <= 3.5
     assert max(p99[n - 1]) > 3.5

@@ -15,7 +15,7 @@ from sim.scenario import apply_overrides, load_scenario, validate
 BASE = {
     "name": "t",
     "deployments": [{"model": "llama-2-7b"}],
-    "cluster": {"nodes": 2, "param_servers": 1, "node": {"host": "8GiB"}},
+    "cluster": {"servers": 2, "param_servers": 1, "server": {"host": "8GiB"}},
     "workload": {"requests": 20, "rate": 50.0, "output_tokens": {"mean": 4}},
 }
 
@@ -33,13 +33,13 @@ def test_units_are_normalised() -> None:
 
 
 def test_override_sets_nested_value_and_rejects_unknown_path() -> None:
-    out = apply_overrides(BASE, ["cluster.nodes=7", "cache.params.k=2"], "x")
-    assert out["cluster"]["nodes"] == 7 and out["cache"]["params"] == {"k": 2}
-    assert BASE["cluster"]["nodes"] == 2  # the input is not mutated
+    out = apply_overrides(BASE, ["cluster.servers=7", "cache.params.k=2"], "x")
+    assert out["cluster"]["servers"] == 7 and out["cache"]["params"] == {"k": 2}
+    assert BASE["cluster"]["servers"] == 2  # the input is not mutated
     with pytest.raises(InputError, match=r"cluster\.nods"):
         apply_overrides(BASE, ["cluster.nods=3"], "x")
     with pytest.raises(InputError, match="KEY=VALUE"):
-        apply_overrides(BASE, ["cluster.nodes"], "x")
+        apply_overrides(BASE, ["cluster.servers"], "x")
 
 
 def test_load_scenario_applies_overrides(tmp_path: Path) -> None:
@@ -48,13 +48,13 @@ def test_load_scenario_applies_overrides(tmp_path: Path) -> None:
 
 
 BAD = [
-    ("typo key", {"clustr": {"nodes": 2}}, "clustr: unknown key"),
+    ("typo key", {"clustr": {"servers": 2}}, "clustr: unknown key"),
     (
         "bad unit",
-        {"cluster": {"node": {"hbm": "12 GBB"}}},
-        'cluster.node.hbm: "12 GBB" is not a size',
+        {"cluster": {"gpu": {"hbm": "12 GBB"}}},
+        'cluster.gpu.hbm: "12 GBB" is not a size',
     ),
-    ("negative size", {"cluster": {"node": {"host": "-4GiB"}}}, "cluster.node.host"),
+    ("negative size", {"cluster": {"server": {"host": "-4GiB"}}}, "cluster.server.host"),
     (
         "unknown policy",
         {"cache": {"hbm_policy": "lfu-magic"}},
@@ -70,9 +70,9 @@ BAD = [
         {
             "deployments": [{"model": "llama-2-70b"}],
             "cluster": {
-                "nodes": 1,
+                "servers": 1,
                 "param_servers": 1,
-                "node": {"hbm": "8GiB", "host": "8GiB", "nvme": "8GiB"},
+                "gpu": {"hbm": "8GiB"}, "server": {"host": "8GiB", "nvme": "8GiB"},
                 "ps": {"dram": "8GiB", "ssd": "8GiB"},
             },
         },
@@ -87,7 +87,7 @@ def test_bad_scenario_exits_2_and_writes_nothing(
     tmp_path: Path, label: str, patch: dict, message: str
 ) -> None:
     data = {**BASE, **patch}
-    if "cluster" in patch and "nodes" not in patch["cluster"]:
+    if "cluster" in patch and "servers" not in patch["cluster"]:
         data["cluster"] = {**BASE["cluster"], **patch["cluster"]}
     path = _write(tmp_path, data)
     out = tmp_path / "runs"

@@ -11,7 +11,8 @@ from .conftest import SCEN
 def _run(name: str, *over: str) -> dict:
     sc = load_scenario(SCEN / f"{name}.yaml", ["workload.requests=24", *over])
     s = run_scenario(sc, seed=1).summary
-    assert s["completed"] + s["shed"] + s["rejected"] + s["degraded"] == s["requests"]
+    r = s["requests"]
+    assert r["completed"] + r["shed"] + r["rejected"] + r["degraded"] == r["total"]
     f = s["faults"]
     assert f["violations"] == [] and f["linearizability_checked"]
     return s

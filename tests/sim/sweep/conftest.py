@@ -12,9 +12,11 @@ profile: a100-80gb
 deployments:
   - model: llama-2-7b
 cluster:
-  nodes: 2
+  servers: 2
   param_servers: 2
-  node: {host: 64GiB, weight_cache_fraction: 0.4, max_batch: 16}
+  gpu: {weight_cache_fraction: 0.4}
+  server: {host: 64GiB}
+  replica: {max_num_seqs: 16}
 workload:
   kind: poisson
   requests: 12
@@ -25,7 +27,7 @@ workload:
     - {name: high, share: 0.5, slo: 2s}
     - {name: normal, share: 0.5, slo: 10s}
 variants:
-  - {name: big, set: {cluster.nodes: 4}}
+  - {name: big, set: {cluster.servers: 4}}
 """
 
 

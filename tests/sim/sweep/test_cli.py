@@ -21,7 +21,7 @@ def _sweep_file(tiny: Path, body: str) -> Path:
 
 
 def test_cli_sweep_file_and_resume(tiny: Path, tmp_path: Path) -> None:
-    f = _sweep_file(tiny, "grid: {cluster.nodes: [1, 2]}\nseeds: 2\n")
+    f = _sweep_file(tiny, "grid: {cluster.servers: [1, 2]}\nseeds: 2\n")
     out = tmp_path / "o"
     r = runner.invoke(app, ["sweep", str(f), "--out", str(out), "--max-runs", "3"])
     assert r.exit_code == 0, r.output
@@ -31,7 +31,7 @@ def test_cli_sweep_file_and_resume(tiny: Path, tmp_path: Path) -> None:
     # the extra single-value grid key is the scenario's default: same configs, one new run
     assert "1 run now, 3 from cache" in r.output
     df = pd.read_parquet(out / "results.parquet")
-    assert len(df) == 4 and set(df["cluster.nodes"]) == {1, 2} and (df["status"] == "ok").all()
+    assert len(df) == 4 and set(df["cluster.servers"]) == {1, 2} and (df["status"] == "ok").all()
 
 
 def test_cli_sweep_scenario_with_grid_flags(tiny: Path, tmp_path: Path) -> None:
@@ -43,18 +43,18 @@ def test_cli_sweep_scenario_with_grid_flags(tiny: Path, tmp_path: Path) -> None:
     )  # fmt: skip
     assert r.exit_code == 0, r.output
     df = pd.read_parquet(out / "results.parquet")
-    assert list(df["workload.rate"]) == [5, 5, 10, 10] and (df["completed"] == 6).all()
+    assert list(df["workload.rate"]) == [5, 5, 10, 10] and (df["requests.completed"] == 6).all()
 
 
 def test_cli_failing_run_exit_1_with_its_config(tiny: Path, tmp_path: Path) -> None:
     out = tmp_path / "o"
     r = runner.invoke(
         app,
-        ["sweep", "--scenario", str(tiny), "--grid", "cluster.node.hbm=1GiB,80GiB",
+        ["sweep", "--scenario", str(tiny), "--grid", "cluster.gpu.hbm=1GiB,80GiB",
          "--out", str(out), "--quiet"],
     )  # fmt: skip
     assert r.exit_code == 1
-    assert "failed runs" in r.output and "cluster.node.hbm='1GiB'" in r.output
+    assert "failed runs" in r.output and "cluster.gpu.hbm='1GiB'" in r.output
     assert len(pd.read_parquet(out / "results.parquet")) == 2
 
 
@@ -62,8 +62,8 @@ def test_cli_failing_run_exit_1_with_its_config(tiny: Path, tmp_path: Path) -> N
     "args",
     [
         ["--grid", "cluster.nodez=1,2"],
-        ["--grid", "cluster.nodes=1,-3"],
-        ["--grid", "cluster.nodes"],
+        ["--grid", "cluster.servers=1,-3"],
+        ["--grid", "cluster.servers"],
         ["--set", "workload.rats=3"],
     ],
 )
@@ -77,7 +77,7 @@ def test_cli_bad_grid_exit_2_nothing_written(tiny: Path, tmp_path: Path, args: l
 
 def test_cli_bad_sweep_file_exit_2_nothing_written(tiny: Path, tmp_path: Path) -> None:
     out = tmp_path / "o"
-    f = _sweep_file(tiny, "grid: {cluster.nodes: [1]}\nseed: 3\n")
+    f = _sweep_file(tiny, "grid: {cluster.servers: [1]}\nseed: 3\n")
     r = runner.invoke(app, ["sweep", str(f), "--out", str(out)])
     assert r.exit_code == 2 and "seed: unknown key" in r.output
     r = runner.invoke(app, ["sweep", str(f), "--scenario", str(tiny), "--out", str(out)])

@@ -18,17 +18,17 @@ def _counted(counter: Path) -> list[str]:
 
 def test_failing_run_is_reported_and_does_not_lose_others(tiny: Path, tmp_path: Path) -> None:
     # 1 GiB of HBM cannot hold two LLaMA-7B layers: that run fails feasibility at run time
-    pts = build_points(tiny, {"cluster.node.hbm": ["1GiB", "80GiB"]}, [0, 1])
+    pts = build_points(tiny, {"cluster.gpu.hbm": ["1GiB", "80GiB"]}, [0, 1])
     counter = tmp_path / "count.txt"
     out = execute(pts, tmp_path / "sw", counter=counter)
     assert (out.ran, out.cached, out.missing) == (4, 0, 0)
     assert len(out.failed) == 2 and not out.complete
     for rec in out.failed:
-        assert rec["params"] == {"cluster.node.hbm": "1GiB"}
+        assert rec["params"] == {"cluster.gpu.hbm": "1GiB"}
         assert "weight cache" in rec["error"]
     df = pd.read_parquet(out.parquet)
     assert list(df["status"]) == ["failed", "failed", "ok", "ok"]
-    assert df.loc[df["status"] == "ok", "latency.p99"].notna().all()
+    assert df.loc[df["status"] == "ok", "latency.e2e.p99"].notna().all()
     assert df.loc[df["status"] == "failed", "error"].str.contains("weight cache").all()
     # resume: the finished runs are not repeated, the failed ones are retried
     again = execute(pts, tmp_path / "sw", counter=counter)
@@ -59,7 +59,7 @@ def test_in_process_resume_runs_only_missing_points(tiny: Path, tmp_path: Path) 
 
 def test_duplicate_configs_run_once(tiny: Path, tmp_path: Path) -> None:
     # nodes=2 is the scenario's own value, so both grid keys give one identical config
-    a = build_points(tiny, {"cluster.nodes": [2]}, [0])
+    a = build_points(tiny, {"cluster.servers": [2]}, [0])
     b = build_points(tiny, {}, [0])
     assert a[0].config_hash == b[0].config_hash
     out = execute([*a, *b], tmp_path / "sw")
@@ -94,7 +94,7 @@ def _interrupt_and_resume(tiny: Path, tmp_path: Path, n_rates: int) -> None:
     assert sorted(df["workload.rate"].unique()) == rates
     assert set(df["seed"]) == {0, 1, 2, 3, 4}
     assert df["config_hash"].is_unique
-    assert (df["completed"] == 12).all() and df["latency.p99"].gt(0).all()
+    assert (df["requests.completed"] == 12).all() and df["latency.e2e.p99"].gt(0).all()
 
 
 def test_30_runs_on_local_cluster_interrupted_and_resumed(tiny: Path, tmp_path: Path) -> None:
@@ -120,5 +120,5 @@ def test_existing_scheduler_address(tiny: Path, tmp_path: Path) -> None:
         with Client(cluster.scheduler_address) as c:  # still running after the sweep
             assert len(c.scheduler_info()["workers"]) == 2
     local = execute(pts, tmp_path / "local")  # in-process: identical metrics
-    cols = ["config_hash", "latency.p99", "trace_hash"]
+    cols = ["config_hash", "latency.e2e.p99", "trace_hash"]
     pd.testing.assert_frame_equal(out.frame[cols], local.frame[cols])

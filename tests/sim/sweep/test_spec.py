@@ -14,14 +14,14 @@ from sim.sweep import build_points, load_sweep_file, parse_grid, points_from_fil
 
 
 def test_parse_grid_yaml_values_and_nested_commas() -> None:
-    assert parse_grid("cluster.nodes=2,4,8") == ("cluster.nodes", [2, 4, 8])
+    assert parse_grid("cluster.servers=2,4,8") == ("cluster.servers", [2, 4, 8])
     assert parse_grid("cache.hbm_policy=lru,lru-k") == ("cache.hbm_policy", ["lru", "lru-k"])
     key, vals = parse_grid("cache.params={k: 2, crp: 0},{k: 3}")
     assert key == "cache.params" and vals == [{"k": 2, "crp": 0}, {"k": 3}]
     assert parse_grid("name='a,b',c")[1] == ["a,b", "c"]
 
 
-@pytest.mark.parametrize("bad", ["cluster.nodes", "=1,2", "a..b=1", "cluster.nodes=1,,2"])
+@pytest.mark.parametrize("bad", ["cluster.servers", "=1,2", "a..b=1", "cluster.servers=1,,2"])
 def test_parse_grid_rejects(bad: str) -> None:
     with pytest.raises(InputError, match="--grid"):
         parse_grid(bad)
@@ -36,14 +36,14 @@ def test_seed_list() -> None:
 
 
 def test_points_are_product_times_seeds_in_order(tiny: Path) -> None:
-    grid = {"cluster.nodes": [1, 2, 3], "cache.hbm_policy": ["lru", "fifo"]}
+    grid = {"cluster.servers": [1, 2, 3], "cache.hbm_policy": ["lru", "fifo"]}
     pts = build_points(tiny, grid, [0, 5])
     assert len(pts) == 12
     assert [p.index for p in pts] == list(range(12))
-    assert pts[0].params == {"cluster.nodes": 1, "cache.hbm_policy": "lru"}
+    assert pts[0].params == {"cluster.servers": 1, "cache.hbm_policy": "lru"}
     assert pts[1].params == pts[0].params and (pts[0].seed, pts[1].seed) == (0, 5)
     assert pts[2].params["cache.hbm_policy"] == "fifo"
-    assert pts[-1].scenario.cluster.nodes == 3 and pts[-1].scenario.cache.hbm_policy == "fifo"
+    assert pts[-1].scenario.cluster.servers == 3 and pts[-1].scenario.cache.hbm_policy == "fifo"
     assert len({p.config_hash for p in pts}) == 12
     # stable: the same sweep built again gives the same hashes
     assert [p.config_hash for p in build_points(tiny, grid, [0, 5])] == [p.config_hash for p in pts]
@@ -53,27 +53,27 @@ def test_points_are_product_times_seeds_in_order(tiny: Path) -> None:
 
 def test_variant_as_base(tiny: Path) -> None:
     (p,) = build_points(tiny, {}, [0], variant_name="big")
-    assert p.scenario.cluster.nodes == 4
+    assert p.scenario.cluster.servers == 4
     with pytest.raises(InputError, match="allowed: big"):
         build_points(tiny, {}, [0], variant_name="small")
 
 
 def test_unknown_grid_key_names_the_field(tiny: Path) -> None:
-    with pytest.raises(InputError, match=r"unknown key 'cluster.nodez'.*allowed here: nodes"):
+    with pytest.raises(InputError, match=r"unknown key 'cluster.nodez'.*allowed here: servers"):
         build_points(tiny, {"cluster.nodez": [1, 2]}, [0])
 
 
 def test_bad_grid_value_names_the_field(tiny: Path) -> None:
-    with pytest.raises(InputError, match=r"cluster\.nodes"):
-        build_points(tiny, {"cluster.nodes": [2, 0]}, [0])
+    with pytest.raises(InputError, match=r"cluster\.servers"):
+        build_points(tiny, {"cluster.servers": [2, 0]}, [0])
     with pytest.raises(InputError, match="duplicate"):
-        build_points(tiny, {"cluster.nodes": [2, 2]}, [0])
+        build_points(tiny, {"cluster.servers": [2, 2]}, [0])
 
 
 def test_sweep_file(tiny: Path) -> None:
     f = tiny.parent / "s.yaml"
     f.write_text(
-        "scenario: tiny.yaml\nset: {workload.requests: 5}\ngrid: {cluster.nodes: [1, 2]}\n"
+        "scenario: tiny.yaml\nset: {workload.requests: 5}\ngrid: {cluster.servers: [1, 2]}\n"
         "seeds: [3, 4]\n"
     )
     pts = points_from_file(f, ["cache.hbm_policy=lru,fifo"])
@@ -118,10 +118,10 @@ def test_point_count_and_uniqueness_property(
 
     f = tmp_path_factory.mktemp("prop") / "tiny.yaml"
     f.write_text(TINY)
-    grid = {"cluster.nodes": nodes, "cluster.param_servers": servers}
+    grid = {"cluster.servers": nodes, "cluster.param_servers": servers}
     pts = build_points(f, grid, list(range(n_seeds)))
     assert len(pts) == math.prod(len(v) for v in grid.values()) * n_seeds
     assert len({p.config_hash for p in pts}) == len(pts)
     expected = [(n, s, seed) for n in nodes for s in servers for seed in range(n_seeds)]
-    got = [(p.scenario.cluster.nodes, p.scenario.cluster.param_servers, p.seed) for p in pts]
+    got = [(p.scenario.cluster.servers, p.scenario.cluster.param_servers, p.seed) for p in pts]
     assert got == expected

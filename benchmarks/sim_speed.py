@@ -61,9 +61,9 @@ def one(n: int, warm: bool = False) -> dict[str, float]:
         "requests_per_s_wall": n / wall,
         "events_per_request": s["events_per_request"],
         "peak_rss_mib": rss_mib,
-        "completed": s["completed"],
+        "completed": s["requests"]["completed"],
         "sim_time_s": s["sim_time_s"],
-        "latency_p99_s": s["latency"]["p99"],
+        "latency_p99_s": s["latency"]["e2e"]["p99"],
     }
 
 

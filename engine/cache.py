@@ -231,6 +231,28 @@ class TierCache:
             self.pin(key)
         return True
 
+    def admit_many(self, items: list[tuple[Key, int]], now: float, color: str | None = None) -> bool:
+        """Admit every ``(key, size)`` of ``items`` in one pass, in order, as :meth:`admit`
+        would one by one -- only when none is resident and all fit under the high watermark
+        without an eviction (a warm start of a large model). Otherwise change nothing and
+        return ``False``."""
+        total = sum(size for _, size in items)
+        entries = self._entries
+        if self.used + total > min(self.capacity, self._high) or any(
+            k in entries or size < 0 for k, size in items
+        ):
+            return False
+        insert = self._policy.insert
+        for key, size in items:
+            entries[key] = _Entry(size, color)
+            insert(key, size, now, color, 0.0)
+        self.used += total
+        self.color_used[color] = self.color_used.get(color, 0) + total
+        self.stats.bytes_in += total
+        if color is not None:
+            self._colour(color).bytes_in += total
+        return True
+
     # -- pins and removal ----------------------------------------------------------------
     def pin(self, key: Key) -> None:
         """Pin resident ``key`` (in use): it will not be evicted until unpinned."""

@@ -153,7 +153,7 @@ class ModelRt:
                 return c + k, f, b
         t = 0.0
         if prefill_tokens > 0:
-            t += float(cost.prefill_time(int(prefill_tokens), int(round(prefill_sq))))
+            t += float(cost.prefill_time(int(prefill_tokens), round(prefill_sq)))
         if n_dec > 0:
             t += float(cost.decode_step_time(int(n_dec), int(ctx)))
         return t, f, b

@@ -21,7 +21,6 @@ from collections import deque
 from collections.abc import Generator
 from typing import Any
 
-import numpy as np
 import simpy
 
 from sim.metrics import DEGRADED
@@ -49,7 +48,6 @@ class Degrader:
         self.kills += 1
         node.up = False
         now = self.env.now
-        met = self.ctx.metrics
         held = node.abort_all()
         ws = node.ws
         for m, mr in enumerate(self.ctx.models):

@@ -37,7 +37,7 @@ def vocab_of(spec: ModelSpec) -> int:
     """The vocabulary size, from the LM head's FLOPs (``2 * vocab * hidden`` per token)."""
     for layer in spec.layers:
         if layer.name == "lm_head" and spec.hidden:
-            return int(round(layer.flops_per_token / (2 * spec.hidden)))
+            return round(layer.flops_per_token / (2 * spec.hidden))
     return 0
 
 

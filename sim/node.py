@@ -513,17 +513,27 @@ class ComputeNode:
         kv, life, bt = self.kv, self._life, self.kv.block_tokens
         block = bt * bpt
         last = off + k - 1
+        seqs, base_of = kv.seqs, self._base_of
+        alloc = kv.allocators[m] if kv.allocators is not None else None
+        pop, push = heapq.heappop, heapq.heappush
         while heap and heap[0][0] <= last:
             s, rid, seq = heap[0]
             if life.get(rid) != seq:
-                heapq.heappop(heap)
+                pop(heap)
                 continue
             if kv.reserved + block > kv.capacity:
                 return s - off
-            heapq.heappop(heap)
-            tokens = self._base_of[rid] + s  # context written in step s -> s + 1
-            kv.grow(rid, tokens, bpt)
-            heapq.heappush(heap, (s + bt, rid, seq))
+            pop(heap)
+            # KvAccount.grow, inline (hot path): the step that needs exactly one more block
+            tokens = base_of[rid] + s  # context written in step s -> s + 1
+            st = seqs[rid]
+            if alloc is not None:
+                alloc.append(rid, tokens - st[1])
+            kv.reserved += block
+            kv.needed += (tokens - st[1]) * bpt
+            st[1] = tokens
+            st[2] += 1
+            push(heap, (s + bt, rid, seq))
         return k
 
     def _start_decoding(self, m: int, rid: int, off: int, kv_tokens: int, gen: int) -> None:

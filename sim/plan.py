@@ -78,19 +78,46 @@ from sim.sweep.spec import (
     seed_list,
 )
 
-RESOURCES: tuple[str, ...] = ("compute", "hbm", "pcie", "network", "parameter_servers")
+#: resources whose utilisation names what saturates first (``utilisation.*`` of a summary)
+RESOURCES: tuple[str, ...] = ("token_budget", "mfu", "mbu", "kv", "pcie", "nic", "ps_nic", "ps_ssd")
+
+
+#: the latency percentiles a plan's SLOs may name (keys of the summary's latency blocks)
+PERCENTILES: tuple[str, ...] = ("p50", "p90", "p99", "p999", "mean")
+#: latency kinds: end to end, time to first token, time per output token
+KINDS: tuple[str, ...] = ("e2e", "ttft", "tpot")
+
+Limits = dict[str, dict[str, Duration]]
 
 
 class SloCfg(BaseModel):
-    """Service-level objectives a run must meet."""
+    """Service-level objectives a run must meet (every one given)."""
 
     model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
+    e2e: Limits = {}
+    """End-to-end latency limits: `{percentile: {class: duration}}`, percentile one of p50,
+    p90, p99, p999, mean; class a workload class or `all`. E.g. `{p99: {all: 5s}}`."""
+    ttft: Limits = {}
+    """Time-to-first-token limits, same form as `e2e`."""
+    tpot: Limits = {}
+    """Time-per-output-token limits (mean gap between tokens after the first), same form."""
     p99: dict[str, Duration] = {}
-    """P99 end-to-end latency limit per workload class (`all`: every request), durations."""
+    """Shorthand for `e2e: {p99: ...}`: P99 end-to-end latency per class (`all`: every request)."""
+    sustain: bool = True
+    """The run must sustain the offered load: not `overloaded` in the steady window and no
+    request unfinished."""
     availability: float | None = Field(None, gt=0, le=1)
     """Least availability, in (0, 1] (see "SLOs" in sim.plan); null: not checked."""
     degraded_rate: float | None = Field(None, ge=0, le=1)
     """Most (shed + degraded results) / requests, in [0, 1]; null: not checked."""
+
+    def limits(self) -> list[tuple[str, str, str, float]]:
+        """Every latency limit as ``(kind, percentile, class, seconds)``."""
+        out = [("e2e", "p99", c, v) for c, v in self.p99.items()]
+        for kind in KINDS:
+            for pct, per in getattr(self, kind).items():
+                out += [(kind, pct, c, v) for c, v in per.items()]
+        return out
 
 
 class PlanFile(BaseModel):
@@ -127,6 +154,9 @@ class PlanFile(BaseModel):
     """Other knobs `key: [values]`; every combination is planned."""
     costs: dict[str, float] = {}
     """Cost per unit of a knob (`key: cost`); the cheapest answer is marked."""
+    gpu_hour_cost: float | None = Field(None, ge=0)
+    """Price of one GPU-hour (any currency); answers then report their cost per hour
+    (GPUs x this) and the cheapest is marked. null: no GPU cost."""
 
 
 def load_plan_file(path: str | Path) -> PlanFile:
@@ -151,6 +181,12 @@ class Probe:
     pass_fraction: float
     utilisation: dict[str, float]
     reasons: list[str] = field(default_factory=list)
+    #: the configuration cannot be built (memory, shape): ``reasons`` holds why
+    infeasible: bool = False
+    #: share of the seeds that were overloaded or left requests unfinished
+    overloaded: float = 0.0
+    #: the mean achieved throughput over seeds (req/s)
+    achieved: float = 0.0
 
 
 def run_passes(m: dict[str, Any] | None, slo: SloCfg) -> tuple[bool, list[str]]:
@@ -158,47 +194,48 @@ def run_passes(m: dict[str, Any] | None, slo: SloCfg) -> tuple[bool, list[str]]:
     if m is None:
         return False, ["run failed"]
     why: list[str] = []
-    for cls, limit in slo.p99.items():
-        if cls == "all":
-            v, n = m.get("latency.p99"), m.get("requests", 1)
-        else:
-            v, n = m.get(f"per_class.{cls}.latency.p99"), m.get(f"per_class.{cls}.n", 0)
+    for kind, pct, cls, limit in slo.limits():
+        prefix = "latency" if cls == "all" else f"per_class.{cls}.latency"
+        v = m.get(f"{prefix}.{kind}.{pct}")
+        n = m.get("requests.in_window", 1) if cls == "all" else m.get(f"per_class.{cls}.n", 0)
         if v is None:
             if n:
                 why.append(f"{cls}: no request finished")
         elif v > limit:
-            why.append(f"{cls} p99 {v:.3g}s > {limit:.3g}s")
-    req = max(int(m.get("requests") or 0), 1)
+            why.append(f"{cls} {kind} {pct} {_secs(v)} > {_secs(limit)}")
+    if slo.sustain:
+        if m.get("overloaded"):
+            why.append(
+                f"overloaded: achieved {m.get('throughput.achieved_rps') or 0:.4g} < 0.95 x "
+                f"offered {m.get('throughput.offered_rps') or 0:.4g} req/s"
+            )
+        if m.get("requests.unfinished"):
+            why.append(f"{m['requests.unfinished']} requests unfinished")
+    req = max(int(m.get("requests.total") or 0), 1)
     if slo.availability is not None:
         avail = m.get("availability", m.get("faults.availability"))
         if avail is None:
-            avail = 1.0 - (int(m.get("rejected") or 0) + int(m.get("unfinished") or 0)) / req
+            lost = int(m.get("requests.rejected") or 0) + int(m.get("requests.unfinished") or 0)
+            avail = 1.0 - lost / req
         if avail < slo.availability:
             why.append(f"availability {avail:.4g} < {slo.availability:.4g}")
     if slo.degraded_rate is not None:
         deg = m.get("degraded_rate")
         if deg is None:
-            deg = (int(m.get("shed") or 0) + int(m.get("degraded") or 0)) / req
+            deg = (int(m.get("requests.shed") or 0) + int(m.get("requests.degraded") or 0)) / req
         if deg > slo.degraded_rate:
             why.append(f"degraded rate {deg:.4g} > {slo.degraded_rate:.4g}")
     return not why, why
 
 
-def utilisation(m: dict[str, Any], hbm_bytes: float) -> dict[str, float]:
-    """Per-resource utilisation (0..1) of one run from its flattened summary.
+def _secs(v: float) -> str:
+    return f"{v * 1e3:.3g} ms" if v < 1 else f"{v:.3g} s"
 
-    ``hbm_bytes`` is the fallback HBM size when the summary has no ``hbm_bytes_per_node``.
-    """
-    ps = m.get("ps_utilisation")
-    net = m.get("node_nic_utilisation")
-    cap = m.get("hbm_bytes_per_node") or hbm_bytes
-    return {
-        "compute": float(m.get("compute_utilisation") or 0.0),
-        "hbm": float(m.get("peak_hbm_bytes_per_node") or 0.0) / max(float(cap), 1.0),
-        "pcie": float(m.get("pcie_utilisation") or 0.0),
-        "network": float(net if net is not None else m.get("r31.network_saturation") or 0.0),
-        "parameter_servers": float(ps if ps is not None else m.get("param_wait_share") or 0.0),
-    }
+
+def utilisation(m: dict[str, Any]) -> dict[str, float]:
+    """Per-resource utilisation (0..1) of one run from its flattened summary: the summary's
+    ``utilisation.*`` (see :func:`sim.runner.utilisation`)."""
+    return {r: float(m.get(f"utilisation.{r}") or 0.0) for r in RESOURCES}
 
 
 class Planner:
@@ -241,10 +278,14 @@ class Planner:
             label = ", ".join(f"{k}={v}" for k, v in alt.items())
             self.progress(f"{label + ' ' if label else ''}size={size} qps={qps:g}")
         pts = self.points(alt, size, qps)
+        bad = _infeasible(pts[0].scenario)
+        if bad is not None:
+            pr = Probe(alt, size, qps, False, 0.0, dict.fromkeys(RESOURCES, 0.0), [bad], True)
+            self._memo[key] = pr
+            return pr
         batch = self.runner.run(pts, self.cache, progress=self.run_progress)
-        sc = pts[0].scenario
-        hbm = float(sc.cluster.gpu.hbm or _profile_hbm(sc.profile))
         n_pass, utils, reasons = 0, [], []
+        over, achieved = 0, []
         for p in pts:
             rec = batch.records.get(p.config_hash)
             m = rec["metrics"] if rec is not None and rec.get("status") == "ok" else None
@@ -252,11 +293,15 @@ class Planner:
             n_pass += ok
             reasons += [f"seed {p.seed}: {w}" for w in why]
             if m is not None:
-                utils.append(utilisation(m, hbm))
+                utils.append(utilisation(m))
+                over += bool(m.get("overloaded") or m.get("requests.unfinished"))
+                achieved.append(float(m.get("throughput.achieved_rps") or 0.0))
         frac = n_pass / len(pts)
         mean_u = {r: sum(u[r] for u in utils) / len(utils) if utils else 0.0 for r in RESOURCES}
         pr = Probe(alt, size, qps, frac >= self.spec.min_pass_fraction - 1e-12, frac, mean_u)
         pr.reasons = reasons
+        pr.overloaded = over / len(pts)
+        pr.achieved = sum(achieved) / len(achieved) if achieved else 0.0
         self._memo[key] = pr
         return pr
 
@@ -303,15 +348,20 @@ class Planner:
         return lo, fail
 
 
-_PROFILE_HBM: dict[str, float] = {}
+def _infeasible(sc: Any) -> str | None:
+    """Why the scenario ``sc`` cannot be built (memory, replica shape), or ``None``."""
+    from sim.cluster import check_feasible
+    from sim.costmodel import load_profile
+    from sim.models import load_catalogue
 
-
-def _profile_hbm(profile: str) -> float:
-    if profile not in _PROFILE_HBM:
-        from sim.costmodel import load_profile
-
-        _PROFILE_HBM[profile] = float(load_profile(profile).gpu.hbm_bytes)
-    return _PROFILE_HBM[profile]
+    try:
+        check_feasible(sc, load_catalogue(sc.catalogue), load_profile(sc.profile))
+    except InputError as err:
+        text = str(err)
+        if err.source and text.startswith(f"{err.source}: "):
+            text = text[len(err.source) + 2 :]
+        return f"infeasible: {text}"
+    return None
 
 
 def _lookup(data: dict[str, Any], path: str) -> Any:
@@ -339,10 +389,18 @@ def check_plan(spec: PlanFile, planner: Planner, source: str) -> None:
     """Reject a plan that cannot be answered before running anything."""
     if not spec.qps and not spec.sizes:
         raise InputError("give qps (smallest size) and/or sizes (highest qps)", source=source)
-    if not spec.slo.p99 and spec.slo.availability is None and spec.slo.degraded_rate is None:
+    slo = spec.slo
+    if not slo.limits() and slo.availability is None and slo.degraded_rate is None:
         raise InputError(
-            "slo: give at least one of p99, availability, degraded_rate", source=source
+            "slo: give at least one of e2e, ttft, tpot, p99, availability, degraded_rate",
+            source=source,
         )
+    for kind, pct, _, _ in slo.limits():
+        if pct not in PERCENTILES:
+            raise InputError(
+                f"slo.{kind}: unknown percentile {pct!r}; allowed: {', '.join(PERCENTILES)}",
+                source=source,
+            )
     lo, hi = spec.size_range
     if not 1 <= lo <= hi:
         raise InputError(f"size_range: {[lo, hi]} needs 1 <= low <= high", source=source)
@@ -353,10 +411,15 @@ def check_plan(spec: PlanFile, planner: Planner, source: str) -> None:
     for alt in alternatives(spec):
         sc = planner.points(alt, lo, spec.qps[0] if spec.qps else qlo)[0].scenario
         classes = [c.name for c in sc.workload.classes]
-        for cls in spec.slo.p99:
+        for kind, pct, cls, _ in slo.limits():
             if cls != "all" and cls not in classes:
+                where = (
+                    "slo.p99"
+                    if (kind, pct) == ("e2e", "p99") and cls in slo.p99
+                    else f"slo.{kind}.{pct}"
+                )
                 raise InputError(
-                    f"slo.p99: unknown class {cls!r}; allowed: all, {', '.join(classes)}",
+                    f"{where}: unknown class {cls!r}; allowed: all, {', '.join(classes)}",
                     source=source,
                 )
 
@@ -395,12 +458,13 @@ def run_plan(
         for alt in alternatives(spec):
             for q in spec.qps:
                 size, boundary = pl.min_size(alt, q)
-                rows.append(_row("min-size", alt, q, size, boundary, spec, resolved))
+                shape = _shape(pl.points(alt, size, q)[0].scenario) if size is not None else None
+                rows.append(_row("min-size", alt, q, size, boundary, spec, resolved, shape))
             for s in spec.sizes:
                 qmax, boundary = pl.max_qps(alt, s)
                 rows.append(_row("max-qps", alt, qmax, s, boundary, spec, resolved))
     df = pd.DataFrame(rows)
-    if not df.empty and spec.costs:
+    if not df.empty and (spec.costs or spec.gpu_hour_cost is not None):
         ms = df[(df["question"] == "min-size") & df["cost"].notna()]
         best = ms.groupby("qps")["cost"].transform("min")
         df["cheapest"] = False
@@ -410,10 +474,38 @@ def run_plan(
     write_parquet(df, folder / "frontier.parquet")
     write_atomic(folder / "frontier.csv", df.to_csv(index=False))
     _plot(df, spec, folder / "frontier.png")
-    report = {"spec": spec.model_dump(mode="json"), "seeds": seeds, "answers": answers}
-    report["frontier"] = json.loads(df.to_json(orient="records"))
+    result = PlanResult(df, folder, answers)
+    report = {"spec": spec.model_dump(mode="json"), "seeds": seeds, **plan_json(result)}
     write_atomic(folder / "plan.json", json.dumps(report, indent=1) + "\n")
-    return PlanResult(df, folder, answers)
+    return result
+
+
+def _shape(sc: Any) -> dict[str, int]:
+    c = sc.cluster
+    return {
+        "servers": c.servers,
+        "gpus": c.gpus,
+        "tp": c.tp,
+        "pp": c.pp,
+        "replicas": c.replicas,
+    }
+
+
+def _why_none(top: Probe, spec: PlanFile) -> str:
+    """Why even the top of the size range fails: infeasible, a capacity limit, or a latency
+    floor that more servers cannot lower (with the value reached there)."""
+    if top.infeasible:
+        return top.reasons[0]
+    reached = "; ".join(r.split(": ", 1)[1] for r in top.reasons[:2])
+    if top.overloaded > 0:
+        return (
+            f"capacity: {spec.size_key}={top.size} is overloaded at {top.qps:g} QPS "
+            f"(achieved {top.achieved:.4g} req/s); raise size_range ({reached})"
+        )
+    return (
+        f"latency floor: {spec.size_key}={top.size} sustains {top.qps:g} QPS but misses the "
+        f"SLO ({reached}); more {spec.size_key} cannot lower it"
+    )
 
 
 def _row(
@@ -424,6 +516,7 @@ def _row(
     boundary: Probe,
     spec: PlanFile,
     resolved: dict[str, Any],
+    shape: dict[str, int] | None = None,
 ) -> dict[str, Any]:
     answered = size if question == "min-size" else qps
     cost: float | None = None
@@ -435,9 +528,19 @@ def _row(
     util = boundary.utilisation
     sat = max(RESOURCES, key=lambda r: util[r]) if any(util.values()) else None
     row: dict[str, Any] = {"question": question, **alt, "qps": qps, "size": size}
+    shape = shape or {}
+    if spec.gpu_hour_cost is not None and answered is not None and "gpus" in shape:
+        cost = spec.gpu_hour_cost * shape["gpus"]
+    reason = None
+    if answered is None:
+        reason = (
+            _why_none(boundary, spec) if question == "min-size" else "; ".join(boundary.reasons[:2])
+        )
     row.update(
         answered=answered is not None,
         cost=cost,
+        **({k: v for k, v in shape.items()} if answered is not None else {}),
+        reason=reason,
         boundary_size=boundary.size,
         boundary_qps=boundary.qps,
         boundary_passed=boundary.passed,
@@ -453,18 +556,60 @@ def _sentence(r: dict[str, Any], spec: PlanFile) -> str:
     alt = f" with {alt}" if alt else ""
     sat = r.get("saturates_first")
     blame = f"; saturates first: {sat} ({r[f'util_{sat}']:.2f})" if sat else ""
-    cost = f" (cost {r['cost']:g})" if r.get("cost") is not None else ""
+    cost = f", cost {r['cost']:g}" if r.get("cost") is not None else ""
+    gpus = (
+        f" ({r['gpus']:g} GPUs{cost})" if r.get("gpus") == r.get("gpus") and r.get("gpus") else cost
+    )
     if r["question"] == "min-size":
         if r["size"] is None:
             lo, hi = spec.size_range
-            return (
-                f"{r['qps']:g} QPS{alt}: no {spec.size_key} in [{lo}, {hi}] meets the SLOs{blame}"
-            )
-        return f"{r['qps']:g} QPS{alt}: smallest {spec.size_key} = {r['size']}{cost}{blame}"
+            return f"{r['qps']:g} QPS{alt}: no {spec.size_key} in [{lo}, {hi}] meets the SLOs: {r['reason']}"
+        return f"{r['qps']:g} QPS{alt}: smallest {spec.size_key} = {r['size']}{gpus}{blame}"
     if r["qps"] is None:
         return f"{spec.size_key}={r['size']}{alt}: fails the SLOs even at {spec.qps_range[0]:g} QPS"
-    top = " (top of qps_range)" if r["qps"] >= spec.qps_range[1] else ""
+    top = " (top of qps_range: capacity not reached)" if r["qps"] >= spec.qps_range[1] else ""
     return f"{spec.size_key}={r['size']}{alt}: highest QPS = {r['qps']:g}{top}{blame}"
+
+
+def plan_json(res: PlanResult) -> dict[str, Any]:
+    """The plan's answer as one JSON-ready object: ``answer`` (the cheapest passing min-size
+    answer of the first load -- by cost, else by GPUs -- or, when none passes, the first
+    row's reason) with ``servers``, ``gpus``, ``tp``, ``pp``, ``meets_slo``, ``reason``,
+    ``qps``, ``cost``; and every row of the ``frontier``."""
+    rows = json.loads(res.frontier.to_json(orient="records")) if not res.frontier.empty else []
+    ms = [r for r in rows if r["question"] == "min-size"]
+    answer: dict[str, Any] = {"meets_slo": False, "reason": "the plan asked no min-size question"}
+    if ms:
+        q0 = ms[0]["qps"]
+        first = [r for r in ms if r["qps"] == q0]
+        ok = [r for r in first if r["answered"]]
+        if ok:
+            best = min(
+                ok, key=lambda r: (r["cost"] if r["cost"] is not None else 0, r.get("gpus") or 0)
+            )
+            answer = {
+                "qps": q0,
+                "servers": best.get("servers"),
+                "gpus": best.get("gpus"),
+                "tp": best.get("tp"),
+                "pp": best.get("pp"),
+                "replicas": best.get("replicas"),
+                "cost": best["cost"],
+                "meets_slo": True,
+                "reason": None,
+                "saturates_first": best.get("saturates_first"),
+            }
+        else:
+            answer = {
+                "qps": q0,
+                "servers": None,
+                "gpus": None,
+                "tp": None,
+                "pp": None,
+                "meets_slo": False,
+                "reason": " | ".join(r["reason"] or "" for r in first),
+            }
+    return {"answer": answer, "answers": res.answers, "frontier": rows, "folder": str(res.folder)}
 
 
 def _plot(df: pd.DataFrame, spec: PlanFile, path: Path) -> None:

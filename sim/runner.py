@@ -84,7 +84,8 @@ def utilisation(cl: Cluster) -> dict[str, float]:
     ``token_budget`` (tokens per iteration / ``max_num_batched_tokens``, time-weighted),
     ``mfu`` (model FLOPs / peak FLOP/s of every GPU), ``mbu`` (HBM bytes read / HBM bandwidth
     of every GPU), and bytes carried / bandwidth x time of the replicas' ``pcie``, ``nic`` and
-    ``nvme`` links and the parameter servers' ``ps_nic`` and ``ps_ssd``."""
+    ``nvme`` links and the parameter servers' ``ps_nic`` and ``ps_ssd``; ``kv`` is the mean
+    share of the KV blocks reserved (time-series samples in the window)."""
     a, b = cl.snaps["w0"], cl.snaps["w1"]
     dt = max(b["t"] - a["t"], 1e-12)
     sc = cl.ctx.sc
@@ -106,6 +107,9 @@ def utilisation(cl: Cluster) -> dict[str, float]:
     for kind in ("pcie", "nic", "nvme", "ps_nic", "ps_ssd"):
         bw = b[f"{kind}_bw"]
         out[kind] = d(f"{kind}_bytes") / (bw * dt) if bw > 0 else 0.0
+    cap = sum(n.kv.capacity for n in cl.ctx.nodes)
+    kv = [row[16] for row in cl.ctx.metrics.samples if a["t"] <= row[0] <= b["t"]]
+    out["kv"] = float(np.mean(kv)) / cap if kv and cap else 0.0
     return out
 
 

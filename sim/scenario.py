@@ -312,8 +312,9 @@ class KvCfg(_M):
 class TokenDist(_M):
     """A distribution of token counts, clipped to ``[max(low, 1), high]``."""
 
-    dist: Literal["fixed", "uniform", "lognormal"] = "fixed"
-    """`fixed` (always `mean`), `uniform` on [low, high], or `lognormal` with mean `mean`."""
+    dist: Literal["fixed", "uniform", "lognormal", "geometric"] = "fixed"
+    """`fixed` (always `mean`), `uniform` on [low, high], `lognormal` with mean `mean`, or
+    `geometric` (memoryless, P(k) = (1-p)^(k-1) p, mean `mean` >= 1 before clipping)."""
     mean: float = Field(default=256, gt=0)
     """Mean tokens (> 0); the value itself for `fixed`."""
     low: int = Field(default=1, ge=0)

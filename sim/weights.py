@@ -123,6 +123,15 @@ class WeightStore:
         """Make every chunk of model ``m`` resident (warm-up / coupled mode; no traffic
         counted). Returns False if HBM ran out of room."""
         sizes = self._size[m]
+        base = self._base[m]
+        if not self.resident_bytes[m]:  # nothing of it resident yet: one bulk admission
+            items = [(base | cid, sizes[cid]) for cid in range(self._nchunks[m])]
+            total = sum(sizes)
+            if self.hbm.admit_many(items, now, self._colors[m]):
+                self.counts[m] = list(self._lchunks[m])
+                self.full[m] = self.ctx.models[m].nonempty_layers
+                self.resident_bytes[m] = total
+                return True
         return all(self._admit(m, cid, sizes[cid], now) for cid in range(self._nchunks[m]))
 
     def touch(self, m: int, now: float) -> None:

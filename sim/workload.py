@@ -53,6 +53,8 @@ def draw_tokens(dist: TokenDist, n: int, rng: np.random.Generator) -> I32:
         vals = np.full(n, dist.mean)
     elif dist.dist == "uniform":
         vals = rng.integers(lo, dist.high + 1, size=n)
+    elif dist.dist == "geometric":
+        vals = rng.geometric(1.0 / max(dist.mean, 1.0), size=n)
     else:
         mu = np.log(dist.mean) - dist.sigma**2 / 2.0  # so that E[X] = mean before clipping
         vals = rng.lognormal(mu, dist.sigma, size=n)

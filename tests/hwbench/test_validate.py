@@ -30,7 +30,6 @@ from hwbench.engine_probe import (
     serving_terms,
     split_busy,
 )
-from sim.memory import plan_memory
 from hwbench.validate import (
     compare,
     decoder_config,
@@ -43,6 +42,7 @@ from hwbench.validate import (
 from hwbench.workloads import SUITE, ValidationWorkload, arrivals, get_workload
 from sim.cli import app
 from sim.costmodel import Profile, load_profile
+from sim.memory import plan_memory
 from sim.scenario import validate as validate_scenario
 
 

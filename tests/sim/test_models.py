@@ -111,12 +111,43 @@ def test_qwen3_head_dim_is_not_hidden_over_heads(cat) -> None:
     assert cat["llama-3.1-70b"].param_bytes == 141_107_412_992
 
 
-def test_llama2_entries_are_unchanged(cat) -> None:
-    # Other scenarios pin figures of these: the new fields must not move them.
-    assert cat["llama-2-7b"].param_bytes == 13_476_831_232
-    assert cat["llama-2-70b"].param_bytes == 137_953_296_384
-    assert cat["llama-2-7b"].max_context == 4096
-    assert cat["llama-2-13b"].kv_bytes_per_token == 2 * 40 * 40 * 128 * 2
+# LLaMA-2 (fp16, vocab 32000, tied: no), same block arithmetic as above:
+# 7B:  attention 4*4096^2 = 67,108,864; MLP 3*4096*11008 = 135,266,304; block 202,383,360
+#      32 blocks 6,476,267,520 + 2*32000*4096 (262,144,000) + 4,096       = 6,738,415,616
+#      KV 2*32*32*128*2 = 524,288 B/token (no GQA)
+# 13B: attention 4*5120^2 = 104,857,600; MLP 3*5120*13824 = 212,336,640; block 317,204,480
+#      40 blocks 12,688,179,200 + 2*32000*5120 (327,680,000) + 5,120     = 13,015,864,320
+#      KV 2*40*40*128*2 = 819,200 B/token
+# 70B: block as Llama-3.1-70B, 855,654,400; 80 blocks 68,452,352,000
+#      + 2*32000*8192 (524,288,000) + 8,192                               = 68,976,648,192
+#      KV 2*80*8*128*2 = 327,680 B/token
+# ResNets (fp32, no KV): torchvision's sum(p.numel()) for resnet34/50/101.
+OLDER = [
+    # name, parameters, bytes per parameter, KV bytes per token, context window
+    ("llama-2-7b", 6_738_415_616, 2, 524_288, 4096),
+    ("llama-2-13b", 13_015_864_320, 2, 819_200, 4096),
+    ("llama-2-70b", 68_976_648_192, 2, 327_680, 4096),
+    ("resnet-34", 21_797_672, 4, 0, 0),
+    ("resnet-50", 25_557_032, 4, 0, 0),
+    ("resnet-101", 44_549_160, 4, 0, 0),
+]
+
+
+@pytest.mark.parametrize(("name", "params", "db", "kv", "ctx"), OLDER)
+def test_older_entries_match_hand_figures(
+    cat, name: str, params: int, db: int, kv: int, ctx: int
+) -> None:
+    m = cat[name]
+    assert m.param_count == params
+    assert m.param_bytes == params * db == sum(m.layer_bytes())
+    assert m.kv_bytes_per_token == kv
+    assert m.max_context == ctx
+
+
+def test_every_shipped_model_is_hand_checked(cat) -> None:
+    checked = {row[0] for row in OLDER} | {row[0] for row in CURRENT}
+    checked |= {f"{row[0]}-fp8" for row in CURRENT}
+    assert set(cat) == checked
 
 
 def test_decoder_structure(cat) -> None:

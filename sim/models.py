@@ -1,18 +1,27 @@
 """Model catalogue: layer-by-layer parameter bytes and FLOPs of the models the simulator serves.
 
-The shipped catalogue (``sim/data/models.yaml``) describes LLaMA-2-7B/13B/70B-shaped decoders
-and ResNet-34/50/101 by their public shapes; :func:`load_catalogue` expands each shape into a
-:class:`ModelSpec` with one :class:`LayerSpec` per execution layer. A user YAML file of the same
-schema adds models (or replaces shipped ones of the same name).
+The shipped catalogue (``sim/data/models.yaml``) describes LLaMA-2-7B/13B/70B, Llama-3.1-8B/
+70B/405B and Qwen3-32B decoders (each Llama-3.1 and Qwen3 model also as an ``-fp8`` entry with
+1-byte weights) and ResNet-34/50/101 by their public shapes; :func:`load_catalogue` expands each
+shape into a :class:`ModelSpec` with one :class:`LayerSpec` per execution layer. A user YAML file
+of the same schema (the scenario field ``catalogue``) adds models or replaces shipped ones of
+the same name.
+
+Two byte widths are kept apart: ``dtype_bytes`` is the width of a stored weight (2: bf16/fp16,
+1: fp8) and ``kv_dtype_bytes`` the width of a cached K or V element (null: the weights' width).
+An fp8 entry stores every weight, embedding and LM head included, in 1 byte; checkpoints that
+keep the embedding and LM head in bf16 are 2 * vocab * hidden bytes larger.
 
 YAML schema (unknown keys are errors)::
 
     models:
       - name: my-decoder            # unique within a file
         kind: decoder               # decoder | cnn
-        dtype_bytes: 2
-        shape: {family: llama, n_layers: 32, hidden: 4096, heads: 32, kv_heads: 32,
-                ffn: 11008, vocab: 32000}
+        dtype_bytes: 2              # weights
+        kv_dtype_bytes: 2           # KV cache; null: = dtype_bytes
+        max_context: 131072         # context window in tokens; 0: not stated
+        shape: {family: llama, n_layers: 32, hidden: 4096, heads: 32, kv_heads: 8,
+                head_dim: 128, ffn: 14336, vocab: 128256, tie_embeddings: false}
       - name: my-cnn
         kind: cnn
         dtype_bytes: 4
@@ -97,7 +106,11 @@ class ModelSpec(BaseModel):
     hidden: int = Field(default=0, ge=0)
     """Hidden (model) dimension."""
     dtype_bytes: int = Field(default=2, ge=1, le=8)
-    """Bytes per parameter (2: FP16/BF16, 4: FP32), 1..8."""
+    """Bytes per stored weight (1: FP8, 2: FP16/BF16, 4: FP32), 1..8."""
+    kv_dtype_bytes: int = Field(default=2, ge=1, le=8)
+    """Bytes per cached K or V element (`kv_bytes_per_token` is computed with it), 1..8."""
+    max_context: int = Field(default=0, ge=0)
+    """Context window in tokens (prompt plus output); 0: not stated (CNNs, old entries)."""
 
     @property
     def param_bytes(self) -> int:
@@ -145,11 +158,15 @@ class LlamaShape(BaseModel):
     n_layers: int = Field(ge=1)
     """Transformer blocks, >= 1."""
     hidden: int = Field(ge=1)
-    """Hidden dimension (divisible by `heads`)."""
+    """Hidden dimension (divisible by `heads` unless `head_dim` is given)."""
     heads: int = Field(ge=1)
     """Attention heads, >= 1."""
     kv_heads: int | None = Field(default=None, ge=1)
-    """Key/value heads (GQA); null: = heads."""
+    """Key/value heads (GQA, divides `heads`); null: = heads."""
+    head_dim: int | None = Field(default=None, ge=1)
+    """Dimension of one attention head; null: hidden / heads (Qwen3-32B: 128 != 5120 / 64)."""
+    qk_norm: bool = False
+    """RMSNorm on each head's query and key (Qwen3): 2 * head_dim more weights per block."""
     ffn: int = Field(ge=1)
     """SwiGLU MLP inner dimension."""
     vocab: int = Field(ge=1)
@@ -189,13 +206,17 @@ class ModelEntry(BaseModel):
     kind: Literal["decoder", "cnn"]
     """`decoder` or `cnn` (must match the shape family)."""
     dtype_bytes: int = Field(default=2, ge=1, le=8)
-    """Bytes per parameter, 1..8."""
+    """Bytes per stored weight (1: fp8, 2: bf16/fp16, 4: fp32), 1..8."""
+    kv_dtype_bytes: int | None = Field(default=None, ge=1, le=8)
+    """Bytes per cached K or V element (2: bf16, 1: fp8 KV), 1..8; null: = `dtype_bytes`."""
+    max_context: int = Field(default=0, ge=0)
+    """Context window in tokens (e.g. 131072 for Llama-3.1); 0: not stated."""
     shape: LlamaShape | ResNetShape | None = Field(default=None, discriminator="family")
     """A shape to expand (`family: llama` or `resnet`); give exactly one of shape and layers."""
     layers: list[LayerSpec] | None = None
     """Explicit layers instead of a shape."""
     kv_bytes_per_token: Bytes = 0
-    """Explicit layers: KV bytes per token (decoders)."""
+    """Explicit layers: KV bytes per token (decoders), all layers, K and V together."""
     heads: int = Field(default=0, ge=0)
     """Explicit layers: attention heads."""
     kv_heads: int = Field(default=0, ge=0)
@@ -217,15 +238,27 @@ class CatalogueFile(BaseModel):
     """The models of the file."""
 
 
+def _kv_dtype(entry: ModelEntry) -> int:
+    return entry.kv_dtype_bytes if entry.kv_dtype_bytes is not None else entry.dtype_bytes
+
+
 def _llama(entry: ModelEntry, s: LlamaShape) -> ModelSpec:
     db = entry.dtype_bytes
     kv_heads = s.kv_heads or s.heads
-    if s.hidden % s.heads:
-        raise ValueError(f"hidden {s.hidden} is not divisible by heads {s.heads}")
-    hd = s.hidden // s.heads
+    if s.heads % kv_heads:
+        raise ValueError(f"heads {s.heads} is not a multiple of kv_heads {kv_heads}")
+    if s.head_dim is None:
+        if s.hidden % s.heads:
+            raise ValueError(
+                f"hidden {s.hidden} is not divisible by heads {s.heads}; give head_dim"
+            )
+        hd = s.hidden // s.heads
+    else:
+        hd = s.head_dim
     attn = s.hidden * s.heads * hd * 2 + s.hidden * kv_heads * hd * 2  # q, o + k, v
     mlp = 3 * s.hidden * s.ffn
-    block_params = attn + mlp + 2 * s.hidden  # two RMSNorm weights
+    norms = 2 * s.hidden + (2 * hd if s.qk_norm else 0)  # two RMSNorms (+ q/k norms)
+    block_params = attn + mlp + norms
     layers = [LayerSpec(name="embedding", param_bytes=s.vocab * s.hidden * db)]
     layers += [
         LayerSpec(
@@ -246,12 +279,14 @@ def _llama(entry: ModelEntry, s: LlamaShape) -> ModelSpec:
         name=entry.name,
         kind="decoder",
         layers=layers,
-        kv_bytes_per_token=2 * s.n_layers * kv_heads * hd * db,
+        kv_bytes_per_token=2 * s.n_layers * kv_heads * hd * _kv_dtype(entry),
         heads=s.heads,
         kv_heads=kv_heads,
         head_dim=hd,
         hidden=s.hidden,
         dtype_bytes=db,
+        kv_dtype_bytes=_kv_dtype(entry),
+        max_context=entry.max_context,
     )
 
 
@@ -300,7 +335,14 @@ def _resnet(entry: ModelEntry, s: ResNetShape) -> ModelSpec:
     layers.append(
         LayerSpec(name="fc", param_bytes=(fc + s.num_classes) * db, flops_per_sample=2.0 * fc)
     )
-    return ModelSpec(name=entry.name, kind="cnn", layers=layers, dtype_bytes=db)
+    return ModelSpec(
+        name=entry.name,
+        kind="cnn",
+        layers=layers,
+        dtype_bytes=db,
+        kv_dtype_bytes=_kv_dtype(entry),
+        max_context=entry.max_context,
+    )
 
 
 def build_model(entry: ModelEntry) -> ModelSpec:
@@ -326,6 +368,8 @@ def build_model(entry: ModelEntry) -> ModelSpec:
         head_dim=entry.head_dim,
         hidden=entry.hidden,
         dtype_bytes=entry.dtype_bytes,
+        kv_dtype_bytes=_kv_dtype(entry),
+        max_context=entry.max_context,
     )
 
 

@@ -11,9 +11,9 @@
   (``b <- (b + count) / 2``); a chunk with ``count >= min_count`` and ``count > factor * b``
   is hot and gains one replica on the next ring server (copied server-to-server over RDMA),
   up to ``max_replicas``. The first window only sets the baseline.
-* Placement unit (``ring.placement``): ``shard`` (default) puts whole shards on the ring --
-  a layer with ``layer`` sharding, a layer's head group with ``layer-head`` (R26) -- so a layer
-  comes from one server (one flow); ``chunk`` spreads every chunk on its own.
+* Placement unit (``ring.placement``): ``shard`` puts whole shards on the ring -- a layer
+  with ``layer`` sharding, a layer's head group with ``layer-head`` (R26) -- so a layer comes
+  from one server (one flow); ``chunk`` (default) spreads every chunk on its own.
 * Routing: a fetch goes to the live replicas of a chunk in rotation.
 """
 

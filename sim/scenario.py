@@ -17,10 +17,11 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator
 
 from engine.configfile import read_mapping, validate_model
 from engine.errors import InputError
+from engine.policy import policy_names
 from engine.units import parse_duration, parse_rate, parse_size
 from sim.faults import FaultsCfg
 
@@ -186,7 +187,7 @@ class CacheCfg(_M):
     """Eviction policies of the node tiers (R3, R13, R24) and HBM watermarks (R30)."""
 
     hbm_policy: str = "lru"
-    """Eviction policy of the HBM weight cache; one of the eviction policies listed below."""
+    """Eviction policy of the HBM weight cache: a policy listed below but `opt` (`pin`: PD mode)."""
     host_policy: str = "lru"
     """Eviction policy of the pinned host memory tier; an eviction policy name."""
     nvme_policy: str = "lru"
@@ -197,6 +198,21 @@ class CacheCfg(_M):
     """HBM cache evicts when use exceeds this share of capacity (R30: 0.8); 1.0: only when full."""
     low_watermark: float = Field(default=1.0, gt=0, le=1)
     """Eviction after crossing the high watermark stops at this share (capped at the high one)."""
+
+    @field_validator("hbm_policy", "host_policy", "nvme_policy")
+    @classmethod
+    def _online_policy(cls, name: str) -> str:
+        """A registered policy that needs no knowledge of the future (not `opt`)."""
+        allowed = ", ".join(n for n in policy_names() if n != "opt")
+        if name == "opt":
+            raise ValueError(
+                "'opt' (Belady's MIN) needs the future reference string, which a running "
+                "cluster does not know (replay a trace with `pdsim cache replay` to compare "
+                f"against it); allowed here: {allowed}"
+            )
+        if name not in policy_names():
+            raise ValueError(f"unknown eviction policy {name!r}; allowed: {allowed}")
+        return name
 
 
 class PrefetchCfg(_M):
@@ -215,8 +231,8 @@ class PrefetchCfg(_M):
 
 
 class RingCfg(_M):
-    """Consistent-hash placement; ``placement``: ring key per ``shard`` (layer / head group,
-    following ``chunks.sharding``) or per ``chunk``."""
+    """Consistent-hash placement; ``placement``: ring key per ``chunk`` (default) or per
+    ``shard`` (layer / head group, following ``chunks.sharding``)."""
 
     vnodes: int = Field(default=128, ge=1)
     """Virtual nodes per parameter server on the consistent-hash ring (R1), >= 1."""
@@ -224,8 +240,8 @@ class RingCfg(_M):
     """Initial replicas of each chunk (capped at the number of parameter servers), >= 1."""
     load_factor: float | None = Field(default=None, gt=1)
     """Bounded-load cap: a server holds at most this x its fair share (> 1); null: unbounded."""
-    placement: Literal["shard", "chunk"] = "shard"
-    """Ring key: `shard` (a layer or head group lives on one server) or `chunk` (each chunk)."""
+    placement: Literal["shard", "chunk"] = "chunk"
+    """Ring key: `chunk` (each chunk on its own, even byte load) or `shard` (a layer per server)."""
 
 
 class SchedulerCfg(_M):

@@ -7,6 +7,7 @@ from engine.policy import (
     lru,  # noqa: F401  (registers "lru")
     lruk,  # noqa: F401  (registers "lru-k")
     opt,  # noqa: F401  (registers "opt")
+    pin,  # noqa: F401  (registers "pin")
     priority,  # noqa: F401  (registers "priority")
 )
 from engine.policy.base import EvictionPolicy, Key

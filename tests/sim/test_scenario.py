@@ -61,6 +61,16 @@ BAD = [
         "cache.hbm_policy: unknown eviction policy",
     ),
     (
+        "offline opt as a node policy",
+        {"cache": {"nvme_policy": "opt"}},
+        "cache.nvme_policy: 'opt' (Belady's MIN) needs the future reference string",
+    ),
+    (
+        "opt error lists the online policies",
+        {"cache": {"hbm_policy": "opt"}},
+        "allowed here: arc, color-lru, fifo, lru, lru-k, pin, priority",
+    ),
+    (
         "unknown placement",
         {"scheduler": {"policy": "best"}},
         "scheduler.policy: 'best' is not allowed",

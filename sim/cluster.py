@@ -186,6 +186,8 @@ def _model_rt(
             chunk_tokens=sc.kv.chunk_tokens,
         )
         max_ctx = att.max_context(kv_budget, chunked=sc.kv.attention == "chunked")
+        if spec.max_context:  # the model's context window
+            max_ctx = min(max_ctx, spec.max_context)
     labels = [d.model for d in sc.deployments]
     label = (
         spec.name if labels.count(spec.name) == 1 else f"{spec.name}@v{sc.deployments[i].version}"
@@ -386,6 +388,7 @@ class Cluster:
             env.process(self._snap_at(w1))
         cap = sc.duration if sc.duration > 0 else float("inf")
         stall = sc.metrics.stall_timeout
+        max_waiting = sc.metrics.max_waiting
         step = max(min(self.horizon / 100.0, stall / 4), 1e-3)
         n = self.wl.n
         met = ctx.metrics
@@ -404,6 +407,12 @@ class Cluster:
                 )
                 break
             env.run(until=min(env.now + step, cap))
+            if max_waiting is not None and sum(nd.qlen for nd in ctx.nodes) > max_waiting:
+                self.stop_reason = (
+                    f"more than {max_waiting} requests waited (metrics.max_waiting): the "
+                    "replicas cannot keep up"
+                )
+                break
             if progress is not None:
                 progress(met.n_final / n, env.now)
         if "w0" not in self.snaps:

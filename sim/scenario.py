@@ -418,6 +418,10 @@ class MetricsCfg(_M):
     """Start of the steady window, seconds or a duration; null: 10% of the arrival span."""
     cooldown: Duration = 0.0
     """The steady window ends this long before the last arrival, seconds or a duration."""
+    max_waiting: int | None = Field(default=None, ge=1)
+    """Stop the run when more than this many requests wait in the replicas' queues (a run
+    that cannot keep up, e.g. a capacity plan's undersized probe); they are reported as
+    unfinished. null: never."""
     stall_timeout: Duration = Field(default=600.0, gt=0)
     """Stop when no request has finished for this long (simulated) while some are unfinished;
     they are reported as unfinished and `pdsim run` exits 3. Seconds or a duration (> 0)."""

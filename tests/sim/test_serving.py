@@ -322,3 +322,44 @@ def test_memory_plan_hand_figures() -> None:
     assert mem.kv_gpu == budget - mem.workspace_gpu - weights
     # 8 KV heads over 8 ranks: one each, nothing replicated
     assert mem.kv == mem.kv_gpu * 8
+
+
+def test_lru_on_a_cyclic_layer_scan_gets_no_hbm_hits_and_each_access_counts_once() -> None:
+    # a weight cache smaller than the model, no prefetch: LRU evicts every chunk before the
+    # next iteration comes back to it, so (after the first iteration) no access is a hit;
+    # each iteration accesses every chunk once
+    sc = validate(
+        {
+            "name": "scan",
+            "profile": "a100-80gb",
+            "mode": "pd",
+            "deployments": [{"model": "llama-2-7b"}],
+            "cluster": {
+                "servers": 1,
+                "param_servers": 1,
+                "gpu": {"hbm": "20GiB", "weight_cache_fraction": 0.25, "workspace": 0},
+                "server": {"host": "32GiB", "nvme": 0},
+            },
+            "prefetch": {"enabled": False},
+            "warmup": {"node_hbm": False},
+            "metrics": {"warmup": 0.0},
+            "workload": {
+                "kind": "poisson",
+                "requests": 3,
+                "rate": 0.01,
+                "input_tokens": {"dist": "fixed", "mean": 16},
+                "output_tokens": {"dist": "fixed", "mean": 4},
+            },
+        }
+    )
+    from sim.cluster import build
+    from sim.costmodel import CostModel
+
+    cl = build(sc, 1, CAT, load_profile(sc.profile), CostModel)
+    cl.run()
+    (node,) = cl.ctx.nodes
+    met = cl.ctx.metrics
+    n_chunks = cl.ctx.models[0].n_chunks
+    assert met.accesses == node.iterations * n_chunks  # every chunk once per iteration
+    assert met.tier_hits[0] == 0  # LRU on a cyclic scan: no reuse
+    assert met.tier_hits[1:].sum() == met.accesses  # every access streamed its chunk in

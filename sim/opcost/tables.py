@@ -140,12 +140,14 @@ class Curves(_Strict):
         ``(seconds, extrapolated)``."""
         i0, i1, w1, bscale = interp_axis(self.batch, batch)
         extrapolated = bscale != 1.0
-        vals = []
-        for i in (i0, i1):
+        vals = [0.0, 0.0]
+        for slot, (i, w) in enumerate(((i0, 1 - w1), (i1, w1))):
+            if not w:
+                continue  # a knot with no weight neither contributes nor extrapolates
             xs, ys = self.x[i], self.latency_s[i]
             j0, j1, v1, xscale = interp_axis(xs, x)
             extrapolated |= xscale != 1.0
-            vals.append(((1 - v1) * ys[j0] + v1 * ys[j1]) * xscale**x_power)
+            vals[slot] = ((1 - v1) * ys[j0] + v1 * ys[j1]) * xscale**x_power
         return ((1 - w1) * vals[0] + w1 * vals[1]) * bscale, extrapolated
 
 

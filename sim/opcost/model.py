@@ -123,6 +123,8 @@ class OpCostModel:
         self._ar = {t.group: t for t in self.ops.all_reduce}
         self.act_bytes = 2 if db <= 2 else db  # activations are 16-bit unless fp32
         self._gemm_cache: dict[int, dict[str, tuple[float, str]]] = {}
+        # (tokens, logits rows) -> seconds of every op but attention
+        self._fixed_cache: dict[tuple[int, int], float] = {}
 
     # -- single ops ------------------------------------------------------------------------------
     def _roofline(self, flops: float, nbytes: float, eff: float) -> float:
@@ -313,6 +315,25 @@ class OpCostModel:
         """Seconds of one fused iteration: ``prefill_tokens`` prompt tokens in ``n_prompts``
         chunks whose squared lengths sum to ``prefill_sq``, plus one token for each of
         ``n_decode`` sequences holding ``decode_ctx`` context tokens in all. Weights are read
-        once; an empty iteration costs 0."""
-        ops = self.iteration_breakdown(prefill_tokens, prefill_sq, n_prompts, n_decode, decode_ctx)
+        once; an empty iteration costs 0. Equals the sum of :meth:`iteration_ops`; the parts
+        that depend only on the token count and the logits rows are memoised."""
+        t = prefill_tokens + n_decode
+        if t <= 0 or min(prefill_tokens, prefill_sq, n_prompts, n_decode) < 0 or decode_ctx < 0:
+            return self._sum(prefill_tokens, prefill_sq, n_prompts, n_decode, decode_ctx)
+        fixed = self._fixed_cache.get((t, n_prompts + n_decode))
+        if fixed is None:
+            fixed = sum(
+                op.seconds
+                for op in self.iteration_breakdown(t, t, n_prompts + n_decode, 0, 0.0)
+                if op.name not in ("attention_prefill", "attention_decode")
+            )
+            if len(self._fixed_cache) < 65536:
+                self._fixed_cache[(t, n_prompts + n_decode)] = fixed
+        layers = self.shape.n_layers
+        attn = self.prefill_attention_time(prefill_tokens, prefill_sq, n_prompts)[0]
+        attn += self.decode_attention_time(n_decode, decode_ctx)[0]
+        return fixed + layers * attn
+
+    def _sum(self, *args: float) -> float:
+        ops = self.iteration_breakdown(*args)  # type: ignore[arg-type]
         return float(sum(op.seconds for op in ops))

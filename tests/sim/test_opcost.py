@@ -7,6 +7,8 @@ import itertools
 import json
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from engine.errors import InputError
 from sim.costmodel import Profile, load_profile, parse_profile
@@ -214,3 +216,26 @@ def test_ops_section_is_strict() -> None:
                   "latency_s": [1e-6, 2e-6]}]}  # fmt: skip
     with pytest.raises(InputError, match="ascending"):
         parse_profile(json.dumps(raw), "p.json")
+
+
+@settings(max_examples=80, deadline=None)
+@given(
+    chunks=st.lists(st.integers(1, 4096), max_size=4),
+    n_decode=st.integers(0, 256),
+    mean_ctx=st.floats(1, 32768),
+    tp=st.sampled_from([1, 2, 8]),
+)
+def test_iteration_time_is_the_sum_of_its_ops(
+    chunks: list[int], n_decode: int, mean_ctx: float, tp: int
+) -> None:
+    """The memoised fast path agrees with the op-by-op breakdown (repeated calls included)."""
+    cm = SHIPPED_70B[tp]
+    args = (sum(chunks), sum(c * c for c in chunks), len(chunks), n_decode, n_decode * mean_ctx)
+    for _ in range(2):
+        assert cm.iteration_time(*args) == pytest.approx(sum(cm.iteration_ops(*args).values()))
+
+
+SHIPPED_70B = {
+    tp: OpCostModel(load_op_profile("h200-sxm-vllm"), load_catalogue()["llama-2-70b"], tp=tp)
+    for tp in (1, 2, 8)
+}

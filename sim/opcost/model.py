@@ -319,7 +319,10 @@ class OpCostModel:
         that depend only on the token count and the logits rows are memoised."""
         t = prefill_tokens + n_decode
         if t <= 0 or min(prefill_tokens, prefill_sq, n_prompts, n_decode) < 0 or decode_ctx < 0:
-            return self._sum(prefill_tokens, prefill_sq, n_prompts, n_decode, decode_ctx)
+            ops = self.iteration_breakdown(
+                prefill_tokens, prefill_sq, n_prompts, n_decode, decode_ctx
+            )  # raises on negative arguments; 0 for an empty iteration
+            return float(sum(op.seconds for op in ops))
         fixed = self._fixed_cache.get((t, n_prompts + n_decode))
         if fixed is None:
             fixed = sum(
@@ -333,7 +336,3 @@ class OpCostModel:
         attn = self.prefill_attention_time(prefill_tokens, prefill_sq, n_prompts)[0]
         attn += self.decode_attention_time(n_decode, decode_ctx)[0]
         return fixed + layers * attn
-
-    def _sum(self, *args: float) -> float:
-        ops = self.iteration_breakdown(*args)  # type: ignore[arg-type]
-        return float(sum(op.seconds for op in ops))

@@ -40,6 +40,7 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 from engine.configfile import parse_mapping, read_mapping, validate_model
 from engine.units import parse_duration, parse_rate, parse_size
 from sim.models import ModelSpec
+from sim.opcost.tables import OpsProfile
 
 Size = Annotated[int, BeforeValidator(parse_size), Field(ge=0)]
 Rate = Annotated[float, BeforeValidator(parse_rate), Field(gt=0)]
@@ -130,6 +131,8 @@ class Profile(_Strict):
     """The links a node uses."""
     fitted: dict[str, list[dict[str, float]]] = Field(default_factory=dict)
     """Optional fitted tables: rows of numbers by table name (e.g. `matmul`)."""
+    ops: OpsProfile | None = None
+    """Op tables (measured kernel times) and roofline terms for `sim.opcost`; null: none."""
 
 
 def parse_profile(text: str, source: str) -> Profile:

@@ -14,7 +14,9 @@ from sim.cli import ab as _ab
 from sim.cli import cache as _cache
 from sim.cli import calibrate as _calibrate
 from sim.cli import chaos as _chaos
+from sim.cli import cost as _cost
 from sim.cli import plan as _plan
+from sim.cli import profile as _profile
 from sim.cli import replay as _replay
 from sim.cli import run as _run
 from sim.cli import sweep as _sweep
@@ -39,6 +41,8 @@ app.command("calibrate")(_calibrate.calibrate)
 app.command("validate")(_validate.validate)
 app.command("chaos")(_chaos.chaos)
 app.command("replay")(_replay.replay)
+app.command("cost")(_cost.cost)
+app.add_typer(_profile.app, name="profile")
 
 
 def _version_callback(value: bool) -> None:

@@ -1,0 +1,36 @@
+"""The op-level cost model: an iteration as a list of per-GPU ops timed from a profile's
+measured op tables (interpolated) or, where no table covers an op, a stated roofline.
+
+Public surface: :class:`OpCostModel` (``iteration_time``, ``iteration_ops``,
+``iteration_breakdown``), the table schema (:class:`OpsProfile` and its parts),
+:class:`DecoderShape`, and :func:`load_op_profile` for the shipped op-table profiles.
+"""
+
+from sim.opcost.model import COPY_LINKS, OP_NAMES, OpCost, OpCostModel
+from sim.opcost.shapes import DecoderShape
+from sim.opcost.tables import (
+    AttentionTable,
+    CollectiveTable,
+    Curves,
+    GemmTable,
+    Grid3,
+    OpsProfile,
+    RooflineTerms,
+    TableOrigin,
+)
+
+__all__ = [
+    "COPY_LINKS",
+    "OP_NAMES",
+    "AttentionTable",
+    "CollectiveTable",
+    "Curves",
+    "DecoderShape",
+    "GemmTable",
+    "Grid3",
+    "OpCost",
+    "OpCostModel",
+    "OpsProfile",
+    "RooflineTerms",
+    "TableOrigin",
+]

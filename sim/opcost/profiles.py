@@ -1,0 +1,32 @@
+"""Profiles with op tables shipped in ``sim/data/profiles/`` and how to load them.
+
+The ``*-vllm`` profiles are imported from aiconfigurator's measured kernel tables
+(:mod:`sim.opcost.aic_import`; attribution in ``NOTICE``); the datasheet profiles
+(``a100-80gb``, ``h100-sxm``, ``h200-sxm``, ``source: datasheet``) carry no op tables, so
+:class:`sim.opcost.OpCostModel` prices every op on them with the roofline.
+"""
+
+from __future__ import annotations
+
+from importlib import resources
+from pathlib import Path
+
+from sim.costmodel import Profile, load_profile, parse_profile
+
+#: shipped op-table profiles, by name -> (aiconfigurator system, datasheet base profile)
+OP_PROFILES: dict[str, tuple[str, str]] = {
+    "h200-sxm-vllm": ("h200_sxm", "h200-sxm"),
+    "h100-sxm-vllm": ("h100_sxm", "h100-sxm"),
+    "a100-sxm-vllm": ("a100_sxm", "a100-80gb"),
+    "b200-sxm-vllm": ("b200_sxm", "h200-sxm"),
+}
+
+
+def load_op_profile(name_or_path: str | Path) -> Profile:
+    """A shipped op-table profile by name (:data:`OP_PROFILES`), a shipped datasheet profile
+    by name, or a profile JSON file (:class:`engine.errors.InputError` on a bad one)."""
+    name = str(name_or_path)
+    if name in OP_PROFILES:
+        text = resources.files("sim").joinpath(f"data/profiles/{name}.json").read_text("utf-8")
+        return parse_profile(text, f"sim/data/profiles/{name}.json")
+    return load_profile(name_or_path)

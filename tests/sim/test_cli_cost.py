@@ -1,0 +1,69 @@
+"""``pdsim cost``: one iteration's ops as a table or one JSON object."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+from sim.cli import app
+from sim.models import load_catalogue
+from sim.opcost import OP_NAMES, OpCostModel
+from sim.opcost.profiles import load_op_profile
+
+runner = CliRunner()
+
+
+def cost_json(*args: str) -> dict[str, object]:
+    res = runner.invoke(app, ["cost", *args, "--json"])
+    assert res.exit_code == 0, res.output
+    return json.loads(res.output.strip().splitlines()[-1])
+
+
+def test_json_is_the_cost_model_iteration() -> None:
+    out = cost_json("--model", "llama-2-70b", "--tp", "8", "--phase", "decode", "--batch", "64",
+                    "--context", "4096")  # fmt: skip
+    ops = out["ops"]
+    assert isinstance(ops, dict) and list(ops) == list(OP_NAMES)
+    assert out["seconds"] == pytest.approx(sum(ops.values()))
+    cm = OpCostModel(load_op_profile("h200-sxm-vllm"), load_catalogue()["llama-2-70b"], tp=8)
+    assert out["seconds"] == pytest.approx(cm.iteration_time(0, 0, 0, 64, 64 * 4096.0))
+    assert ops["allreduce_attn"] > 0 and out["sources"]["qkv_gemm"] == "table"  # type: ignore[index]
+
+
+def test_prefill_is_batch_prompts_of_context_tokens() -> None:
+    one = cost_json(
+        "--model", "llama-2-7b", "--phase", "prefill", "--batch", "1", "--context", "1024"
+    )
+    four = cost_json(
+        "--model", "llama-2-7b", "--phase", "prefill", "--batch", "4", "--context", "1024"
+    )
+    cm = OpCostModel(load_op_profile("h200-sxm-vllm"), load_catalogue()["llama-2-7b"])
+    assert four["seconds"] == pytest.approx(cm.iteration_time(4096, 4 * 1024**2, 4, 0, 0.0))
+    assert one["seconds"] < four["seconds"]  # type: ignore[operator]
+    ops = four["ops"]
+    assert isinstance(ops, dict) and ops["attention_decode"] == 0.0
+
+
+def test_table_lists_every_op_with_its_source() -> None:
+    res = runner.invoke(app, ["cost", "--model", "llama-2-7b", "--profile", "h200-sxm"])
+    assert res.exit_code == 0, res.output
+    for name in ("qkv_gemm", "attention_decode", "lm_head", "total", "roofline"):
+        assert name in res.output
+
+
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (["--model", "nope"], "llama-2-7b"),
+        (["--model", "llama-2-7b", "--phase", "both"], "allowed: prefill, decode"),
+        (["--model", "llama-2-7b", "--batch", "0"], ">= 1"),
+        (["--model", "llama-2-7b", "--tp", "3"], "tp=3"),
+        (["--model", "resnet-50"], "LLaMA-style"),
+        (["--model", "llama-2-7b", "--profile", "missing.json"], "missing.json"),
+    ],
+)
+def test_bad_input_is_one_line_and_exit_2(args: list[str], needle: str) -> None:
+    res = runner.invoke(app, ["cost", *args])
+    assert res.exit_code == 2 and needle in res.output, res.output

@@ -161,19 +161,30 @@ def check_feasible(sc: Scenario, catalogue: dict[str, Any], profile: Any) -> Non
 def _model_rt(
     i: int, spec: Any, sc: Scenario, profile: Any, cost_cls: Any, kv_budget: int
 ) -> ModelRt:
-    table = chunk_model(
-        spec.name,
-        spec.layer_bytes(),
-        sc.chunks.size,
-        sc.deployments[i].version,
-        sc.chunks.sharding,
-        heads=max(spec.heads, 1),
-    )
     c = sc.cluster
     cost = cost_cls(profile, spec, tp=c.tp, pp=c.pp, gpus_per_server=c.gpus_per_server)
-    starts = np.zeros(table.n_layers + 1, dtype=np.int64)
-    for layer in range(table.n_layers):
-        starts[layer + 1] = table.layer_slice(layer).stop
+    if sc.mode == "coupled":
+        # weights stay resident and are never streamed: one chunk per layer (a 70B model in
+        # 4 MiB chunks would be 34k cache entries per replica for nothing)
+        sizes = np.array(spec.layer_bytes(), dtype=np.int64)
+        starts = np.concatenate([[0], np.cumsum(sizes > 0)]).astype(np.int64)
+        chunk_size = sizes[sizes > 0]
+        chunk_head = np.full(chunk_size.shape, -1, dtype=np.int64)
+        total = int(sizes.sum())
+    else:
+        table = chunk_model(
+            spec.name,
+            spec.layer_bytes(),
+            sc.chunks.size,
+            sc.deployments[i].version,
+            sc.chunks.sharding,
+            heads=max(spec.heads, 1),
+        )
+        starts = np.zeros(table.n_layers + 1, dtype=np.int64)
+        for layer in range(table.n_layers):
+            starts[layer + 1] = table.layer_slice(layer).stop
+        chunk_size, chunk_head = table.size.astype(np.int64), table.head.astype(np.int64)
+        total = table.total_bytes
     lt = np.array([float(cost.layer_time(layer, 1)) for layer in range(len(spec.layers))])
     frac = lt / lt.sum() if lt.sum() > 0 else np.full(len(lt), 1.0 / len(lt))
     max_ctx = 1 << 30
@@ -203,11 +214,11 @@ def _model_rt(
         is_cnn=spec.kind == "cnn",
         cost=cost,
         layer_start=starts,
-        chunk_size=table.size.astype(np.int64),
-        chunk_head=table.head.astype(np.int64),
+        chunk_size=chunk_size,
+        chunk_head=chunk_head,
         layer_frac=frac,
         kv_bytes_per_token=int(spec.kv_bytes_per_token),
-        total_bytes=table.total_bytes,
+        total_bytes=total,
         max_context=max_ctx,
     )
 

@@ -46,7 +46,17 @@ Size = Annotated[int, BeforeValidator(parse_size), Field(ge=0)]
 Rate = Annotated[float, BeforeValidator(parse_rate), Field(gt=0)]
 Seconds = Annotated[float, BeforeValidator(parse_duration), Field(ge=0)]
 
-SHIPPED_PROFILES: tuple[str, ...] = ("a100-80gb", "h100-sxm", "h200-sxm")
+#: shipped profiles: datasheet figures, and op tables imported from measured kernel timings
+#: (``*-vllm``; sim.opcost.aic_import, attribution in NOTICE)
+SHIPPED_PROFILES: tuple[str, ...] = (
+    "a100-80gb",
+    "h100-sxm",
+    "h200-sxm",
+    "a100-sxm-vllm",
+    "h100-sxm-vllm",
+    "h200-sxm-vllm",
+    "b200-sxm-vllm",
+)
 LINK_NAMES: tuple[str, ...] = ("pcie", "nvlink", "rdma", "nvme", "object_store")
 
 
@@ -141,7 +151,7 @@ def parse_profile(text: str, source: str) -> Profile:
 
 
 def load_profile(name_or_path: str | Path) -> Profile:
-    """A shipped profile by name (``a100-80gb``, ``h100-sxm``, ``h200-sxm``) or a JSON file."""
+    """A shipped profile by name (:data:`SHIPPED_PROFILES`) or a JSON file."""
     name = str(name_or_path)
     if name in SHIPPED_PROFILES:
         text = resources.files("sim").joinpath(f"data/profiles/{name}.json").read_text("utf-8")
@@ -197,6 +207,13 @@ class CostModel:
         self.act_bytes = max(2, model.dtype_bytes)
         #: KV heads are split over TP ranks; with more ranks than KV heads each rank keeps a copy
         self.kv_replication = max(1, tp // max(model.kv_heads, 1)) if model.kv_heads else 1
+        #: a profile with measured op tables prices an iteration op by op (sim.opcost); the
+        #: roofline below then only counts FLOPs and bytes (MFU, MBU)
+        self.ops: Any = None
+        if profile.ops is not None and model.kind == "decoder":
+            from sim.opcost import OpCostModel
+
+            self.ops = OpCostModel(profile, model, tp=tp)
         gpu = profile.gpu
         peak = gpu.flops_fp16 if model.dtype_bytes <= 2 else gpu.flops_fp32
         self.flop_rate = peak * gpu.compute_efficiency  # achieved FLOP/s
@@ -362,7 +379,10 @@ class CostModel:
         ``max(flops / rate, bytes / hbm_bandwidth) + per_layer_overhead`` per GPU plus one
         kernel launch; ``collective_s`` = ``2`` all-reduces per transformer layer and one for
         the embedding, of ``tokens x hidden x act_bytes`` each, plus ``pp - 1`` activation
-        hand-offs. ``flops``/``bytes`` are the whole replica's (for MFU and MBU)."""
+        hand-offs. ``flops``/``bytes`` are the whole replica's (for MFU and MBU). A profile with
+        op tables (``profile.ops``) prices the pass op by op instead
+        (:meth:`sim.opcost.OpCostModel.iteration_time`: measured kernels, all-reduces
+        included), keeping the roofline's FLOPs and bytes and the PP hand-offs."""
         tokens = float(prefill_tokens + n_decode)
         if tokens <= 0:
             return 0.0, 0.0, 0.0, 0.0
@@ -390,6 +410,11 @@ class CostModel:
         compute = t + self.launch * self.pp  # every layer runs once, stage after stage
         act = tokens * m.hidden * self.act_bytes
         coll = self.n_allreduce * self.allreduce_time(act)
+        if self.ops is not None:  # measured op tables: their sum, all-reduces included
+            compute = self.ops.iteration_time(
+                prefill_tokens, prefill_sq, n_prompts, n_decode, decode_ctx
+            )
+            coll = 0.0
         if self.pp > 1:
             lat, bw_l = self.tp_link
             coll += (self.pp - 1) * (lat + act / tp / bw_l)

@@ -8,10 +8,9 @@ The ``*-vllm`` profiles are imported from aiconfigurator's measured kernel table
 
 from __future__ import annotations
 
-from importlib import resources
 from pathlib import Path
 
-from sim.costmodel import Profile, load_profile, parse_profile
+from sim.costmodel import Profile, load_profile
 
 #: shipped op-table profiles, by name -> (aiconfigurator system, datasheet base profile)
 OP_PROFILES: dict[str, tuple[str, str]] = {
@@ -23,10 +22,6 @@ OP_PROFILES: dict[str, tuple[str, str]] = {
 
 
 def load_op_profile(name_or_path: str | Path) -> Profile:
-    """A shipped op-table profile by name (:data:`OP_PROFILES`), a shipped datasheet profile
-    by name, or a profile JSON file (:class:`engine.errors.InputError` on a bad one)."""
-    name = str(name_or_path)
-    if name in OP_PROFILES:
-        text = resources.files("sim").joinpath(f"data/profiles/{name}.json").read_text("utf-8")
-        return parse_profile(text, f"sim/data/profiles/{name}.json")
+    """A shipped profile by name (op-table or datasheet) or a profile JSON file
+    (:func:`sim.costmodel.load_profile`, which knows every shipped name)."""
     return load_profile(name_or_path)

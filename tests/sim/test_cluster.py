@@ -21,7 +21,9 @@ SMALL: dict[str, Any] = {
     "cluster": {
         "servers": 2,
         "param_servers": 2,
-        "gpu": {"weight_cache_fraction": 0.4}, "server": {"host": "16GiB"}, "replica": {"max_num_seqs": 8},
+        "gpu": {"weight_cache_fraction": 0.4},
+        "server": {"host": "16GiB"},
+        "replica": {"max_num_seqs": 8},
     },
     "chunks": {"size": "16MiB"},
     "workload": {
@@ -67,7 +69,9 @@ def test_layers_never_run_before_their_chunks_arrive() -> None:
 
 
 def test_coupled_mode_fetches_nothing_after_warmup() -> None:
-    res = run_scenario(_sc(mode="coupled", cluster__server={"host": "16GiB"}, cluster__replica={"max_num_seqs": 8}))
+    res = run_scenario(
+        _sc(mode="coupled", cluster__server={"host": "16GiB"}, cluster__replica={"max_num_seqs": 8})
+    )
     s = res.summary
     assert s["requests"]["completed"] == 40
     assert s["fetches_after_warmup"] == 0
@@ -112,7 +116,8 @@ def test_kv_account_never_overcommits(ops: list[tuple[bool, int]], bt: int) -> N
 def _overload(action: str) -> Any:
     return _sc(
         deployments=[{"model": "llama-2-7b"}],
-        cluster__server={"host": "16GiB"}, cluster__replica={"max_num_seqs": 4},
+        cluster__server={"host": "16GiB"},
+        cluster__replica={"max_num_seqs": 4},
         warmup={"node_hbm": True},
         workload={
             "requests": 300,
@@ -170,7 +175,9 @@ def test_hot_shards_get_replicated_under_burst() -> None:
         cluster={
             "servers": 4,
             "param_servers": 3,
-            "gpu": {"weight_cache_fraction": 0.12}, "server": {"host": "1GiB", "nvme": "1GiB"}, "replica": {"max_num_seqs": 4},
+            "gpu": {"weight_cache_fraction": 0.12},
+            "server": {"host": "1GiB", "nvme": "1GiB"},
+            "replica": {"max_num_seqs": 4},
         },
         hot_shards={"enabled": True, "window": 0.2, "factor": 2.0, "min_count": 2},
         workload={
@@ -214,7 +221,14 @@ def test_fetches_survive_a_dropped_link() -> None:
     from sim.costmodel import CostModel, load_profile
     from sim.models import load_catalogue
 
-    sc = _sc(cluster={"servers": 2, "param_servers": 1, "server": {"host": "1GiB"}, "replica": {"max_num_seqs": 8}})
+    sc = _sc(
+        cluster={
+            "servers": 2,
+            "param_servers": 1,
+            "server": {"host": "1GiB"},
+            "replica": {"max_num_seqs": 8},
+        }
+    )
     cl = build(sc, 0, load_catalogue(), load_profile(sc.profile), CostModel)
     link = cl.ctx.network.links["ps0.nic"]
     env = cl.env
@@ -309,7 +323,9 @@ def test_random_small_clusters_keep_request_invariants(
         cluster={
             "servers": nodes,
             "param_servers": 2,
-            "gpu": {"weight_cache_fraction": 0.4}, "server": {"host": "4GiB"}, "replica": {"max_num_seqs": max_batch},
+            "gpu": {"weight_cache_fraction": 0.4},
+            "server": {"host": "4GiB"},
+            "replica": {"max_num_seqs": max_batch},
         },
         scheduler={"policy": policy},
         workload={

@@ -22,7 +22,12 @@ from sim.scenario import validate
 SMALL: dict[str, Any] = {
     "name": "hot-paths",
     "deployments": [{"model": "llama-2-7b", "share": 0.5}, {"model": "resnet-50", "share": 0.5}],
-    "cluster": {"servers": 4, "param_servers": 2, "server": {"host": "16GiB"}, "replica": {"max_num_seqs": 8}},
+    "cluster": {
+        "servers": 4,
+        "param_servers": 2,
+        "server": {"host": "16GiB"},
+        "replica": {"max_num_seqs": 8},
+    },
     "chunks": {"size": "16MiB"},
     "workload": {
         "requests": 300,
@@ -52,7 +57,9 @@ def _scalar_rejected(cl: Cluster, rid: int) -> bool:
 
 def test_rejected_mask_equals_the_per_request_rule() -> None:
     # a tight HBM makes long requests exceed the KV capacity, so both outcomes occur
-    cl = _build({"cluster": {**SMALL["cluster"], "gpu": {"hbm": "24GiB"}, "server": {"host": "16GiB"}}})
+    cl = _build(
+        {"cluster": {**SMALL["cluster"], "gpu": {"hbm": "24GiB"}, "server": {"host": "16GiB"}}}
+    )
     mask = cl.rejected_mask()
     expect = np.array([_scalar_rejected(cl, r) for r in range(cl.wl.n)])
     assert mask.dtype == bool and mask.shape == (cl.wl.n,)

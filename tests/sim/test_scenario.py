@@ -82,7 +82,8 @@ BAD = [
             "cluster": {
                 "servers": 1,
                 "param_servers": 1,
-                "gpu": {"hbm": "8GiB"}, "server": {"host": "8GiB", "nvme": "8GiB"},
+                "gpu": {"hbm": "8GiB"},
+                "server": {"host": "8GiB", "nvme": "8GiB"},
                 "ps": {"dram": "8GiB", "ssd": "8GiB"},
             },
         },

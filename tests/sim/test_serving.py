@@ -127,7 +127,9 @@ def _hand_iteration(
     t += g.kernel_launch_s
     if tp > 1:
         nv = prof.links.nvlink
-        t += (2 * len(blocks) + 1) * 2 * (tp - 1) * (nv.latency + tokens * h * 2 / tp / nv.bandwidth)
+        t += (
+            (2 * len(blocks) + 1) * 2 * (tp - 1) * (nv.latency + tokens * h * 2 / tp / nv.bandwidth)
+        )
     return t
 
 
@@ -237,9 +239,7 @@ def test_overload_is_flagged_and_throughput_is_offered_vs_achieved() -> None:
     thr = s["throughput"]
     assert s["overloaded"] and thr["achieved_rps"] < 0.95 * thr["offered_rps"]
     assert any(w.startswith("overloaded") for w in s["warnings"])
-    light = run_scenario(
-        _scenario(workload__rate=2.0, workload__duration=60.0), seed=1
-    ).summary
+    light = run_scenario(_scenario(workload__rate=2.0, workload__duration=60.0), seed=1).summary
     assert not light["overloaded"]
     assert light["throughput"]["achieved_rps"] == pytest.approx(
         light["throughput"]["offered_rps"], rel=0.1
@@ -285,8 +285,12 @@ def test_tp1_70b_on_an_h200_is_infeasible_with_the_numbers() -> None:
     ("servers", "gps", "tp", "pp", "replicas"),
     [(4, 1, 1, 1, 4), (2, 8, 8, 1, 2), (2, 8, 2, 2, 4), (3, 8, 1, 1, 24), (4, 8, 16, 1, 2)],
 )
-def test_replicas_from_servers_gpus_tp_pp(servers: int, gps: int, tp: int, pp: int, replicas: int) -> None:
-    sc = _scenario(cluster__servers=servers, cluster__gpus_per_server=gps, cluster__tp=tp, cluster__pp=pp)
+def test_replicas_from_servers_gpus_tp_pp(
+    servers: int, gps: int, tp: int, pp: int, replicas: int
+) -> None:
+    sc = _scenario(
+        cluster__servers=servers, cluster__gpus_per_server=gps, cluster__tp=tp, cluster__pp=pp
+    )
     assert sc.cluster.replicas == replicas
     assert sc.cluster.gpus == servers * gps
 

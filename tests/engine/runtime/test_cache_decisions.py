@@ -55,7 +55,7 @@ def _record(cache: Any, log: list[tuple[Any, ...]], key_of: Any) -> None:
     cache.on_evict = rec_evict
 
 
-@pytest.mark.parametrize("policy", ["lru", "lru-k"])
+@pytest.mark.parametrize("policy", ["lru", "lru-k", "pin"])
 def test_engine_and_simulator_hbm_caches_decide_identically(tmp_path: Path, policy: str) -> None:
     from sim.cluster import build
     from sim.costmodel import CostModel, load_profile

@@ -270,19 +270,38 @@ class Planner:
             self.scenario, grid, self.seeds, self.base, self.spec.variant, source="plan"
         )
 
+    def prefetch(self, wanted: list[tuple[dict[str, Any], int, float]]) -> None:
+        """Run the seeds of several probes in one batch (in parallel on the runner's
+        workers); :meth:`probe` then finds them in the run cache. Nothing to gain with one
+        probe or no parallel runner."""
+        if len(wanted) < 2 or not getattr(self.runner, "uses_dask", False):
+            return
+        pts: list[Point] = []
+        for alt, size, qps in wanted:
+            if (json.dumps(alt, sort_keys=True), size, qps) in self._memo:
+                continue
+            ps = self.points(alt, size, qps)
+            if _infeasible(ps[0].scenario) is None:
+                pts += ps
+                if self.progress is not None:
+                    label = ", ".join(f"{k}={v}" for k, v in alt.items())
+                    self.progress(f"{label + ' ' if label else ''}size={size} qps={qps:g}")
+        if pts:
+            self.runner.run(pts, self.cache, progress=self.run_progress)
+
     def probe(self, alt: dict[str, Any], size: int, qps: float) -> Probe:
         key = (json.dumps(alt, sort_keys=True), size, qps)
         if key in self._memo:
             return self._memo[key]
-        if self.progress is not None:
-            label = ", ".join(f"{k}={v}" for k, v in alt.items())
-            self.progress(f"{label + ' ' if label else ''}size={size} qps={qps:g}")
         pts = self.points(alt, size, qps)
         bad = _infeasible(pts[0].scenario)
         if bad is not None:
             pr = Probe(alt, size, qps, False, 0.0, dict.fromkeys(RESOURCES, 0.0), [bad], True)
             self._memo[key] = pr
             return pr
+        if self.progress is not None and any(self.cache.get(p.config_hash) is None for p in pts):
+            label = ", ".join(f"{k}={v}" for k, v in alt.items())
+            self.progress(f"{label + ' ' if label else ''}size={size} qps={qps:g}")
         batch = self.runner.run(pts, self.cache, progress=self.run_progress)
         n_pass, utils, reasons = 0, [], []
         over, achieved = 0, []
@@ -307,23 +326,49 @@ class Planner:
 
     def min_size(self, alt: dict[str, Any], qps: float) -> tuple[int | None, Probe]:
         """Smallest size meeting the SLOs at ``qps``, and the boundary probe to blame."""
-        lo, hi = self.spec.size_range
-        top = self.probe(alt, hi, qps)
-        if not top.passed:
-            return None, top
-        bottom = self.probe(alt, lo, qps)
-        if bottom.passed:
-            return lo, bottom
-        fail = bottom
-        # invariant: probe(lo) fails, probe(hi) passes
-        while hi - lo > 1:
-            mid = (lo + hi) // 2
-            pm = self.probe(alt, mid, qps)
-            if pm.passed:
-                hi = mid
-            else:
-                lo, fail = mid, pm
-        return hi, fail
+        return self.min_sizes([alt], qps)[0]
+
+    def min_sizes(self, alts: list[dict[str, Any]], qps: float) -> list[tuple[int | None, Probe]]:
+        """:meth:`min_size` of every alternative, the searches in lockstep so that each
+        round's probes (one per unfinished alternative) run as one batch. The same probes,
+        and so the same answers, as one search after another."""
+        lo0, hi0 = self.spec.size_range
+        # per alternative: [lo, hi, fail probe, answer, done]; bisection invariant once
+        # started: probe(lo) fails, probe(hi) passes
+        state: list[dict[str, Any]] = [{"stage": "top"} for _ in alts]
+        out: list[tuple[int | None, Probe] | None] = [None] * len(alts)
+        while any(o is None for o in out):
+            wanted = []
+            for alt, st, o in zip(alts, state, out, strict=True):
+                if o is not None:
+                    continue
+                size = {"top": hi0, "bottom": lo0}.get(st["stage"])
+                if size is None:
+                    size = (st["lo"] + st["hi"]) // 2
+                st["next"] = size
+                wanted.append((alt, size, qps))
+            self.prefetch(wanted)
+            for i, (alt, st) in enumerate(zip(alts, state, strict=True)):
+                if out[i] is not None:
+                    continue
+                pr = self.probe(alt, st["next"], qps)
+                if st["stage"] == "top":
+                    if not pr.passed:
+                        out[i] = (None, pr)
+                    else:
+                        st["stage"] = "bottom"
+                elif st["stage"] == "bottom":
+                    if pr.passed:
+                        out[i] = (lo0, pr)
+                    else:
+                        st.update(stage="bisect", lo=lo0, hi=hi0, fail=pr)
+                elif pr.passed:
+                    st["hi"] = st["next"]
+                else:
+                    st["lo"], st["fail"] = st["next"], pr
+                if st["stage"] == "bisect" and out[i] is None and st["hi"] - st["lo"] <= 1:
+                    out[i] = (st["hi"], st["fail"])
+        return [o for o in out if o is not None]
 
     def max_qps(self, alt: dict[str, Any], size: int) -> tuple[float | None, Probe]:
         """Highest load (within ``qps_range``) meeting the SLOs at ``size``."""
@@ -455,9 +500,11 @@ def run_plan(
     first = pl.points({}, spec.size_range[0], spec.qps[0] if spec.qps else spec.qps_range[0])
     resolved = first[0].scenario.model_dump(mode="json")
     with runner:
-        for alt in alternatives(spec):
+        alts = alternatives(spec)
+        found = {q: pl.min_sizes(alts, q) for q in spec.qps}
+        for i, alt in enumerate(alts):
             for q in spec.qps:
-                size, boundary = pl.min_size(alt, q)
+                size, boundary = found[q][i]
                 shape = _shape(pl.points(alt, size, q)[0].scenario) if size is not None else None
                 rows.append(_row("min-size", alt, q, size, boundary, spec, resolved, shape))
             for s in spec.sizes:

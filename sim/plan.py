@@ -602,6 +602,7 @@ def _sentence(r: dict[str, Any], spec: PlanFile) -> str:
     alt = ", ".join(f"{k}={r[k]}" for k in spec.alternatives)
     alt = f" with {alt}" if alt else ""
     sat = r.get("saturates_first")
+    sat = sat if isinstance(sat, str) else None  # a frame's missing value is NaN
     blame = f"; saturates first: {sat} ({r[f'util_{sat}']:.2f})" if sat else ""
     cost = f", cost {r['cost']:g}" if r.get("cost") is not None else ""
     gpus = (

@@ -102,17 +102,16 @@ def test_utilisation_reads_the_summary() -> None:
 def _plan_cli(out: Path, plan: Path) -> Any:
     return CliRunner().invoke(
         app,
-        ["plan", str(plan), "--out", str(out), "--quiet", "--seeds", "2", "--qps", "400",
-         "--p99", "high=3.5s", "--set", "workload.requests=500"],
+        ["plan", str(plan), "--out", str(out), "--quiet", "--seeds", "2", "--qps", "40",
+         "--p99", "all=5s", "--set", "workload.duration=30s"],
     )  # fmt: skip
 
 
-def test_burst_traffic_servers_for_400_qps_is_reproducible(tmp_path: Path) -> None:
+def test_quickstart_servers_for_40_qps_is_reproducible(tmp_path: Path) -> None:
     plan = tmp_path / "plan.yaml"
     plan.write_text(
-        f"scenario: {SCEN / 'burst-traffic.yaml'}\nslo: {{p99: {{high: 5s}}}}\n"
-        "size_range: [1, 16]\nqps_key: workload.steps.0.rate\nqps: [600]\n"
-        "costs: {cluster.servers: 2.5}\n"
+        f"scenario: {SCEN / 'quickstart.yaml'}\nslo: {{p99: {{all: 2s}}}}\n"
+        "size_range: [1, 8]\nqps: [10]\ncosts: {cluster.servers: 2.5}\n"
     )
     r1 = _plan_cli(tmp_path / "p1", plan)
     assert r1.exit_code == 0, r1.output
@@ -123,18 +122,19 @@ def test_burst_traffic_servers_for_400_qps_is_reproducible(tmp_path: Path) -> No
     pd.testing.assert_frame_equal(f1, f2)
     (row,) = f1.to_dict("records")
     n = row["size"]
-    assert row["question"] == "min-size" and row["qps"] == 400 and 1 < n <= 16
+    assert row["question"] == "min-size" and row["qps"] == 40 and 1 < n <= 8
     assert row["cost"] == 2.5 * n and row["cheapest"]
     assert row["saturates_first"] in RESOURCES
-    assert f"400 QPS: smallest cluster.servers = {n}" in r1.output
+    assert f"40 QPS: smallest cluster.servers = {n}" in r1.output
     # the answer is a true boundary: n passes on both seeds, n - 1 fails on some seed
     assert row["boundary_size"] == n - 1 and not row["boundary_passed"]
     runs = [json.loads(p.read_text()) for p in (tmp_path / "p1" / "runs").glob("*.json")]
     p99 = {}
     for rec in runs:
         nodes = rec["params"]["cluster.servers"]
-        p99.setdefault(nodes, []).append(rec["metrics"]["per_class.high.latency.e2e.p99"])
+        p99.setdefault(nodes, []).append(rec["metrics"]["latency.e2e.p99"])
     runs_n = [r for r in runs if r["params"]["cluster.servers"] == n]
+    assert row["gpus"] == n and row["tp"] == 1
     assert len(p99[n]) == 2 and max(p99[n]) <= 5.0
     assert all(not r["metrics"]["overloaded"] for r in runs_n)
     assert max(p99[n - 1]) > 5.0 or any(

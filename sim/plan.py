@@ -609,11 +609,11 @@ def _sentence(r: dict[str, Any], spec: PlanFile) -> str:
         f" ({r['gpus']:g} GPUs{cost})" if r.get("gpus") == r.get("gpus") and r.get("gpus") else cost
     )
     if r["question"] == "min-size":
-        if r["size"] is None:
+        if r["size"] is None or r["size"] != r["size"]:  # None, or NaN in a frame
             lo, hi = spec.size_range
             return f"{r['qps']:g} QPS{alt}: no {spec.size_key} in [{lo}, {hi}] meets the SLOs: {r['reason']}"
-        return f"{r['qps']:g} QPS{alt}: smallest {spec.size_key} = {r['size']}{gpus}{blame}"
-    if r["qps"] is None:
+        return f"{r['qps']:g} QPS{alt}: smallest {spec.size_key} = {int(r['size'])}{gpus}{blame}"
+    if r["qps"] is None or r["qps"] != r["qps"]:
         return f"{spec.size_key}={r['size']}{alt}: fails the SLOs even at {spec.qps_range[0]:g} QPS"
     top = " (top of qps_range: capacity not reached)" if r["qps"] >= spec.qps_range[1] else ""
     return f"{spec.size_key}={r['size']}{alt}: highest QPS = {r['qps']:g}{top}{blame}"

@@ -1,6 +1,7 @@
 """LRU-K eviction (O'Neil, O'Neil & Weikum, SIGMOD 1993), with CRP and RIP.
 
-Terms of the paper, with ``t`` the ``now`` of the call (seconds):
+Terms of the paper, with ``t`` the ``now`` of the call (seconds, or any clock that never
+decreases -- ``pdsim cache replay --clock references`` passes the access's index):
 
 * ``HIST(p, i)`` -- time of the i-th most recent *uncorrelated* reference to page ``p``
   (``i = 1..K``); ``-inf`` where ``p`` has fewer than ``i`` such references (the paper's 0);
@@ -14,9 +15,9 @@ Terms of the paper, with ``t`` the ``now`` of the call (seconds):
 
 from __future__ import annotations
 
-import heapq
 from collections import OrderedDict
 from collections.abc import Container, Iterator
+from heapq import heapify, heappop, heappush, heapreplace
 
 from engine.policy.base import EvictionPolicy, Key
 from engine.policy.registry import register
@@ -25,15 +26,21 @@ _NEG_INF = float("-inf")
 
 
 class _Page:
-    """History of one page. ``hist[i]`` is the paper's ``HIST(p, i+1)``."""
+    """History of one page: ``hist[i]`` is the paper's ``HIST(p, i+1)``.
 
-    __slots__ = ("hist", "last", "ref", "seq")
+    ``refs[i]`` is the reference number that goes with ``hist[i]`` (the policy numbers every
+    insertion and uncorrelated reference 1, 2, 3, ...; they shift along with ``hist``), so
+    that equal times still order pages by reference order. ``live`` is ``refs[-1]`` as it was
+    when the page's current heap entry was pushed (``-1``: no entry, the page is young).
+    """
 
-    def __init__(self, hist: list[float], last: float, ref: int, seq: int) -> None:
+    __slots__ = ("hist", "last", "live", "refs")
+
+    def __init__(self, hist: list[float], refs: list[int], last: float) -> None:
         self.hist = hist
+        self.refs = refs
         self.last = last
-        self.ref = ref  # number of the last uncorrelated reference (global, increasing)
-        self.seq = seq  # number of the insertion that began the current residency
+        self.live = -1
 
 
 @register("lru-k")
@@ -45,14 +52,13 @@ class LRUKPolicy(EvictionPolicy):
     k:
         history depth K (integer >= 1; default 2). ``k=1, crp=0`` is plain LRU.
     crp:
-        correlated reference period in seconds (>= 0; default 0). ``crp=0`` makes every
-        reference uncorrelated and every page eligible, also for several references at the
-        same ``now`` (the paper counts time in references, where ``t - LAST(p) > 0`` always
-        holds).
+        correlated reference period in units of ``now`` (>= 0; default 0). ``crp=0`` makes
+        every reference uncorrelated and every page eligible, also for several references at
+        the same ``now``.
     rip:
-        retained information period in seconds (>= 0), or ``None`` (default) to keep the
-        history of evicted pages forever. With ``None`` the history grows with the number of
-        distinct keys ever seen.
+        retained information period in units of ``now`` (>= 0), or ``None`` (default) to keep
+        the history of evicted pages forever. With ``None`` the history grows with the number
+        of distinct keys ever seen.
 
     Reference at time ``t`` to a resident page (``hit``): if ``t - LAST(p) > crp`` it is
     uncorrelated -- ``correl = LAST(p) - HIST(p,1)``, ``HIST(p,i) = HIST(p,i-1) + correl`` for
@@ -61,17 +67,22 @@ class LRUKPolicy(EvictionPolicy):
     shifts it down (``HIST(p,i) = HIST(p,i-1)``, no correlation adjustment), any other page
     starts with ``HIST(p,2..K) = -inf``; then ``HIST(p,1) = LAST(p) = t``.
 
+    **Reference order.** Every insertion and uncorrelated reference gets the next reference
+    number; each ``HIST(p,i)`` carries the number of the reference it came from (shifted with
+    it). Ranks compare ``(HIST(p,i), its number)``, so references at equal times are ordered
+    as they were made. With ``crp = 0`` this makes the victims exactly those of the paper's
+    clock that counts references (where times never tie), whatever ``now`` values are passed.
+
     Victim at time ``t``: among resident, unpinned pages *eligible* (``t - LAST(p) > crp``;
     every page when ``crp = 0``), the one with the largest backward K-distance, i.e. the
-    smallest ``HIST(p,K)``. Pages with fewer than K references come first, least recent
-    ``HIST(p,1)`` first; ties among equal ``HIST(p,K)`` break by older ``HIST(p,1)``, then
-    by the order of the pages' last uncorrelated references (so equal times still break as
-    LRU would). For K = 2 the shift gives ``HIST(p,2) = LAST(p)``, stored exactly.
+    smallest ``(HIST(p,K), number)``. Pages with fewer than K references come first, least
+    recent ``(HIST(p,1), number)`` first (the paper's subsidiary LRU). For K = 2 the shift
+    gives ``HIST(p,2) = LAST(p)``, stored exactly.
 
     **Fallback** when no unpinned resident page is eligible (every one was referenced within
     CRP of ``t``; never with ``crp = 0``): evict the unpinned page with the oldest ``LAST(p)``
-    (ties: earlier insertion), ignoring CRP, so that the cache can always make room. ``None``
-    only when every resident page is pinned.
+    (ties: the older last uncorrelated reference), ignoring CRP, so that the cache can always
+    make room. ``None`` only when every resident page is pinned.
 
     ``remove(..., evicted=False)`` (an invalidation) forgets the page's history; an eviction
     keeps it for RIP. Expired history is purged lazily (checked exactly on re-insertion).
@@ -84,29 +95,28 @@ class LRUKPolicy(EvictionPolicy):
         if isinstance(k, bool) or not isinstance(k, int) or k < 1:
             raise ValueError(f"k must be an integer >= 1, got {k!r}")
         if not crp >= 0:
-            raise ValueError(f"crp must be a number of seconds >= 0, got {crp!r}")
+            raise ValueError(f"crp must be a number >= 0 (units of now), got {crp!r}")
         if rip is not None and not rip >= 0:
-            raise ValueError(f"rip must be a number of seconds >= 0 or None, got {rip!r}")
+            raise ValueError(f"rip must be a number >= 0 (units of now) or None, got {rip!r}")
         self.k = k
         self._k2 = k == 2
         self.crp = float(crp)
         self.rip = None if rip is None else float(rip)
         # Invariants: every resident page is in ``_pages`` and in exactly one of
-        #   ``_young`` -- HIST(p,K) == -inf -- ordered by (HIST(p,1), ref) ascending, or
-        #   ``_heap`` -- exactly one live entry (hk, h1, ref, seq, key) with
-        #   ``seq == page.seq`` and (hk, h1, ref) <= the page's current
-        #   (HIST(p,K), HIST(p,1), ref). While a page is resident these never decrease
-        #   (correl >= 0), so the entry is a lower bound; ``victim`` refreshes an outdated
-        #   entry (``ref != page.ref``) when it reaches the top. Entries of pages no longer
-        #   resident (or resident again under a new seq) are stale.
-        # ``ref`` values are unique, so heap tuples never compare keys.
+        #   ``_young`` -- HIST(p,K) == -inf -- ordered by reference number of HIST(p,1), or
+        #   the heap -- exactly one live entry (hk, rk, key) with ``rk == page.live`` and
+        #   (hk, rk) <= the page's current (HIST(p,K), refs[-1]). While a page is resident
+        #   these never decrease (correl >= 0), so the entry is a lower bound; ``victim``
+        #   refreshes an outdated entry (``rk != refs[-1]``) when it reaches the top. Entries
+        #   of pages no longer resident, or of an earlier residency (their ``rk`` is below the
+        #   page's ``live``), are stale.
+        # Reference numbers are unique, so heap tuples never compare keys.
         self._pages: dict[Key, _Page] = {}
         self._young: OrderedDict[Key, _Page] = OrderedDict()
-        self._heap: list[tuple[float, float, int, int, Key]] = []
+        self._heap: list[tuple[float, int, Key]] = []
         # History of evicted pages, in eviction order (an OrderedDict for cheap purging from
         # the front when RIP is finite; a plain dict, faster, when it is never purged).
         self._retained: dict[Key, _Page] = OrderedDict() if rip is not None else {}
-        self._seq = 0
         self._refs = 0
         self._compact_at = 64  # heap length that triggers dropping stale entries
 
@@ -119,6 +129,11 @@ class LRUKPolicy(EvictionPolicy):
         """
         page = self._pages.get(key) or self._retained.get(key)
         return None if page is None else tuple(page.hist)
+
+    def history_refs(self, key: Key) -> tuple[int, ...] | None:
+        """The reference numbers that go with :meth:`history` (0 where ``HIST`` is -inf)."""
+        page = self._pages.get(key) or self._retained.get(key)
+        return None if page is None else tuple(page.refs)
 
     def last(self, key: Key) -> float | None:
         """``LAST(p)`` of a resident or retained page, else ``None``."""
@@ -134,89 +149,107 @@ class LRUKPolicy(EvictionPolicy):
     def insert(
         self, key: Key, size: int, now: float, color: str | None = None, cost: float = 0.0
     ) -> None:
-        if self.rip is not None:
+        rip = self.rip
+        if rip is not None:
             self._purge(now)
-        page = self._retained.pop(key, None)
-        self._seq += 1
-        self._refs += 1
-        if page is not None and (self.rip is None or now - page.last <= self.rip):
+        page = self._retained.pop(key, None) if self._retained else None
+        ref = self._refs = self._refs + 1
+        if page is not None and (rip is None or now - page.last <= rip):
             hist = page.hist
+            refs = page.refs
             hist.pop()  # HIST(p,i) = HIST(p,i-1) for i = K..2
             hist.insert(0, now)
+            refs.pop()
+            refs.insert(0, ref)
             page.last = now
-            page.ref = self._refs
-            page.seq = self._seq
+            if hist[-1] != _NEG_INF:
+                self._pages[key] = page
+                self._push(key, page)
+                return
+            page.live = -1
         else:
-            hist = [now] + [_NEG_INF] * (self.k - 1)
-            page = _Page(hist, now, self._refs, self._seq)
+            page = _Page([now] + [_NEG_INF] * (self.k - 1), [ref] + [0] * (self.k - 1), now)
+            if self.k == 1:
+                self._pages[key] = page
+                self._push(key, page)
+                return
         self._pages[key] = page
-        if hist[-1] == _NEG_INF:
-            self._young[key] = page
-        else:
-            self._push(key, page)
+        self._young[key] = page
 
     def hit(self, key: Key, now: float) -> None:
         page = self._pages[key]
         last = page.last
         page.last = now
-        if self.crp and now - last <= self.crp:
+        crp = self.crp
+        if crp and now - last <= crp:
             return  # correlated: only LAST changes, HIST (hence the order) does not
-        self._refs = page.ref = self._refs + 1
+        ref = self._refs = self._refs + 1
         hist = page.hist
-        was_young = hist[-1] == _NEG_INF
+        refs = page.refs
         if self._k2:
             # K = 2: HIST(p,2) = HIST(p,1) + (LAST(p) - HIST(p,1)) = LAST(p), taken exactly.
+            young = page.live < 0
             hist[1] = last
             hist[0] = now
-        else:
-            correl = last - hist[0]
-            for i in range(self.k - 1, 0, -1):
-                hist[i] = hist[i - 1] + correl
-            hist[0] = now
+            refs[1] = refs[0]
+            refs[0] = ref
+            if young:
+                del self._young[key]
+                self._push(key, page)
+            return  # else: the heap entry is now a lower bound; victim refreshes it lazily
+        young = hist[-1] == _NEG_INF
+        correl = last - hist[0]
+        for i in range(self.k - 1, 0, -1):
+            hist[i] = hist[i - 1] + correl
+            refs[i] = refs[i - 1]
+        hist[0] = now
+        refs[0] = ref
         if hist[-1] == _NEG_INF:
-            self._young.move_to_end(key)  # HIST(p,1) is now the largest: keeps the order
-        elif was_young:
+            self._young.move_to_end(key)  # HIST(p,1) is now the most recent: keeps the order
+        elif young:
             del self._young[key]
             self._push(key, page)
-        # else: the page's heap entry is now a lower bound; victim refreshes it lazily.
 
     def victim(self, now: float, pinned: Container[Key] = ()) -> Key | None:
         crp = self.crp
-        # With crp == 0 every page is eligible: now - LAST > -inf always holds.
-        limit = crp if crp else _NEG_INF
-        if self._young:
-            for key, page in self._young.items():
+        young = self._young
+        if young:
+            if not crp and not pinned:
+                return next(iter(young))
+            # With crp == 0 every page is eligible: now - LAST > -inf always holds.
+            limit = crp if crp else _NEG_INF
+            for key, page in young.items():
                 if now - page.last > limit and key not in pinned:
                     return key
         heap = self._heap
         pages = self._pages
-        heappop = heapq.heappop
-        skipped: list[tuple[float, float, int, int, Key]] = []
+        skipped: list[tuple[float, int, Key]] = []
         found: Key | None = None
         while heap:
-            _, _, ref, seq, key = heap[0]
-            entry_page = pages.get(key)
-            if entry_page is None or entry_page.seq != seq:
-                heappop(heap)  # stale: the page left (or came back under a new seq)
+            _, rk, key = heap[0]
+            page = pages.get(key)
+            if page is None or page.live != rk:
+                heappop(heap)  # stale: the page left (or this entry is of an earlier stay)
                 continue
-            page = entry_page
-            if ref != page.ref:  # outdated lower bound: re-rank with the current history
-                hist = page.hist
-                heapq.heapreplace(heap, (hist[-1], hist[0], page.ref, seq, key))
+            refs = page.refs
+            if refs[-1] != rk:  # outdated lower bound: re-rank with the current history
+                rk = page.live = refs[-1]
+                heapreplace(heap, (page.hist[-1], rk, key))
                 continue
-            if now - page.last > limit and key not in pinned:
+            if (not crp or now - page.last > crp) and key not in pinned:
                 found = key
                 break
             skipped.append(heappop(heap))
         for entry in skipped:
-            heapq.heappush(heap, entry)
+            heappush(heap, entry)
         if found is not None:
             return found
         return self._fallback(pinned)
 
     def remove(self, key: Key, now: float, evicted: bool) -> None:
         page = self._pages.pop(key)  # its heap entry, if any, is stale from now on
-        self._young.pop(key, None)
+        if page.live < 0:
+            self._young.pop(key, None)
         if evicted:
             self._retained[key] = page  # kept for RIP; _purge and insert enforce the period
         if len(self._heap) > self._compact_at:
@@ -231,21 +264,20 @@ class LRUKPolicy(EvictionPolicy):
     def __iter__(self) -> Iterator[Key]:
         """Resident keys in victim order when nothing is pinned and CRP is 0.
 
-        Fewer-than-K pages first (least recent first), then by ascending ``HIST(p,K)``.
+        Fewer-than-K pages first (least recent first), then by ascending
+        ``(HIST(p,K), number)``.
         """
         young = list(self._young)
-        old = [
-            (p.hist[-1], p.hist[0], p.ref, k)
-            for k, p in self._pages.items()
-            if k not in self._young
-        ]
-        old.sort(key=lambda e: e[:3])
-        return iter(young + [e[3] for e in old])
+        old = [(p.hist[-1], p.refs[-1], k) for k, p in self._pages.items() if p.live >= 0]
+        old.sort(key=lambda e: e[:2])
+        return iter(young + [e[2] for e in old])
 
     # -- internals -----------------------------------------------------------------------
     def _push(self, key: Key, page: _Page) -> None:
-        heapq.heappush(self._heap, (page.hist[-1], page.hist[0], page.ref, page.seq, key))
-        if len(self._heap) > self._compact_at:
+        rk = page.live = page.refs[-1]
+        heap = self._heap
+        heappush(heap, (page.hist[-1], rk, key))
+        if len(heap) > self._compact_at:
             self._compact()
 
     def _compact(self) -> None:
@@ -253,10 +285,10 @@ class LRUKPolicy(EvictionPolicy):
         pages = self._pages
         heap = []
         for entry in self._heap:
-            page = pages.get(entry[4])
-            if page is not None and page.seq == entry[3]:
+            page = pages.get(entry[2])
+            if page is not None and page.live == entry[1]:
                 heap.append(entry)
-        heapq.heapify(heap)
+        heapify(heap)
         self._heap = heap
         # Amortised O(1): the next compaction comes after at least len(heap) + 64 removals.
         self._compact_at = 2 * len(heap) + 64
@@ -267,7 +299,7 @@ class LRUKPolicy(EvictionPolicy):
         for key, page in self._pages.items():
             if key in pinned:
                 continue
-            rank = (page.last, page.seq)
+            rank = (page.last, page.refs[0])
             if best_rank is None or rank < best_rank:
                 best, best_rank = key, rank
         return best

@@ -18,6 +18,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Container, Iterator
 from heapq import heapify, heappop, heappush, heapreplace
+from typing import Any
 
 from engine.policy.base import EvictionPolicy, Key
 from engine.policy.registry import register
@@ -25,22 +26,16 @@ from engine.policy.registry import register
 _NEG_INF = float("-inf")
 
 
-class _Page:
-    """History of one page: ``hist[i]`` is the paper's ``HIST(p, i+1)``.
-
-    ``refs[i]`` is the reference number that goes with ``hist[i]`` (the policy numbers every
-    insertion and uncorrelated reference 1, 2, 3, ...; they shift along with ``hist``), so
-    that equal times still order pages by reference order. ``live`` is ``refs[-1]`` as it was
-    when the page's current heap entry was pushed (``-1``: no entry, the page is young).
-    """
-
-    __slots__ = ("hist", "last", "live", "refs")
-
-    def __init__(self, hist: list[float], refs: list[int], last: float) -> None:
-        self.hist = hist
-        self.refs = refs
-        self.last = last
-        self.live = -1
+# A page's history is one flat tuple, replaced (never mutated) on every change:
+#   (LAST, LIVE, HIST(p,1), REF(p,1), HIST(p,2), REF(p,2), ..., HIST(p,K), REF(p,K))
+# REF(p,i) is the reference number that goes with HIST(p,i) (the policy numbers every
+# insertion and uncorrelated reference 1, 2, 3, ...; they shift along with HIST; 0 where
+# HIST is -inf), so that equal times still order pages by reference order. LIVE is REF(p,K)
+# as it was when the page's current heap entry was pushed (-1: no entry, the page is young).
+# Tuples of numbers drop out of the cyclic garbage collector's tracking, so keeping the
+# history of every page ever seen (RIP = None) costs no collector time.
+_LAST, _LIVE, _H1, _R1, _H2, _R2 = range(6)
+Page = tuple[float, ...]
 
 
 @register("lru-k")
@@ -103,47 +98,63 @@ class LRUKPolicy(EvictionPolicy):
         self.crp = float(crp)
         self.rip = None if rip is None else float(rip)
         # Invariants: every resident page is in ``_pages`` and in exactly one of
-        #   ``_young`` -- HIST(p,K) == -inf -- ordered by reference number of HIST(p,1), or
-        #   the heap -- exactly one live entry (hk, rk, key) with ``rk == page.live`` and
-        #   (hk, rk) <= the page's current (HIST(p,K), refs[-1]). While a page is resident
-        #   these never decrease (correl >= 0), so the entry is a lower bound; ``victim``
-        #   refreshes an outdated entry (``rk != refs[-1]``) when it reaches the top. Entries
-        #   of pages no longer resident, or of an earlier residency (their ``rk`` is below the
-        #   page's ``live``), are stale.
-        # Reference numbers are unique, so heap tuples never compare keys.
-        self._pages: dict[Key, _Page] = {}
-        self._young: OrderedDict[Key, _Page] = OrderedDict()
-        self._heap: list[tuple[float, int, Key]] = []
+        #   ``_young`` -- HIST(p,K) == -inf -- ordered by REF(p,1), or
+        #   the heap -- exactly one live entry of rank ``rk == page[_LIVE]`` with
+        #   rank <= the page's current (HIST(p,K), REF(p,K)). While a page is resident these
+        #   never decrease (correl >= 0), so the entry is a lower bound; ``victim`` refreshes
+        #   an outdated entry (``rk != REF(p,K)``) when it reaches the top. Entries of pages
+        #   no longer resident, or of an earlier residency (their ``rk`` is below the page's
+        #   LIVE), are stale.
+        # Heap entries: with crp > 0 tuples (HIST(p,K), REF(p,K), key); with crp == 0 the
+        # plain int REF(p,K), its key in ``_owner`` -- every reference is then uncorrelated,
+        # HIST(p,i) are the times of real references, and as ``now`` never decreases,
+        # (HIST(p,K), REF(p,K)) orders exactly as REF(p,K) does (ints compare fastest).
+        # Reference numbers are unique, so entries never compare keys.
+        self._by_ref = not self.crp
+        self._pages: dict[Key, Page] = {}
+        self._young: OrderedDict[Key, None] = OrderedDict()
+        self._heap: list[Any] = []
+        self._owner: dict[int, Key] = {}
         # History of evicted pages, in eviction order (an OrderedDict for cheap purging from
-        # the front when RIP is finite; a plain dict, faster, when it is never purged).
-        self._retained: dict[Key, _Page] = OrderedDict() if rip is not None else {}
+        # the front when RIP is finite; a plain dict, faster, when it is never purged; then
+        # a page keeps its entry while resident again, outdated, until its next eviction).
+        self._retained: dict[Key, Page] = OrderedDict() if rip is not None else {}
         self._refs = 0
+        self._blank: Page = (_NEG_INF, 0) * (k - 1)  # HIST(p,2..K) of a new page
         self._compact_at = 64  # heap length that triggers dropping stale entries
 
     # -- introspection -------------------------------------------------------------------
+    def _known(self, key: Key) -> Page | None:
+        page = self._pages.get(key)
+        return self._retained.get(key) if page is None else page
+
     def history(self, key: Key) -> tuple[float, ...] | None:
         """``(HIST(p,1), ..., HIST(p,K))`` of a resident or retained page, else ``None``.
 
         Retained history older than RIP is reported as ``None`` only once purged; use
         :meth:`retained` for the exact rule.
         """
-        page = self._pages.get(key) or self._retained.get(key)
-        return None if page is None else tuple(page.hist)
+        page = self._known(key)
+        return None if page is None else page[_H1::2]
 
     def history_refs(self, key: Key) -> tuple[int, ...] | None:
         """The reference numbers that go with :meth:`history` (0 where ``HIST`` is -inf)."""
-        page = self._pages.get(key) or self._retained.get(key)
-        return None if page is None else tuple(page.refs)
+        page = self._known(key)
+        return None if page is None else tuple(int(r) for r in page[_R1::2])
 
     def last(self, key: Key) -> float | None:
         """``LAST(p)`` of a resident or retained page, else ``None``."""
-        page = self._pages.get(key) or self._retained.get(key)
-        return None if page is None else page.last
+        page = self._known(key)
+        return None if page is None else page[_LAST]
 
     def retained(self, key: Key, now: float) -> bool:
         """Whether non-resident ``key`` has history that an insertion at ``now`` would reuse."""
         page = self._retained.get(key)
-        return page is not None and (self.rip is None or now - page.last <= self.rip)
+        return (
+            page is not None
+            and key not in self._pages
+            and (self.rip is None or now - page[_LAST] <= self.rip)
+        )
 
     # -- protocol ------------------------------------------------------------------------
     def insert(
@@ -152,91 +163,109 @@ class LRUKPolicy(EvictionPolicy):
         rip = self.rip
         if rip is not None:
             self._purge(now)
-        page = self._retained.pop(key, None) if self._retained else None
+        retained = self._retained
+        # RIP = None keeps the entry (overwritten on the next eviction): a cheaper get.
+        old = retained.get(key) if rip is None else retained.pop(key, None)
         ref = self._refs = self._refs + 1
-        if page is not None and (rip is None or now - page.last <= rip):
-            hist = page.hist
-            refs = page.refs
-            hist.pop()  # HIST(p,i) = HIST(p,i-1) for i = K..2
-            hist.insert(0, now)
-            refs.pop()
-            refs.insert(0, ref)
-            page.last = now
-            if hist[-1] != _NEG_INF:
-                self._pages[key] = page
-                self._push(key, page)
-                return
-            page.live = -1
+        if old is not None and (rip is None or now - old[_LAST] <= rip):
+            # HIST(p,i) = HIST(p,i-1) for i = K..2 (with their numbers), then HIST(p,1) = now
+            page: Page
+            if self._k2:
+                rk = old[_R1]
+                page = (now, rk, now, ref, old[_H1], rk)
+            else:
+                tail = old[_H1:-2]
+                if tail and tail[-2] == _NEG_INF:  # still fewer than K references
+                    self._pages[key] = (now, -1, now, ref, *tail)
+                    self._young[key] = None
+                    return
+                rk = tail[-1] if tail else ref
+                page = (now, rk, now, ref, *tail)
+        elif self.k == 1:
+            rk = ref
+            page = (now, rk, now, ref)
         else:
-            page = _Page([now] + [_NEG_INF] * (self.k - 1), [ref] + [0] * (self.k - 1), now)
-            if self.k == 1:
-                self._pages[key] = page
-                self._push(key, page)
-                return
+            self._pages[key] = (now, -1, now, ref, *self._blank)
+            self._young[key] = None
+            return
         self._pages[key] = page
-        self._young[key] = page
+        heap = self._heap
+        if self._by_ref:
+            heappush(heap, rk)
+            self._owner[int(rk)] = key
+        else:
+            heappush(heap, (page[-2], rk, key))
+        if len(heap) > self._compact_at:
+            self._compact()
 
     def hit(self, key: Key, now: float) -> None:
-        page = self._pages[key]
-        last = page.last
-        page.last = now
+        pages = self._pages
+        page = pages[key]
+        last = page[_LAST]
         crp = self.crp
         if crp and now - last <= crp:
-            return  # correlated: only LAST changes, HIST (hence the order) does not
+            # correlated: only LAST changes, HIST (hence the order) does not
+            pages[key] = (now, *page[_LIVE:])
+            return
         ref = self._refs = self._refs + 1
-        hist = page.hist
-        refs = page.refs
+        live = page[_LIVE]
         if self._k2:
             # K = 2: HIST(p,2) = HIST(p,1) + (LAST(p) - HIST(p,1)) = LAST(p), taken exactly.
-            young = page.live < 0
-            hist[1] = last
-            hist[0] = now
-            refs[1] = refs[0]
-            refs[0] = ref
-            if young:
-                del self._young[key]
-                self._push(key, page)
-            return  # else: the heap entry is now a lower bound; victim refreshes it lazily
-        young = hist[-1] == _NEG_INF
-        correl = last - hist[0]
-        for i in range(self.k - 1, 0, -1):
-            hist[i] = hist[i - 1] + correl
-            refs[i] = refs[i - 1]
-        hist[0] = now
-        refs[0] = ref
-        if hist[-1] == _NEG_INF:
-            self._young.move_to_end(key)  # HIST(p,1) is now the most recent: keeps the order
-        elif young:
-            del self._young[key]
-            self._push(key, page)
+            if live >= 0:  # the heap entry is now a lower bound; victim refreshes it lazily
+                pages[key] = (now, live, now, ref, last, page[_R1])
+                return
+            rk = page[_R1]
+            pages[key] = page = (now, rk, now, ref, last, rk)
+        else:
+            correl = last - page[_H1]
+            tail: list[float] = []
+            for i in range(_H1, len(page) - 2, 2):
+                tail += (page[i] + correl, page[i + 1])
+            if tail and tail[-2] == _NEG_INF:
+                pages[key] = (now, -1, now, ref, *tail)
+                self._young.move_to_end(key)  # REF(p,1) is the most recent: keeps the order
+                return
+            if live >= 0:
+                pages[key] = (now, live, now, ref, *tail)
+                return
+            rk = tail[-1] if tail else ref
+            pages[key] = page = (now, rk, now, ref, *tail)
+        del self._young[key]  # was young: now it has K references
+        if self._by_ref:
+            heappush(self._heap, rk)
+            self._owner[int(rk)] = key
+        else:
+            heappush(self._heap, (page[-2], rk, key))
 
     def victim(self, now: float, pinned: Container[Key] = ()) -> Key | None:
         crp = self.crp
         young = self._young
+        pages = self._pages
         if young:
             if not crp and not pinned:
                 return next(iter(young))
             # With crp == 0 every page is eligible: now - LAST > -inf always holds.
             limit = crp if crp else _NEG_INF
-            for key, page in young.items():
-                if now - page.last > limit and key not in pinned:
+            for key in young:
+                if now - pages[key][_LAST] > limit and key not in pinned:
                     return key
         heap = self._heap
-        pages = self._pages
-        skipped: list[tuple[float, int, Key]] = []
+        if self._by_ref:
+            return self._victim_by_ref(heap, pages, pinned)
+        skipped: list[tuple[float, float, Key]] = []
         found: Key | None = None
         while heap:
             _, rk, key = heap[0]
             page = pages.get(key)
-            if page is None or page.live != rk:
+            if page is None or page[_LIVE] != rk:
                 heappop(heap)  # stale: the page left (or this entry is of an earlier stay)
                 continue
-            refs = page.refs
-            if refs[-1] != rk:  # outdated lower bound: re-rank with the current history
-                rk = page.live = refs[-1]
-                heapreplace(heap, (page.hist[-1], rk, key))
+            if page[-1] != rk:  # outdated lower bound: re-rank with the current history
+                rk = page[-1]
+                pages[key] = (page[_LAST], rk, *page[_H1:])
+                heapreplace(heap, (page[-2], rk, key))
                 continue
-            if (not crp or now - page.last > crp) and key not in pinned:
+            if now - page[_LAST] > crp and key not in pinned:
                 found = key
                 break
             skipped.append(heappop(heap))
@@ -246,12 +275,56 @@ class LRUKPolicy(EvictionPolicy):
             return found
         return self._fallback(pinned)
 
+    def _victim_by_ref(
+        self, heap: list[int], pages: dict[Key, Page], pinned: Container[Key]
+    ) -> Key | None:
+        """``victim`` among old pages when crp == 0 (every page eligible, int ranks)."""
+        owner = self._owner
+        skipped: list[int] = []
+        found: Key | None = None
+        while heap:
+            rk = heap[0]
+            key = owner[rk]
+            page = pages.get(key)
+            if page is None or page[_LIVE] != rk:
+                heappop(heap)  # stale: the page left (or this entry is of an earlier stay)
+                del owner[rk]
+                continue
+            current = int(page[-1])
+            if current != rk:  # outdated lower bound: re-rank with the current history
+                heapreplace(heap, current)
+                del owner[rk]
+                owner[current] = key
+                pages[key] = (page[_LAST], current, *page[_H1:])
+                continue
+            if key not in pinned:
+                found = key
+                break
+            skipped.append(heappop(heap))
+        for rk in skipped:
+            heappush(heap, rk)
+        return found
+
+    def evict(self, now: float, pinned: Container[Key] = ()) -> Key | None:
+        """``victim`` + ``remove(evicted=True)`` in one step (the same choice)."""
+        young = self._young
+        if young and not self.crp and not pinned:
+            key = young.popitem(last=False)[0]  # what victim returns first, removed
+            self._retained[key] = self._pages.pop(key)
+            return key
+        key = self.victim(now, pinned)
+        if key is not None:
+            self.remove(key, now, True)
+        return key
+
     def remove(self, key: Key, now: float, evicted: bool) -> None:
         page = self._pages.pop(key)  # its heap entry, if any, is stale from now on
-        if page.live < 0:
-            self._young.pop(key, None)
+        if page[_LIVE] < 0:
+            del self._young[key]
         if evicted:
             self._retained[key] = page  # kept for RIP; _purge and insert enforce the period
+        elif self.rip is None:
+            self._retained.pop(key, None)  # an invalidation forgets the (outdated) entry too
         if len(self._heap) > self._compact_at:
             self._compact()
 
@@ -265,29 +338,30 @@ class LRUKPolicy(EvictionPolicy):
         """Resident keys in victim order when nothing is pinned and CRP is 0.
 
         Fewer-than-K pages first (least recent first), then by ascending
-        ``(HIST(p,K), number)``.
+        ``(HIST(p,K), REF(p,K))``.
         """
         young = list(self._young)
-        old = [(p.hist[-1], p.refs[-1], k) for k, p in self._pages.items() if p.live >= 0]
+        old = [(p[-2], p[-1], k) for k, p in self._pages.items() if p[_LIVE] >= 0]
         old.sort(key=lambda e: e[:2])
         return iter(young + [e[2] for e in old])
 
     # -- internals -----------------------------------------------------------------------
-    def _push(self, key: Key, page: _Page) -> None:
-        rk = page.live = page.refs[-1]
-        heap = self._heap
-        heappush(heap, (page.hist[-1], rk, key))
-        if len(heap) > self._compact_at:
-            self._compact()
-
     def _compact(self) -> None:
         # Drop stale entries (pages invalidated or evicted without reaching the top).
         pages = self._pages
         heap = []
-        for entry in self._heap:
-            page = pages.get(entry[2])
-            if page is not None and page.live == entry[1]:
-                heap.append(entry)
+        if self._by_ref:
+            owner = self._owner
+            for rk in self._heap:
+                page = pages.get(owner[rk])
+                if page is not None and page[_LIVE] == rk:
+                    heap.append(rk)
+            self._owner = {rk: owner[rk] for rk in heap}
+        else:
+            for entry in self._heap:
+                page = pages.get(entry[2])
+                if page is not None and page[_LIVE] == entry[1]:
+                    heap.append(entry)
         heapify(heap)
         self._heap = heap
         # Amortised O(1): the next compaction comes after at least len(heap) + 64 removals.
@@ -295,11 +369,11 @@ class LRUKPolicy(EvictionPolicy):
 
     def _fallback(self, pinned: Container[Key]) -> Key | None:
         best: Key | None = None
-        best_rank: tuple[float, int] | None = None
+        best_rank: tuple[float, float] | None = None
         for key, page in self._pages.items():
             if key in pinned:
                 continue
-            rank = (page.last, page.refs[0])
+            rank = (page[_LAST], page[_R1])
             if best_rank is None or rank < best_rank:
                 best, best_rank = key, rank
         return best
@@ -312,6 +386,6 @@ class LRUKPolicy(EvictionPolicy):
         assert isinstance(retained, OrderedDict)
         while retained:
             key, page = next(iter(retained.items()))
-            if now - page.last <= self.rip:
+            if now - page[_LAST] <= self.rip:
                 break
             del retained[key]

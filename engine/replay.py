@@ -95,13 +95,24 @@ def replay(
     unknown = sorted(set(params) - set(policies))
     if unknown:
         raise InputError(f"parameters given for policies not replayed: {', '.join(unknown)}")
+    fixed = fixed_sizes(trace)
     rows: list[dict[str, Any]] = []
     for name in policies:
         for capacity in sizes:
             rows.append(
-                _one(name, int(capacity), dict(params.get(name, {})), trace, clock, progress)
+                _one(name, int(capacity), dict(params.get(name, {})), trace, clock, fixed, progress)
             )
     return pd.DataFrame(rows, columns=list(COLUMNS))
+
+
+def fixed_sizes(trace: Trace) -> bool:
+    """Whether every key has one size throughout ``trace`` (vectorised, O(n log n))."""
+    if len(trace) < 2:
+        return True
+    order = np.argsort(trace.key, kind="stable")
+    keys = trace.key[order]
+    sizes = trace.size[order]
+    return not bool(np.any((keys[1:] == keys[:-1]) & (sizes[1:] != sizes[:-1])))
 
 
 def _one(
@@ -110,6 +121,7 @@ def _one(
     params: dict[str, Any],
     trace: Trace,
     clock: str,
+    fixed: bool,
     progress: ProgressFn | None,
 ) -> dict[str, Any]:
     """Replay one (policy, capacity) pair and return its result row."""
@@ -148,7 +160,7 @@ def _one(
         colors = None
         if names is not None and trace.color is not None:
             colors = [names[c] for c in trace.color[sel].tolist()]
-        cache.access_many(keys, sizes, times, colors)
+        cache.access_many(keys, sizes, times, colors, fixed_sizes=fixed)
         if progress is not None:
             progress(end - start)
     if progress is not None and skipped_n:

@@ -107,7 +107,7 @@ def replay(
 
 def fixed_sizes(trace: Trace) -> bool:
     """Whether every key has one size throughout ``trace`` (vectorised, O(n log n))."""
-    if len(trace) < 2:
+    if len(trace) < 2 or trace.size.min() == trace.size.max():
         return True
     order = np.argsort(trace.key, kind="stable")
     keys = trace.key[order]

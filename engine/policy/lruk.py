@@ -122,6 +122,8 @@ class LRUKPolicy(EvictionPolicy):
         self._refs = 0
         self._blank: Page = (_NEG_INF, 0) * (k - 1)  # HIST(p,2..K) of a new page
         self._compact_at = 64  # heap length that triggers dropping stale entries
+        if self._k2 and self._by_ref:
+            self.hit = self._hit_k2  # type: ignore[method-assign]
 
     # -- introspection -------------------------------------------------------------------
     def _known(self, key: Key) -> Page | None:
@@ -236,6 +238,22 @@ class LRUKPolicy(EvictionPolicy):
             self._owner[int(rk)] = key
         else:
             heappush(self._heap, (page[-2], rk, key))
+
+    def _hit_k2(self, key: Key, now: float) -> None:
+        """``hit`` for K = 2 and crp = 0 (bound as ``hit`` then): the same steps, no tests
+        of K and CRP."""
+        pages = self._pages
+        page = pages[key]
+        ref = self._refs = self._refs + 1
+        live = page[_LIVE]
+        if live >= 0:
+            pages[key] = (now, live, now, ref, page[_LAST], page[_R1])
+            return
+        rk = page[_R1]
+        pages[key] = (now, rk, now, ref, page[_LAST], rk)
+        del self._young[key]  # was young: now it has K references
+        heappush(self._heap, rk)
+        self._owner[int(rk)] = key
 
     def victim(self, now: float, pinned: Container[Key] = ()) -> Key | None:
         crp = self.crp

@@ -326,9 +326,18 @@ class LRUKPolicy(EvictionPolicy):
     def evict(self, now: float, pinned: Container[Key] = ()) -> Key | None:
         """``victim`` + ``remove(evicted=True)`` in one step (the same choice)."""
         young = self._young
-        if young and not self.crp and not pinned:
-            key = young.popitem(last=False)[0]  # what victim returns first, removed
-            self._retained[key] = self._pages.pop(key)
+        if self._by_ref and not pinned:
+            pages = self._pages
+            if young:
+                key = young.popitem(last=False)[0]  # what victim returns first, removed
+            else:
+                found = self._victim_by_ref(self._heap, pages, ())
+                if found is None:
+                    return None
+                key = found  # an old page: its heap entry is stale from now on
+            self._retained[key] = pages.pop(key)
+            if len(self._heap) > self._compact_at:
+                self._compact()
             return key
         key = self.victim(now, pinned)
         if key is not None:

@@ -124,6 +124,8 @@ class LRUKPolicy(EvictionPolicy):
         self._compact_at = 64  # heap length that triggers dropping stale entries
         if self._k2 and self._by_ref:
             self.hit = self._hit_k2  # type: ignore[method-assign]
+            if rip is None:
+                self.insert = self._insert_k2  # type: ignore[method-assign]
 
     # -- introspection -------------------------------------------------------------------
     def _known(self, key: Key) -> Page | None:
@@ -238,6 +240,25 @@ class LRUKPolicy(EvictionPolicy):
             self._owner[int(rk)] = key
         else:
             heappush(self._heap, (page[-2], rk, key))
+
+    def _insert_k2(
+        self, key: Key, size: int, now: float, color: str | None = None, cost: float = 0.0
+    ) -> None:
+        """``insert`` for K = 2, crp = 0 and RIP = None (bound as ``insert`` then): the same
+        steps, no tests of K, CRP and RIP."""
+        old = self._retained.get(key)
+        ref = self._refs = self._refs + 1
+        if old is None:
+            self._pages[key] = (now, -1, now, ref, _NEG_INF, 0)
+            self._young[key] = None
+            return
+        rk = old[_R1]
+        self._pages[key] = (now, rk, now, ref, old[_H1], rk)
+        heap = self._heap
+        heappush(heap, rk)
+        self._owner[rk] = key  # type: ignore[index]
+        if len(heap) > self._compact_at:
+            self._compact()
 
     def _hit_k2(self, key: Key, now: float) -> None:
         """``hit`` for K = 2 and crp = 0 (bound as ``hit`` then): the same steps, no tests

@@ -147,16 +147,22 @@ def _one(
     if trace.color is not None:
         names = [*trace.color_names, None]  # code NO_COLOR (-1) picks the last: None
     m = n - skipped_n
+    # One size for every access (unit sizes, block traces): build the batch lists by repetition.
+    uniform = int(trace.size[0]) if n and fixed and trace.size.min() == trace.size.max() else None
     for start in range(0, m, PROGRESS_EVERY):
         end = min(start + PROGRESS_EVERY, m)
         sel: slice | np.ndarray = slice(start, end) if idx is None else idx[start:end]
-        keys = trace.key[sel].tolist()
-        sizes = trace.size[sel].tolist()
+        # Memoryviews over the arrays yield Python numbers one at a time while the loop runs
+        # (about 3x cheaper than building lists with tolist()).
+        keys = _view(trace.key[sel])
+        sizes: Sequence[int] = (
+            [uniform] * (end - start) if uniform is not None else _view(trace.size[sel])
+        )
         times: Sequence[float]
         if clock == "references":
-            times = range(start, end) if idx is None else idx[start:end].tolist()
+            times = range(start, end) if idx is None else _view(idx[start:end])
         else:
-            times = trace.time[sel].tolist()
+            times = _view(trace.time[sel])
         colors = None
         if names is not None and trace.color is not None:
             colors = [names[c] for c in trace.color[sel].tolist()]
@@ -185,3 +191,8 @@ def _one(
         "too_large_objects": skipped_objects,
         "too_large_accesses": skipped_n,
     }
+
+
+def _view(arr: np.ndarray) -> memoryview:
+    """A memoryview of ``arr`` (made contiguous): indexing and iterating give Python numbers."""
+    return np.ascontiguousarray(arr).data

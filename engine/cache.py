@@ -223,31 +223,18 @@ class TierCache:
         n = len(keys)
         if len(sizes) != n or len(times) != n:
             raise ValueError(f"{self.name}: keys, sizes and times differ in length")
-        if (
-            colors is not None
-            or self._pinned
-            or self._colors
-            or self.track_objects
-            or self.on_evict is not None
-            or self._high < self.capacity
-        ):
-            access = self.access
-            before = self.stats.hits
-            if colors is None:
-                for k, s, t in zip(keys, sizes, times, strict=True):
-                    access(k, s, t)
-            else:
-                for k, s, t, c in zip(keys, sizes, times, colors, strict=True):
-                    access(k, s, t, c)
-            return self.stats.hits - before
-        return self._access_plain(keys, sizes, times, fixed_sizes)
+        replay_state = not (
+            self._pinned or self._colors or self.track_objects or self.on_evict is not None
+        )
+        if colors is None and replay_state and self._high >= self.capacity:
+            return self._access_plain(keys, sizes, times, fixed_sizes)
+        access, before = self.access, self.stats.hits
+        for k, s, t, c in zip(keys, sizes, times, colors or [None] * n, strict=True):
+            access(k, s, t, c)
+        return self.stats.hits - before
 
     def _access_plain(
-        self,
-        keys: Sequence[Key],
-        sizes: Sequence[int],
-        times: Sequence[float],
-        fixed_sizes: bool,
+        self, keys: Sequence[Key], sizes: Sequence[int], times: Sequence[float], fixed: bool
     ) -> int:
         """The tight loop of :meth:`access_many` (preconditions checked there).
 
@@ -265,7 +252,7 @@ class TierCache:
         used = used0 = self.used
         count0 = len(resident)
         misses = bytes_hit = bytes_missed = refused = bytes_refused = 0
-        if fixed_sizes:
+        if fixed:
             for k, s, t in zip(keys, sizes, times, strict=True):
                 if k in resident:
                     hit(k, t)
@@ -343,6 +330,33 @@ class TierCache:
             self._insert(key, size, now, color, cost)
         if pin:
             self.pin(key)
+        return True
+
+    def admit_many(
+        self, items: list[tuple[Key, int]], now: float, color: str | None = None
+    ) -> bool:
+        """Admit every ``(key, size)`` of ``items`` in one pass, in order, as :meth:`admit`
+        would one by one -- only when none is resident and all fit under the high watermark
+        without an eviction (a warm start of a large model). Otherwise change nothing and
+        return ``False``."""
+        total = sum(size for _, size in items)
+        sizes = self._sizes
+        if self.used + total > min(self.capacity, self._high) or any(
+            k in sizes or size < 0 for k, size in items
+        ):
+            return False
+        insert = self._policy.insert
+        colors = self._colors
+        for key, size in items:
+            sizes[key] = size
+            if color is not None:
+                colors[key] = color
+            insert(key, size, now, color, 0.0)
+        self.used += total
+        self.color_used[color] = self.color_used.get(color, 0) + total
+        self.stats.bytes_in += total
+        if color is not None:
+            self._colour(color).bytes_in += total
         return True
 
     # -- pins and removal ----------------------------------------------------------------

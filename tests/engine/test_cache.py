@@ -490,3 +490,20 @@ def test_access_many_falls_back_to_access_when_pinned() -> None:
     assert fast.stats == slow.stats and sorted(fast) == sorted(slow) == ["a", "c", "p"]
     with pytest.raises(ValueError, match="differ in length"):
         fast.access_many(["a"], [1, 2], [0.0])
+
+
+def test_admit_many_equals_admit_one_by_one_or_changes_nothing() -> None:
+    items = [("a", 3), ("b", 4), ("c", 2)]
+    bulk, single = (
+        TierCache(capacity=20, policy="lru", high_watermark=0.5, low_watermark=0.4)
+        for _ in range(2)
+    )
+    assert bulk.admit_many(items, 1.0, color="m")
+    for key, size in items:
+        single.admit(key, size, 1.0, color="m")
+    assert bulk.used == single.used == 9 and list(bulk) == list(single)
+    assert bulk.color_of("b") == "m" and bulk.color_used == single.color_used
+    assert bulk.stats == single.stats and bulk.color_stats == single.color_stats
+    assert not bulk.admit_many([("d", 1), ("a", 3)], 2.0)  # "a" is resident: nothing changes
+    assert not bulk.admit_many([("d", 2)], 2.0)  # 11 B > high watermark (10 B)
+    assert "d" not in bulk and bulk.used == 9

@@ -19,7 +19,7 @@ turns this off (eviction only to make room), which is what pure policy compariso
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
@@ -70,13 +70,6 @@ class CacheStats:
 
 
 @dataclass
-class _Entry:
-    size: int
-    color: str | None
-    pins: int = 0
-
-
-@dataclass
 class TierCache:
     """A cache of ``capacity`` bytes whose victims are chosen by ``policy``.
 
@@ -107,7 +100,9 @@ class TierCache:
             self.policy = make_policy(self.policy, **self.policy_params)
         self._policy: EvictionPolicy = self.policy
         self._policy.attach(self.capacity)
-        self._entries: dict[Key, _Entry] = {}
+        # Resident objects: key -> size; key -> colour for the coloured ones only.
+        self._sizes: dict[Key, int] = {}
+        self._colors: dict[Key, str] = {}
         self._pinned: dict[Key, int] = {}
         self.used = 0
         self.stats = CacheStats()
@@ -120,20 +115,23 @@ class TierCache:
 
     # -- queries -----------------------------------------------------------------------
     def __contains__(self, key: object) -> bool:
-        return key in self._entries
+        return key in self._sizes
 
     def __len__(self) -> int:
-        return len(self._entries)
+        return len(self._sizes)
 
     def __iter__(self) -> Iterator[Key]:
-        return iter(self._entries)
+        return iter(self._sizes)
 
     def size_of(self, key: Key) -> int:
         """Size in bytes of resident ``key`` (``KeyError`` if absent)."""
-        return self._entries[key].size
+        return self._sizes[key]
 
     def color_of(self, key: Key) -> str | None:
-        return self._entries[key].color
+        """Colour of resident ``key`` (``KeyError`` if absent)."""
+        if key not in self._sizes:
+            raise KeyError(key)
+        return self._colors.get(key)
 
     def pin_count(self, key: Key) -> int:
         return self._pinned.get(key, 0)
@@ -166,10 +164,10 @@ class TierCache:
 
         ``size`` and ``color`` are used for the miss counters (a hit uses the stored ones).
         """
-        entry = self._entries.get(key)
-        if entry is not None:
+        stored = self._sizes.get(key)
+        if stored is not None:
             self._policy.hit(key, now)
-            self._count(True, entry.size, entry.color, key)
+            self._count(True, stored, self._colors.get(key), key)
             return True
         self._count(False, size, color, key)
         return False
@@ -182,15 +180,15 @@ class TierCache:
         An object larger than the whole cache is counted as a miss and refused (not raised),
         so trace replay can go on; an admission with nothing evictable is refused likewise.
         """
-        entry = self._entries.get(key)
-        if entry is not None:
+        stored = self._sizes.get(key)
+        if stored is not None:
             self._policy.hit(key, now)
-            if entry.color is None and not self.track_objects:
+            if not self.track_objects and key not in self._colors:
                 s = self.stats  # fast path: uncoloured, no per-object stats
                 s.hits += 1
-                s.bytes_hit += entry.size
+                s.bytes_hit += stored
             else:
-                self._count(True, entry.size, entry.color, key)
+                self._count(True, stored, self._colors.get(key), key)
             return True
         self._count(False, size, color, key)
         if size > self.capacity or not self._make_room(size, now):
@@ -198,6 +196,110 @@ class TierCache:
             return False
         self._insert(key, size, now, color, cost)
         return False
+
+    def access_many(
+        self,
+        keys: Sequence[Key],
+        sizes: Sequence[int],
+        times: Sequence[float],
+        colors: Sequence[str | None] | None = None,
+        fixed_sizes: bool = False,
+    ) -> int:
+        """``access(keys[i], sizes[i], times[i], colors[i])`` for every ``i`` in order.
+
+        Returns the number of hits. The results -- statistics, resident set, policy decisions
+        -- are exactly those of the loop of :meth:`access`. When no colour is given, nothing
+        is pinned or coloured, watermark eviction is off (``high_watermark = 1.0``),
+        ``on_evict`` is unset and per-object statistics are off (a trace replay), it runs a
+        tight loop that calls the policy directly (evicting with ``policy.evict``) and
+        settles the counters once at the end; otherwise it calls :meth:`access` per element.
+        ``fixed_sizes=True`` promises that every key has the same size in ``sizes`` as when
+        it became resident (true of traces whose objects keep one size); the tight loop then
+        counts hit bytes from ``sizes`` instead of looking each hit up.
+
+        If the policy raises, the exception propagates and the cache's counters are not
+        brought up to date: discard the cache.
+        """
+        n = len(keys)
+        if len(sizes) != n or len(times) != n:
+            raise ValueError(f"{self.name}: keys, sizes and times differ in length")
+        replay_state = not (
+            self._pinned or self._colors or self.track_objects or self.on_evict is not None
+        )
+        if colors is None and replay_state and self._high >= self.capacity:
+            return self._access_plain(keys, sizes, times, fixed_sizes)
+        access, before = self.access, self.stats.hits
+        for k, s, t, c in zip(keys, sizes, times, colors or [None] * n, strict=True):
+            access(k, s, t, c)
+        return self.stats.hits - before
+
+    def _access_plain(
+        self, keys: Sequence[Key], sizes: Sequence[int], times: Sequence[float], fixed: bool
+    ) -> int:
+        """The tight loop of :meth:`access_many` (preconditions checked there).
+
+        Per access it does only what ``access`` would do in this state: a hit calls
+        ``policy.hit``; a miss of an object that fits calls ``policy.evict`` until it fits,
+        then ``policy.insert``. Hits are the accesses that were not misses; evictions and
+        admissions follow from the resident set at the end (every miss that fits is
+        admitted: nothing is pinned). The two loops differ only in how hit bytes are counted.
+        """
+        policy = self._policy
+        hit, insert, evict = policy.hit, policy.insert, policy.evict
+        resident = self._sizes
+        pinned = self._pinned  # empty; passed so the policy sees the usual argument
+        capacity = self.capacity
+        used = used0 = self.used
+        count0 = len(resident)
+        misses = bytes_hit = bytes_missed = refused = bytes_refused = 0
+        if fixed:
+            for k, s, t in zip(keys, sizes, times, strict=True):
+                if k in resident:
+                    hit(k, t)
+                    continue
+                misses += 1
+                bytes_missed += s
+                if s > capacity:
+                    refused += 1
+                    bytes_refused += s
+                    continue
+                used += s
+                while used > capacity:
+                    used -= resident.pop(evict(t, pinned))
+                resident[k] = s
+                insert(k, s, t)
+            bytes_hit = sum(sizes) - bytes_missed
+        else:
+            for k, s, t in zip(keys, sizes, times, strict=True):
+                if k in resident:
+                    hit(k, t)
+                    bytes_hit += resident[k]
+                    continue
+                misses += 1
+                bytes_missed += s
+                if s > capacity:
+                    refused += 1
+                    bytes_refused += s
+                    continue
+                used += s
+                while used > capacity:
+                    used -= resident.pop(evict(t, pinned))
+                resident[k] = s
+                insert(k, s, t)
+        hits = len(keys) - misses
+        st = self.stats
+        st.hits += hits
+        st.misses += misses
+        st.bytes_hit += bytes_hit
+        st.bytes_missed += bytes_missed
+        st.refused += refused
+        bytes_in = bytes_missed - bytes_refused
+        st.bytes_in += bytes_in
+        st.evictions += misses - refused - (len(resident) - count0)
+        st.bytes_out += bytes_in - (used - used0)
+        self.used = used
+        self.color_used[None] = self.color_used.get(None, 0) + used - used0
+        return hits
 
     def admit(
         self,
@@ -221,8 +323,7 @@ class TierCache:
                 f"{self.name}: object {key!r} of {size} B exceeds the whole capacity "
                 f"of {self.capacity} B"
             )
-        entry = self._entries.get(key)
-        if entry is None:
+        if key not in self._sizes:
             if not self._make_room(size, now):
                 self._refuse(color)
                 return False
@@ -231,20 +332,25 @@ class TierCache:
             self.pin(key)
         return True
 
-    def admit_many(self, items: list[tuple[Key, int]], now: float, color: str | None = None) -> bool:
+    def admit_many(
+        self, items: list[tuple[Key, int]], now: float, color: str | None = None
+    ) -> bool:
         """Admit every ``(key, size)`` of ``items`` in one pass, in order, as :meth:`admit`
         would one by one -- only when none is resident and all fit under the high watermark
         without an eviction (a warm start of a large model). Otherwise change nothing and
         return ``False``."""
         total = sum(size for _, size in items)
-        entries = self._entries
+        sizes = self._sizes
         if self.used + total > min(self.capacity, self._high) or any(
-            k in entries or size < 0 for k, size in items
+            k in sizes or size < 0 for k, size in items
         ):
             return False
         insert = self._policy.insert
+        colors = self._colors
         for key, size in items:
-            entries[key] = _Entry(size, color)
+            sizes[key] = size
+            if color is not None:
+                colors[key] = color
             insert(key, size, now, color, 0.0)
         self.used += total
         self.color_used[color] = self.color_used.get(color, 0) + total
@@ -256,7 +362,7 @@ class TierCache:
     # -- pins and removal ----------------------------------------------------------------
     def pin(self, key: Key) -> None:
         """Pin resident ``key`` (in use): it will not be evicted until unpinned."""
-        if key not in self._entries:
+        if key not in self._sizes:
             raise KeyError(f"{self.name}: cannot pin {key!r}: not resident")
         self._pinned[key] = self._pinned.get(key, 0) + 1
 
@@ -272,13 +378,12 @@ class TierCache:
 
     def remove(self, key: Key, now: float) -> bool:
         """Invalidate ``key`` (not an eviction; ``on_evict`` is not called). False if absent."""
-        entry = self._entries.get(key)
-        if entry is None:
+        if key not in self._sizes:
             return False
         if key in self._pinned:
             raise ValueError(f"{self.name}: cannot remove pinned object {key!r}")
         self._policy.remove(key, now, False)
-        self._drop(key, entry)
+        self._drop(key)
         return True
 
     def evict_to(self, target_used: int, now: float) -> list[Key]:
@@ -327,7 +432,7 @@ class TierCache:
             return True
         # Check first that enough unpinned bytes exist, so a refusal changes nothing.
         if self._pinned:
-            pinned_bytes = sum(self._entries[k].size for k in self._pinned)
+            pinned_bytes = sum(self._sizes[k] for k in self._pinned)
             if self.capacity - pinned_bytes < size:
                 return False
         while self.used + size > self.capacity:
@@ -336,7 +441,9 @@ class TierCache:
         return True
 
     def _insert(self, key: Key, size: int, now: float, color: str | None, cost: float) -> None:
-        self._entries[key] = _Entry(size, color)
+        self._sizes[key] = size
+        if color is not None:
+            self._colors[key] = color
         self.used += size
         self.color_used[color] = self.color_used.get(color, 0) + size
         self.stats.bytes_in += size
@@ -365,24 +472,27 @@ class TierCache:
         key = self._policy.victim(now, self._pinned)
         if key is None:
             return None
-        entry = self._entries[key]
         # Invariant: the policy never proposes a pinned key.
         assert key not in self._pinned, f"policy {self._policy.name} proposed pinned {key!r}"
         self._policy.remove(key, now, True)
-        self._drop(key, entry)
-        self.stats.evictions += 1
-        self.stats.bytes_out += entry.size
-        if entry.color is not None:
-            cs = self._colour(entry.color)
+        size, color = self._drop(key)
+        stats = self.stats
+        stats.evictions += 1
+        stats.bytes_out += size
+        if color is not None:
+            cs = self._colour(color)
             cs.evictions += 1
-            cs.bytes_out += entry.size
+            cs.bytes_out += size
         if self.track_objects:
             self.object_stats.setdefault(key, CacheStats()).evictions += 1
         if self.on_evict is not None:
-            self.on_evict(key, entry.size, entry.color)
+            self.on_evict(key, size, color)
         return key
 
-    def _drop(self, key: Key, entry: _Entry) -> None:
-        del self._entries[key]
-        self.used -= entry.size
-        self.color_used[entry.color] -= entry.size
+    def _drop(self, key: Key) -> tuple[int, str | None]:
+        """Forget resident ``key``; return its size and colour."""
+        size = self._sizes.pop(key)
+        color = self._colors.pop(key, None) if self._colors else None
+        self.used -= size
+        self.color_used[color] -= size
+        return size, color

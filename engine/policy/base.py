@@ -25,6 +25,12 @@ The owning cache (:class:`engine.cache.TierCache`) drives it with exactly this p
     owner (``evicted=False``). Policies that keep history of non-resident keys (LRU-K, ARC)
     keep it for evicted keys.
 
+``evict(now, pinned)``
+    ``victim`` then, if it found a key, ``remove(key, now, evicted=True)``, in one call;
+    returns the key (or ``None``). The base class does exactly that; a policy may override
+    it to share work between the two steps, never to choose differently. The cache's
+    trace-replay loop (:meth:`engine.cache.TierCache.access_many`) evicts with it.
+
 ``attach(capacity)`` is called once by the cache before any other call, with its capacity in
 bytes (colour reservations and size-aware policies need it).
 """
@@ -63,6 +69,13 @@ class EvictionPolicy(ABC):
     @abstractmethod
     def victim(self, now: float, pinned: Container[Key] = ()) -> Key | None:
         """The key to evict next, never one in ``pinned``; ``None`` if none may be evicted."""
+
+    def evict(self, now: float, pinned: Container[Key] = ()) -> Key | None:
+        """Evict the key ``victim`` would choose (``remove(key, now, True)``) and return it."""
+        key = self.victim(now, pinned)
+        if key is not None:
+            self.remove(key, now, True)
+        return key
 
     @abstractmethod
     def remove(self, key: Key, now: float, evicted: bool) -> None:

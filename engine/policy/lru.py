@@ -34,6 +34,12 @@ class LRUPolicy(EvictionPolicy):
                 return key
         return None
 
+    def evict(self, now: float, pinned: Container[Key] = ()) -> Key | None:
+        """``victim`` + ``remove`` in one step: with nothing pinned, pop the oldest key."""
+        if pinned:
+            return super().evict(now, pinned)
+        return self._order.popitem(last=False)[0] if self._order else None
+
     def remove(self, key: Key, now: float, evicted: bool) -> None:
         del self._order[key]
 

@@ -67,8 +67,9 @@ def read_trace(
 ) -> Trace:
     """Read ``path`` as ``format`` (see :data:`FORMATS`); the first ``limit`` accesses if given.
 
-    ``block_tokens``, ``kv_bytes_per_token`` and ``unit`` only matter for Mooncake traces (see
-    :mod:`engine.traces.mooncake`). Raises :class:`InputError` for a missing file, an unknown
+    ``block_tokens`` and ``kv_bytes_per_token`` only matter for Mooncake traces (see
+    :mod:`engine.traces.mooncake`); ``unit=True`` gives every access size 1 in every format
+    (cache sizes then count objects; ``meta["unit"]`` is set). Raises :class:`InputError` for a missing file, an unknown
     format or a bad record.
     """
     path = Path(path)
@@ -91,4 +92,6 @@ def read_trace(
             unit=unit,
             limit=limit,
         )
-    return trace if limit is None else trace.head(limit)
+    if limit is not None:
+        trace = trace.head(limit)
+    return trace.unit_sized() if unit and fmt != "mooncake" else trace

@@ -85,6 +85,19 @@ class Trace:
         names: list[str | None] = [*self.color_names, None]  # code -1 picks the last: None
         return [names[c] for c in self.color.tolist()]
 
+    def unit_sized(self) -> Trace:
+        """The same accesses with every size 1 (cache sizes then count objects)."""
+        return Trace(
+            time=self.time,
+            key=self.key,
+            size=np.ones(len(self.key), dtype=np.int64),
+            source=self.source,
+            color=self.color,
+            color_names=self.color_names,
+            next_access=self.next_access,
+            meta={**self.meta, "unit": True},
+        )
+
     def head(self, n: int) -> Trace:
         """The first ``n`` accesses (all of them if ``n >= len(self)``)."""
         if n >= len(self):

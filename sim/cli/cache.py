@@ -13,10 +13,12 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import math
 import os
 import shutil
 import tempfile
 from collections.abc import Iterator
+from fractions import Fraction
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -28,7 +30,7 @@ from rich.table import Table
 
 from engine.errors import InputError
 from engine.policy import policy_class, policy_names
-from engine.replay import replay
+from engine.replay import CLOCKS, replay
 from engine.traces import (
     DEFAULT_BLOCK_TOKENS,
     DEFAULT_KV_BYTES_PER_TOKEN,
@@ -106,9 +108,26 @@ def replay_cmd(
     unit_sizes: Annotated[
         bool,
         typer.Option(
-            "--unit-sizes", help="Mooncake only: give every KV block size 1 (sizes count blocks)."
+            "--unit-sizes",
+            help="Give every access size 1, in every format: cache sizes then count objects "
+            "(for Mooncake, KV blocks).",
         ),
     ] = False,
+    clock: Annotated[
+        str,
+        typer.Option(
+            "--clock",
+            help="The policies' clock: 'time' (the trace's timestamps, in seconds) or "
+            "'references' (the access's position in the trace, as in the LRU-K paper). "
+            "Time-based parameters are in the clock's units: --param lru-k.crp / lru-k.rip "
+            "and the priority policy's staleness are seconds with 'time', references with "
+            "'references'.",
+        ),
+    ] = "time",
+    precision: Annotated[
+        int,
+        typer.Option("--precision", help="Decimals of the ratios in the printed tables (0-17)."),
+    ] = 6,
     params: Annotated[
         list[str] | None,
         typer.Option(
@@ -143,6 +162,10 @@ def replay_cmd(
         default_trace = trace_path is None
         path = example_trace() if trace_path is None else trace_path
         names = _policies(policy)
+        if clock not in CLOCKS:
+            raise InputError(f"--clock: {clock!r} is not a clock; allowed: {', '.join(CLOCKS)}")
+        if not 0 <= precision <= 17:
+            raise InputError(f"--precision: {precision} is not between 0 and 17 decimals")
         kv_bytes = _size_option("--kv-bytes-per-token", kv_bytes_per_token)
         pparams = _params(params or [])
         trace = read_trace(
@@ -155,34 +178,46 @@ def replay_cmd(
         )
         unique = trace.unique_bytes()
         cache_sizes = parse_cache_sizes(sizes, unique)
+        trace_format = str(trace.meta.get("format", fmt))
+        unit = "objects" if unit_sizes else "B"
         if not quiet:
             what = "shipped example trace" if default_trace else "trace"
             console.print(f"{what}: {path}")
             console.print(
-                f"  {trace.meta.get('format', fmt)}, {len(trace):,} accesses, "
-                f"{trace.n_objects:,} objects, {format_bytes(unique)} unique"
+                f"  {trace_format}, {len(trace):,} accesses, {trace.n_objects:,} objects, "
+                + ("unit sizes" if unit_sizes else f"{unique:,} B unique")
+            )
+            console.print(
+                f"  cache sizes ({unit}): {', '.join(f'{c:,}' for c in cache_sizes)}; "
+                f"clock: {clock}"
             )
         inputs: dict[str, Any] = {
             "trace": str(path),
             "trace_blake2b": _file_digest(path),
-            "format": trace.meta.get("format", fmt),
+            "format": trace_format,
             "policies": names,
             "cache_bytes": cache_sizes,
-            "block_tokens": block_tokens,
-            "kv_bytes_per_token": kv_bytes,
             "unit_sizes": unit_sizes,
+            "clock": clock,
             "params": pparams,
             "limit": limit,
         }
+        if trace_format == "mooncake":
+            inputs["block_tokens"] = block_tokens
+            inputs["kv_bytes_per_token"] = kv_bytes
         dest = out if out is not None else Path("runs") / f"cache-replay-{_short_hash(inputs)}"
         with _progress(len(trace) * len(names) * len(cache_sizes), quiet) as advance:
-            df = replay(trace, names, cache_sizes, policy_params=pparams, progress=advance)
+            df = replay(
+                trace, names, cache_sizes, policy_params=pparams, progress=advance, clock=clock
+            )
         df.insert(2, "cache_fraction", df["cache_bytes"] / unique if unique else float("nan"))
+        if not quiet:  # the counts are in replay.csv either way
+            _warn_too_large(df, unit)
         _write_outputs(dest, df, inputs, trace)
         if quiet:
             console.print(str(dest))
             return
-        for table in _tables(df, unique):
+        for table in _tables(df, unique, unit_sizes, precision):
             console.print(table)
         console.print(f"wrote {dest / 'replay.csv'} and {dest / 'mrc.png'}")
 
@@ -192,6 +227,8 @@ def parse_cache_sizes(spec: str, unique_bytes: int) -> list[int]:
 
     ``N%`` is N percent of ``unique_bytes``; a plain number strictly between 0 and 1 is a
     fraction of it; anything else is an absolute size (:func:`engine.units.parse_size`).
+    Percents and fractions are truncated to whole bytes, as libCacheSim does, computed
+    exactly from the decimal text (``1%`` of 48,974 is 489).
     """
     out: set[int] = set()
     for raw in spec.split(","):
@@ -200,15 +237,15 @@ def parse_cache_sizes(spec: str, unique_bytes: int) -> list[int]:
             continue
         try:
             if item.endswith("%"):
-                pct = float(item[:-1])
+                pct = Fraction(item[:-1].strip())
                 if pct <= 0:
                     raise ValueError
-                out.add(max(1, round(unique_bytes * pct / 100.0)))
+                out.add(max(1, math.floor(unique_bytes * pct / 100)))
                 continue
-            with contextlib.suppress(ValueError):
-                frac = float(item)
-                if 0.0 < frac < 1.0:
-                    out.add(max(1, round(unique_bytes * frac)))
+            with contextlib.suppress(ValueError, ZeroDivisionError):
+                frac = Fraction(item)
+                if 0 < frac < 1:
+                    out.add(max(1, math.floor(unique_bytes * frac)))
                     continue
             nbytes = parse_size(item)
         except ValueError:
@@ -294,25 +331,43 @@ def _progress(total: int, quiet: bool) -> Iterator[Any]:
         yield lambda n: bar.advance(task, n)
 
 
-def _tables(df: pd.DataFrame, unique: int) -> list[Table]:
-    """Policy x size tables of the miss ratio and (if it differs) the byte miss ratio."""
-    same = bool((df["miss_ratio"] - df["byte_miss_ratio"]).abs().max() < 1e-12)
-    metrics = [("miss_ratio", "miss ratio" + (" (= byte miss ratio)" if same else ""))]
+def _warn_too_large(df: pd.DataFrame, unit: str) -> None:
+    """One warning per cache size that some objects can never fit in."""
+    seen: set[int] = set()
+    for row in df.itertuples(index=False):
+        size = int(row.cache_bytes)
+        if row.too_large_objects and size not in seen:
+            seen.add(size)
+            err_console.print(
+                f"warning: cache of {size:,} {unit}: {int(row.too_large_objects):,} objects "
+                f"({int(row.too_large_accesses):,} accesses) are larger than the whole cache; "
+                "they are never cached and count as misses"
+            )
+
+
+def _tables(df: pd.DataFrame, unique: int, unit_sizes: bool, precision: int) -> list[Table]:
+    """Policy x size tables: miss ratio (objects), byte miss ratio, hit ratio (objects).
+
+    The byte table is left out when it equals the object one (unit sizes, or equal ratios).
+    """
+    same = unit_sizes or bool((df["miss_ratio"] - df["byte_miss_ratio"]).abs().max() == 0)
+    metrics = [("miss_ratio", "miss ratio" + (" (= byte miss ratio)" if same else " (objects)"))]
     if not same:
         metrics.append(("byte_miss_ratio", "byte miss ratio"))
+    metrics.append(("hit_ratio", "hit ratio (objects)"))
     sizes = sorted(df["cache_bytes"].unique().tolist())
     tables = []
     for col, title in metrics:
         table = Table(title=title, title_justify="left")
         table.add_column("policy", no_wrap=True)
         for s in sizes:
-            label = format_bytes(s).replace(" ", "")
+            label = f"{s:,}" if unit_sizes else format_bytes(s).replace(" ", "")
             if unique:
                 label = f"{100.0 * s / unique:.3g}%\n{label}"
             table.add_column(label, justify="right", no_wrap=True)
         for name, group in df.groupby("policy", sort=False):
             by_size = group.set_index("cache_bytes")[col]
-            table.add_row(str(name), *(f"{by_size.at[s]:.4f}" for s in sizes))
+            table.add_row(str(name), *(f"{by_size.at[s]:.{precision}f}" for s in sizes))
         tables.append(table)
     return tables
 
@@ -345,9 +400,12 @@ def _plot(df: pd.DataFrame, path: Path, trace: Trace) -> None:
 
     top = float(df["cache_bytes"].max())
     unit, scale = "B", 1.0
-    for u, f in (("KiB", 2**10), ("MiB", 2**20), ("GiB", 2**30), ("TiB", 2**40)):
-        if top >= f:
-            unit, scale = u, float(f)
+    if trace.meta.get("unit"):
+        unit = "objects"
+    else:
+        for u, f in (("KiB", 2**10), ("MiB", 2**20), ("GiB", 2**30), ("TiB", 2**40)):
+            if top >= f:
+                unit, scale = u, float(f)
     fig, axes = plt.subplots(1, 2, figsize=(11, 4.2), constrained_layout=True)
     for ax, col, label in (
         (axes[0], "miss_ratio", "miss ratio"),

@@ -20,7 +20,7 @@ from collections import OrderedDict
 from typing import Any
 
 import pytest
-from hypothesis import settings
+from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import (
     RuleBasedStateMachine,
@@ -428,3 +428,82 @@ def test_pin_and_remove_errors() -> None:
 def test_bad_construction(kw: dict[str, Any], msg: str) -> None:
     with pytest.raises(ValueError, match=msg):
         TierCache(**kw)
+
+
+# -- access_many: the replay loop gives what the loop of access gives ----------------------
+
+MANY_POLICIES = [p for p in policy_names() if p != "none"]
+
+
+def _many_cache(name: str, capacity: int, keys: list[int]) -> TierCache:
+    params: dict[str, Any] = {"future": keys} if name == "opt" else {}
+    return TierCache(
+        capacity=capacity,
+        policy=name,
+        policy_params=params,
+        high_watermark=1.0,
+        low_watermark=1.0,
+    )
+
+
+@pytest.mark.parametrize("name", MANY_POLICIES)
+@given(
+    refs=st.lists(
+        st.tuples(st.integers(0, 12), st.sampled_from([0.0, 0.0, 1.0])), min_size=1, max_size=90
+    ),
+    capacity=st.integers(1, 14),
+    sizes=st.lists(st.integers(1, 5), min_size=13, max_size=13),
+    fixed=st.booleans(),
+)
+def test_access_many_equals_the_access_loop(
+    name: str, refs: list[tuple[int, float]], capacity: int, sizes: list[int], fixed: bool
+) -> None:
+    """Same stats, residents, eviction order and used bytes; objects > capacity refused."""
+    keys = [k for k, _ in refs]
+    times: list[float] = []
+    now = 0.0
+    for _, dt in refs:
+        now += dt
+        times.append(now)
+    sz = [sizes[k] for k in keys]
+    fitting = [k for k, s in zip(keys, sz, strict=True) if s <= capacity]
+    loop, many = _many_cache(name, capacity, fitting), _many_cache(name, capacity, fitting)
+    loop_hits = sum(loop.access(k, s, t) for k, s, t in zip(keys, sz, times, strict=True))
+    assert many.access_many(keys, sz, times, fixed_sizes=fixed) == loop_hits
+    assert many.stats == loop.stats
+    assert many.used == loop.used == sum(many.size_of(k) for k in many)
+    assert list(many) == list(loop)
+    assert list(many._policy) == list(loop._policy)
+    assert many.color_used == {None: many.used} or many.used == 0
+
+
+def test_access_many_falls_back_to_access_when_pinned() -> None:
+    fast, slow = (
+        TierCache(capacity=3, policy="lru", high_watermark=1.0, low_watermark=1.0) for _ in range(2)
+    )
+    for c in (fast, slow):
+        c.access("p", 1, 0.0)
+        c.pin("p")
+    fast.access_many(["a", "b", "c", "a"], [1, 1, 1, 1], [1.0, 2.0, 3.0, 4.0])
+    for k, t in (("a", 1.0), ("b", 2.0), ("c", 3.0), ("a", 4.0)):
+        slow.access(k, 1, t)
+    assert fast.stats == slow.stats and sorted(fast) == sorted(slow) == ["a", "c", "p"]
+    with pytest.raises(ValueError, match="differ in length"):
+        fast.access_many(["a"], [1, 2], [0.0])
+
+
+def test_admit_many_equals_admit_one_by_one_or_changes_nothing() -> None:
+    items = [("a", 3), ("b", 4), ("c", 2)]
+    bulk, single = (
+        TierCache(capacity=20, policy="lru", high_watermark=0.5, low_watermark=0.4)
+        for _ in range(2)
+    )
+    assert bulk.admit_many(items, 1.0, color="m")
+    for key, size in items:
+        single.admit(key, size, 1.0, color="m")
+    assert bulk.used == single.used == 9 and list(bulk) == list(single)
+    assert bulk.color_of("b") == "m" and bulk.color_used == single.color_used
+    assert bulk.stats == single.stats and bulk.color_stats == single.color_stats
+    assert not bulk.admit_many([("d", 1), ("a", 3)], 2.0)  # "a" is resident: nothing changes
+    assert not bulk.admit_many([("d", 2)], 2.0)  # 11 B > high watermark (10 B)
+    assert "d" not in bulk and bulk.used == 9

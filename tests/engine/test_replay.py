@@ -143,3 +143,32 @@ def test_bad_arguments() -> None:
         replay(tr, ["lru"], [4], policy_params={"fifo": {}})
     with pytest.raises(InputError, match="lru"):
         replay(tr, ["lru"], [4], policy_params={"lru": {"k": 2}})
+
+
+def test_clocks() -> None:
+    """``references`` hands the policies positions; with CRP = 0 LRU-K ignores tied times."""
+    rng = np.random.default_rng(3)
+    keys = rng.integers(0, 40, 600).tolist()
+    tied = Trace(
+        time=np.repeat(np.arange(60, dtype=np.float64), 10),  # ten accesses per timestamp
+        key=np.asarray(keys, dtype=np.int64),
+        size=np.ones(600, dtype=np.int64),
+    )
+    by_time = replay(tied, ["lru-k"], [5, 15], clock="time")
+    by_refs = replay(tied, ["lru-k"], [5, 15], clock="references")
+    assert by_time.equals(by_refs)
+    # CRP of 3: in seconds almost every re-reference is correlated, in references few are.
+    params = {"lru-k": {"crp": 3.0}}
+    crp_time = replay(tied, ["lru-k"], [15], params, clock="time")
+    crp_refs = replay(tied, ["lru-k"], [15], params, clock="references")
+    assert crp_time["misses"].iloc[0] != crp_refs["misses"].iloc[0]
+    with pytest.raises(InputError, match="allowed: time, references"):
+        replay(tied, ["lru"], [5], clock="wall")
+
+
+def test_objects_larger_than_the_cache_are_counted() -> None:
+    tr = make_trace([0, 1, 2, 1, 0, 3], [1, 9, 9, 9, 1, 2])
+    row = replay(tr, ["lru"], [4]).iloc[0]
+    assert (row["too_large_objects"], row["too_large_accesses"]) == (2, 3)
+    assert (row["hits"], row["misses"]) == (1, 5)
+    assert row["hit_ratio"] == pytest.approx(1 / 6)

@@ -7,7 +7,7 @@ import math
 import hypothesis.strategies as st
 import numpy as np
 import pytest
-from hypothesis import settings
+from hypothesis import example, given, settings
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
 from engine.cache import TierCache
@@ -27,8 +27,10 @@ def brute_force_victim(
     """Max backward K-distance over the raw reference string; LRU among infinite ones.
 
     Backward K-distance of q at ``now`` = now - time of the K-th most recent reference to q,
-    infinite when q has fewer than K references. Ties (several references at one time) go
-    to the page whose last reference is older, then earlier in the string.
+    infinite when q has fewer than K references (LRU among those). Ties (several references
+    at one time) go by reference order: the page whose K-th most recent reference (last
+    reference, among the infinite ones) comes earlier in the string -- O'Neil's clock that
+    counts references, where times never tie.
     """
     times: dict[int, list[tuple[float, int]]] = {}
     for index, (key, t) in enumerate(refs):
@@ -43,8 +45,9 @@ def victim_from_times(
     best, best_rank = None, None
     for q in sorted(candidates):
         mine = times[q]
-        dist = now - mine[-k][0] if len(mine) >= k else INF
-        rank = (dist, now - mine[-1][0], -mine[-1][1])
+        ref = mine[-k] if len(mine) >= k else mine[-1]
+        dist = now - ref[0] if len(mine) >= k else INF
+        rank = (dist, -ref[1])
         if best_rank is None or rank > best_rank:
             best, best_rank = q, rank
     assert best is not None
@@ -223,11 +226,13 @@ class CRPMachine(_PinningMachine):
         if eligible:
             assert key in eligible
 
-            # Among eligible pages: smallest HIST(p,K), then smallest HIST(p,1).
-            def rank(q: int) -> tuple[float, float]:
+            # Among eligible pages: smallest (HIST(p,K), its reference number); pages with
+            # fewer than K references first, by the number of their last reference.
+            def rank(q: int) -> tuple[float, int]:
                 hist = self.policy.history(q)
-                assert hist is not None
-                return hist[-1], hist[0]
+                refs = self.policy.history_refs(q)
+                assert hist is not None and refs is not None
+                return hist[-1], refs[-1] if hist[-1] > -INF else refs[0]
 
             assert key == min(eligible, key=rank)
         else:
@@ -401,3 +406,53 @@ def test_infinite_rip_keeps_history_and_invalidation_forgets_it() -> None:
 def test_bad_parameters_are_input_errors(params: dict[str, float]) -> None:
     with pytest.raises(InputError, match="lru-k"):
         make_policy("lru-k", **params)
+
+
+def test_equal_times_break_by_reference_order() -> None:
+    # References a, b, b, a all at t = 0: HIST(a,2) and HIST(b,2) are both 0, but a's second
+    # most recent reference (the 1st of the string) precedes b's (the 2nd). Counting
+    # references as O'Neil does: backward 2-distances at reference 5 are 5-1 > 5-2, so a goes.
+    pol = LRUKPolicy(k=2)
+    pol.attach(10)
+    pol.insert("a", 1, 0.0)
+    pol.insert("b", 1, 0.0)
+    pol.hit("b", 0.0)
+    pol.hit("a", 0.0)
+    assert pol.history("a") == pol.history("b") == (0.0, 0.0)
+    assert pol.history_refs("a") == (4, 1) and pol.history_refs("b") == (3, 2)
+    assert pol.victim(0.0) == "a"
+    assert list(pol) == ["a", "b"]
+
+
+@given(
+    refs=st.lists(
+        st.tuples(st.integers(0, 5), st.sampled_from([0.0, 0.0, 1.0])),
+        min_size=1,
+        max_size=150,
+    ),
+    capacity=st.integers(1, 4),
+    k=st.integers(1, 3),
+)
+# a@0 b@0 b@1 a@2 c@2: HIST(a,2) = HIST(b,2) = 0, but a's comes first in the string
+@example(refs=[(0, 0.0), (1, 0.0), (1, 1.0), (0, 1.0), (2, 0.0)], capacity=2, k=2)
+def test_time_clock_with_ties_equals_reference_clock(
+    refs: list[tuple[int, float]], capacity: int, k: int
+) -> None:
+    """With CRP = 0 the victims depend only on reference order, not on tied times."""
+    evicted: dict[str, list[int]] = {"time": [], "refs": []}
+    caches = {
+        clock: TierCache(
+            capacity=capacity,
+            policy=LRUKPolicy(k=k),
+            high_watermark=1.0,
+            low_watermark=1.0,
+            on_evict=lambda key, size, color, log=evicted[clock]: log.append(key),
+        )
+        for clock in evicted
+    }
+    now = 0.0
+    for index, (key, dt) in enumerate(refs):
+        now += dt
+        assert caches["time"].access(key, 1, now) == caches["refs"].access(key, 1, float(index))
+    assert evicted["time"] == evicted["refs"]
+    assert list(caches["time"]._policy) == list(caches["refs"]._policy)

@@ -19,6 +19,7 @@ from typing import Any
 import yaml
 
 from sim.scenario import Scenario, config_hash
+from sim.sweep.cache import as_umask
 
 
 def run_folder_name(sc: Scenario, seed: int) -> str:
@@ -35,6 +36,7 @@ def write_run(root: Path, sc: Scenario, seed: int, result: Any) -> Path:
     final = root / run_folder_name(sc, seed)
     tmp = Path(tempfile.mkdtemp(prefix=".tmp-", dir=root))
     try:
+        as_umask(tmp, folder=True)
         (tmp / "config.yaml").write_text(yaml.safe_dump(result.config, sort_keys=False), "utf-8")
         (tmp / "summary.json").write_text(
             json.dumps(result.summary, indent=2, sort_keys=False) + "\n", "utf-8"

@@ -17,6 +17,7 @@ from sim.cli import chaos as _chaos
 from sim.cli import plan as _plan
 from sim.cli import replay as _replay
 from sim.cli import run as _run
+from sim.cli import scenarios as _scenarios
 from sim.cli import sweep as _sweep
 from sim.cli import validate as _validate
 
@@ -31,6 +32,7 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 app.add_typer(_cache.app, name="cache")
+app.add_typer(_scenarios.app, name="scenarios")
 app.command("run")(_run.run)
 app.command("sweep")(_sweep.sweep)
 app.command("ab")(_ab.ab)

@@ -135,10 +135,15 @@ def load_sweep_file(path: str | Path) -> SweepFile:
 
 
 def resolve_scenario_path(scenario: str, relative_to: Path | None) -> Path:
-    """The scenario named in a spec file: next to the spec file first, else as given."""
+    """The scenario named in a spec file: next to the spec file first, else as given, else a
+    shipped scenario of that name (:mod:`sim.shipped`)."""
+    from sim.shipped import shipped_path
+
     p = Path(scenario)
     if not p.is_absolute() and relative_to is not None and (relative_to / p).is_file():
         return relative_to / p
+    if not p.exists():
+        return shipped_path(scenario) or p
     return p
 
 

@@ -245,6 +245,7 @@ def violation_report(sc: Scenario, seed: int, exc: BaseException, out_dir: str |
         lines.append("(scenario has variants: run the failing variant alone for a replay file)")
         return "\n".join(lines)
     out = run_checked(sc, seed)
-    p = write_replay(Path(out_dir) / f"{sc.name}-seed{seed}.replay.json", sc, seed, out)
+    name = "".join(ch if ch.isalnum() or ch in "-_" else "-" for ch in sc.name)
+    p = write_replay(Path(out_dir) / f"{name}-seed-{seed}.replay.json", sc, seed, out)
     lines.append(f"replay file: {p}  (pdsim replay {p} [--until T])")
     return "\n".join(lines)

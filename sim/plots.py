@@ -234,13 +234,14 @@ def sweep_plot(df: pd.DataFrame, keys: list[str], path: Path, title: str) -> Pat
             m = g.groupby(x, sort=True)[col].apply(lambda s: pd.to_numeric(s).mean())
             gv = gk if isinstance(gk, tuple) else (gk,)
             label = ", ".join(f"{k}={v}" for k, v in zip(rest, gv, strict=False)) or None
-            xs = [str(v) for v in m.index] if m.index.dtype == object else m.index
+            numeric = pd.api.types.is_numeric_dtype(m.index.dtype)
+            xs = m.index if numeric else [str(v) for v in m.index]
             ax.plot(xs, m.to_numpy(dtype=float), "o-", label=label)
         ax.set_xlabel(x)
         ax.set_ylabel("throughput (req/s)" if col == "throughput_rps" else "P99 latency")
         if col != "throughput_rps":
             ax.yaxis.set_major_formatter(FuncFormatter(_seconds))
-        if m.index.dtype != object and np.issubdtype(m.index.dtype, np.integer):
+        if pd.api.types.is_integer_dtype(m.index.dtype):
             ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.grid(alpha=0.3)
         if rest:

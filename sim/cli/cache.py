@@ -40,7 +40,9 @@ from engine.units import format_bytes, parse_size
 from sim.cli.common import console, err_console, user_errors
 
 app = typer.Typer(
-    help="Cache-policy tools: trace replay and miss-ratio curves.", no_args_is_help=True
+    rich_markup_mode=None,
+    help="Cache-policy tools: trace replay and miss-ratio curves.",
+    no_args_is_help=True,
 )
 
 #: default cache sizes, as fractions of the trace's unique bytes

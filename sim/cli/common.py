@@ -16,7 +16,7 @@ from rich.markup import escape
 from engine.errors import InputError
 
 err_console = Console(stderr=True, highlight=False)
-console = Console(highlight=False)
+console = Console(highlight=False, soft_wrap=True)
 
 
 @contextlib.contextmanager

@@ -32,7 +32,9 @@ def _unit(path: str) -> str:
     """``s``, ``rps``, ``tok/s``, ``%``, ``B``, ``tokens`` or ``""`` for dotted key ``path``."""
     parts = path.split(".")
     leaf = parts[-1]
-    if (leaf.endswith("_s") and leaf != "tokens_per_s") or any(p in SECONDS_SECTIONS for p in parts):
+    if (leaf.endswith("_s") and leaf != "tokens_per_s") or any(
+        p in SECONDS_SECTIONS for p in parts
+    ):
         return "s"
     if leaf.endswith("_rps") or parts[0] in ("throughput", "goodput"):
         return "rps"

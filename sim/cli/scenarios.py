@@ -13,6 +13,7 @@ from engine.errors import InputError
 from sim.cli.common import check_out_dir, console, user_errors
 
 app = typer.Typer(
+    rich_markup_mode=None,
     help="The scenarios shipped with pdsim: list them, show one, copy one to edit.",
     no_args_is_help=True,
 )

@@ -74,7 +74,9 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 app.add_typer(_cache.app, name="cache")
-app.add_typer(_scenarios.app, name="scenarios")
+app.add_typer(
+    _scenarios.app, name="scenarios", short_help="List, show or copy the shipped scenarios."
+)
 # one short sentence per command for `pdsim --help` (click cuts a longer one at 45 characters)
 app.command("run", short_help="Simulate a scenario; summary table and run folder.")(_run.run)
 app.command("sweep", short_help="Runs over a grid of overrides x seeds, cached.")(_sweep.sweep)

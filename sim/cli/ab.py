@@ -11,6 +11,7 @@ from rich.table import Table
 
 from engine.errors import InputError
 from sim.cli.common import (
+    blame_override,
     check_out_dir,
     check_same_inputs,
     console,
@@ -87,7 +88,10 @@ def ab(
         base = list(set_ or [])
         if resamples < 100:
             raise InputError(f"--resamples {resamples}: use at least 100")
-        points = ab_points(path, list(a or []), list(b or []), seed_ls, base, variant)
+        try:
+            points = ab_points(path, list(a or []), list(b or []), seed_ls, base, variant)
+        except InputError as err:
+            raise _blame_side(err, list(a or []), list(b or []), base) from None
         digest = ab_digest(*points, resamples, boot_seed)
         folder = out if out is not None else Path("runs") / result_name("ab", path.stem, digest)
         check_out_dir(folder)
@@ -123,3 +127,16 @@ def ab(
     console.print(f"results: {res.folder} (ab.json, ab.parquet, runs.parquet, ab.png)")
     if res.failed:
         raise typer.Exit(code=1)
+
+
+def _blame_side(err: InputError, a: list[str], b: list[str], base: list[str]) -> InputError:
+    """An error an override caused, named by its option (``--a``, ``--b`` or ``--set``)."""
+    text = str(err)
+    for option, overrides in (("--a", a), ("--b", b), ("--set", base)):
+        for o in overrides:
+            if text.startswith(f"--set {o}:"):
+                return InputError(option + text[len("--set") :])
+        blamed = blame_override(err, overrides, option)
+        if blamed is not err:
+            return blamed
+    return err

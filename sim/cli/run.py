@@ -75,7 +75,7 @@ def run(
                 f"(e.g. {out.parent})"
             )
         sc = load_scenario_arg(scenario, list(set_ or []))
-        if quiet or as_json:
+        if quiet or as_json or not err_console.is_terminal:
             result = run_or_report(sc, seed, out)
         else:
             with Progress(

@@ -26,8 +26,9 @@ from sim.sweep.spec import SEEDS_HELP, parse_seed_option
 
 @contextlib.contextmanager
 def run_progress(label: str, quiet: bool = False) -> Iterator[Any]:
-    """A rich progress bar over runs; yields a ``progress(done, total)`` callback."""
-    if quiet:
+    """A rich progress bar over runs; yields a ``progress(done, total)`` callback. None
+    when ``quiet`` or stderr is not a terminal (a bar there leaves a blank line behind)."""
+    if quiet or not err_console.is_terminal:
         yield None
         return
     with Progress(

@@ -45,7 +45,7 @@ are rounded to 4 significant digits). Same spec and seeds -> same probes -> same
 mean utilisation over seeds of: compute (busy share of nodes), HBM (peak per-node HBM use /
 ``hbm_bytes_per_node``), PCIe, network (busiest compute-node NIC, ``node_nic_utilisation``),
 parameter servers (``ps_utilisation``: busiest PS NIC or SSD). Older summaries without these
-fields fall back to the configured HBM size, ``r31.network_saturation`` (busiest NIC of any
+fields fall back to the configured HBM size, ``max_nic_utilisation`` (busiest NIC of any
 host) and the share of busy time spent waiting for parameters (a proxy). The largest one is
 named as the resource that saturates first.
 """
@@ -194,7 +194,7 @@ def utilisation(m: dict[str, Any], hbm_bytes: float) -> dict[str, float]:
         "compute": float(m.get("compute_utilisation") or 0.0),
         "hbm": float(m.get("peak_hbm_bytes_per_node") or 0.0) / max(float(cap), 1.0),
         "pcie": float(m.get("pcie_utilisation") or 0.0),
-        "network": float(net if net is not None else m.get("r31.network_saturation") or 0.0),
+        "network": float(net if net is not None else m.get("max_nic_utilisation") or 0.0),
         "parameter_servers": float(ps if ps is not None else m.get("param_wait_share") or 0.0),
     }
 

@@ -83,7 +83,7 @@ def test_run_passes_rules() -> None:
 def test_utilisation_prefers_the_dedicated_fields() -> None:
     m = {
         "compute_utilisation": 0.5, "peak_hbm_bytes_per_node": 30.0, "hbm_bytes_per_node": 60.0,
-        "pcie_utilisation": 0.1, "node_nic_utilisation": 0.2, "r31.network_saturation": 0.9,
+        "pcie_utilisation": 0.1, "node_nic_utilisation": 0.2, "max_nic_utilisation": 0.9,
         "ps_utilisation": 0.9, "param_wait_share": 0.05,
     }  # fmt: skip
     u = utilisation(m, 80.0)
@@ -96,7 +96,7 @@ def test_utilisation_prefers_the_dedicated_fields() -> None:
 def test_utilisation_reads_the_summary() -> None:
     u = utilisation(
         {"compute_utilisation": 0.9, "peak_hbm_bytes_per_node": 40.0, "pcie_utilisation": 0.1,
-         "r31.network_saturation": 0.3, "param_wait_share": 0.2},
+         "max_nic_utilisation": 0.3, "param_wait_share": 0.2},
         80.0,
     )  # fmt: skip
     assert u == {

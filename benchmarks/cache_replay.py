@@ -6,8 +6,8 @@ unit-size objects) replayed with a cache of 10% of the objects, one policy at a 
 per access). The replay is single-threaded, so it runs on one core; ``accesses_per_s`` divides
 by the process's CPU time (one core's speed even on a shared machine), ``wall_accesses_per_s``
 by wall time. Optionally also prints the
-miss ratios of every policy on a Mooncake trace (``--mooncake``, default
-``../shared/traces/mooncake_synthetic_trace.jsonl`` when present).
+miss ratios of every policy on a Mooncake trace (``--mooncake``, default: the slice shipped
+in the package, ``engine/data/traces/mooncake_slice.jsonl``).
 
 Prints a table; the LAST line is one JSON object::
 
@@ -32,10 +32,9 @@ from rich.table import Table
 
 from engine.policy import policy_names
 from engine.replay import replay
-from engine.traces import Trace, read_trace
+from engine.traces import Trace, example_trace, read_trace
 
-ROOT = Path(__file__).resolve().parents[1]
-DEFAULT_MOONCAKE = ROOT.parent / "shared" / "traces" / "mooncake_synthetic_trace.jsonl"
+DEFAULT_MOONCAKE = example_trace()  # the Mooncake slice shipped in the package
 MOONCAKE_FRACTIONS = (0.01, 0.05, 0.1, 0.2, 0.5)
 
 
@@ -95,8 +94,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--mooncake",
         type=Path,
-        default=DEFAULT_MOONCAKE if DEFAULT_MOONCAKE.is_file() else None,
-        help="Mooncake JSONL trace for a miss-ratio table (default: the shared one if present)",
+        default=DEFAULT_MOONCAKE,
+        help="Mooncake JSONL trace for a miss-ratio table (default: the shipped slice)",
     )
     ap.add_argument("--no-mooncake", action="store_true", help="skip the Mooncake table")
     args = ap.parse_args(argv)

@@ -90,11 +90,11 @@ def _latency_cdf(folder: Path, result: Any) -> Path:
         for c in _scenario(result).get("workload", {}).get("classes", []) or []
         if isinstance(c, dict) and c.get("slo")
     }
-    for i, (cls, slo) in enumerate(sorted(slos.items(), key=lambda kv: kv[1])):
+    for cls, slo in sorted(slos.items(), key=lambda kv: kv[1]):
         ax.axvline(slo, color="0.35", ls="--", lw=1)
         ax.annotate(
-            f"SLO {cls}: {_seconds(slo)}", (slo, 0.05 + 0.08 * i), xytext=(-4, 0),
-            textcoords="offset points", ha="right", fontsize=8, color="0.25",
+            f"SLO {cls}: {_seconds(slo)}", (slo, 0.5), xytext=(-3, 0), rotation=90,
+            textcoords="offset points", ha="right", va="center", fontsize=8, color="0.25",
         )  # fmt: skip
     ax.set_xscale("log")
     ax.xaxis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
@@ -106,7 +106,7 @@ def _latency_cdf(folder: Path, result: Any) -> Path:
     ax.grid(alpha=0.3, which="major")
     ax.set_title(f"Request latency: {_name(result)} ({len(done):,} requests; dots: P99)")
     if len(ax.get_legend_handles_labels()[0]) > 1:
-        ax.legend(fontsize=7, loc="lower right")
+        ax.legend(fontsize=7, loc="upper left")
     return _save(fig, folder / "latency_cdf.png")
 
 
@@ -154,9 +154,8 @@ def _timeseries(folder: Path, result: Any) -> Path:
     axes[0].set_ylabel("requests/s")
     axes[1].set_ylabel("requests")
     axes[2].set_ylabel("latency")
-    axes[2].set_yscale("log")
+    axes[2].set_ylim(bottom=0)
     axes[2].yaxis.set_major_formatter(FuncFormatter(_seconds))
-    axes[2].yaxis.set_minor_formatter(NullFormatter())
     axes[3].set_ylabel("%")
     axes[3].set_ylim(0, 105)
     axes[3].set_xlabel("simulated time (s)")
@@ -279,19 +278,36 @@ def frontier_plot(
             ax.plot(g.loc[top, "size"], g.loc[top, "qps"], "o", mfc="none", color=c)
             for sx, sy in zip(g.loc[top, "size"], g.loc[top, "qps"], strict=True):
                 ax.annotate(
-                    f">= {sy:g} (top of range)", (sx, sy), xytext=(0, 10),
-                    textcoords="offset points", ha="center", fontsize=8,
-                    arrowprops={"arrowstyle": "<-", "color": c},
+                    f">= {sy:g}", (sx, sy), xytext=(0, 12), textcoords="offset points",
+                    ha="center", fontsize=8, arrowprops={"arrowstyle": "<-", "color": c},
                 )  # fmt: skip
+            if top.any():
+                ax.text(
+                    0.02, 0.03, f"hollow: the search reached the top of qps_range ({qps_top:g});"
+                    "\nthe capacity is at least that, not measured",
+                    transform=ax.transAxes, fontsize=8, color="0.3",
+                )  # fmt: skip
+        sizes = sub["size"].dropna().astype(int).tolist()
         if q == "min-size":
             ax.set(xlabel="offered load (QPS)", ylabel=f"smallest {size_key}", title="size needed")
-            ax.yaxis.set_major_locator(MaxNLocator(integer=True))
+            _integer_axis(ax.yaxis, sizes, ax.set_ylim)
         else:
             ax.set(xlabel=size_key, ylabel="highest QPS meeting the SLOs", title="capacity")
-            ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-            ax.set_ylim(bottom=0, top=max(qps_top * 1.15, ax.get_ylim()[1]))
+            _integer_axis(ax.xaxis, sizes, ax.set_xlim)
+            ax.set_ylim(bottom=0, top=max(qps_top * 1.2, ax.get_ylim()[1]))
         ax.grid(alpha=0.3)
         if keys:
             ax.legend()
     fig.tight_layout()
     return _save(fig, path)
+
+
+def _integer_axis(axis: Any, values: list[int], set_lim: Any) -> None:
+    """Whole-number ticks on a size axis: one below to one above the sizes shown when they
+    span fewer than a dozen, else matplotlib's integer locator."""
+    if values and max(values) - min(values) < 12:
+        lo, hi = max(min(values) - 1, 0), max(values) + 1
+        set_lim(lo - 0.3, hi + 0.3)
+        axis.set_ticks(range(lo, hi + 1))
+    else:
+        axis.set_major_locator(MaxNLocator(integer=True))

@@ -76,7 +76,6 @@ def _extra(cl: Cluster, end: float) -> dict[str, Any]:
     pcie = [n.ws.links["pcie"].utilisation(env.now) for n in nodes]
     frag = [s[-1] for s in ctx.metrics.samples] or [0.0]
     met = ctx.metrics
-    fl = np.asarray(met.fetch_lat)
     util = sum(n.busy for n in nodes) / (len(nodes) * span)
     return {
         "events": env.steps,

@@ -27,7 +27,12 @@ REFERENCE = {
     "name": "reference",
     "profile": "a100-80gb",
     "deployments": [{"model": "llama-2-7b"}],
-    "cluster": {"servers": 16, "param_servers": 4, "server": {"host": "64GiB"}, "replica": {"max_num_seqs": 64}},
+    "cluster": {
+        "servers": 16,
+        "param_servers": 4,
+        "server": {"host": "64GiB"},
+        "replica": {"max_num_seqs": 64},
+    },
     "workload": {
         "kind": "poisson",
         "rate": 200.0,

@@ -14,7 +14,9 @@ Invariants kept here:
 
 Watermarks (R30): when an admission leaves ``used > high_watermark * capacity`` the cache
 evicts, in policy order, until ``used <= low_watermark * capacity``. ``high_watermark=1.0``
-turns this off (eviction only to make room), which is what pure policy comparisons want.
+turns this off (eviction only to make room), which is what pure policy comparisons want; it is
+the default here, in scenarios (``cache.high_watermark``) and in ``pdsim cache replay``, so a
+cache built in a notebook decides like the simulator's unless watermarks are set explicitly.
 """
 
 from __future__ import annotations
@@ -82,8 +84,8 @@ class TierCache:
     capacity: int
     policy: EvictionPolicy | str = "lru"
     policy_params: dict[str, Any] = field(default_factory=dict)
-    high_watermark: float = 0.8
-    low_watermark: float = 0.7
+    high_watermark: float = 1.0
+    low_watermark: float = 1.0
     on_evict: EvictCallback | None = None
     track_objects: bool = False
     name: str = "cache"

@@ -19,8 +19,8 @@
 # through `engine.replay.replay`):
 #
 # 1. **Miss-ratio curves** of every registered policy on the Mooncake KV-block trace shipped
-#    with the package (and on the full shared trace when `../shared/traces/` exists), and on
-#    synthetic Zipf traces.
+#    with the package (and on a trace of your own: `EXTRA_TRACE` below), and on synthetic
+#    Zipf traces generated here.
 # 2. **R3** -- the article claims LRU-K (K=2) gives **+23 % hit rate vs LRU**. We print the
 #    measured relative hit-rate gain `(hit_lruk - hit_lru) / hit_lru` per cache size next to
 #    that figure. It depends strongly on the workload and the cache size; the tables show where.
@@ -46,8 +46,8 @@ FRACTIONS = [0.01, 0.02, 0.05, 0.1, 0.2, 0.4]
 #: synthetic Zipf traces: accesses per trace and number of distinct objects
 ZIPF_ACCESSES = 60_000
 ZIPF_OBJECTS = 10_000
-#: the shared full trace, used when present (a fresh clone does not have it)
-SHARED_TRACE = ROOT.parent / "shared" / "traces" / "mooncake_synthetic_trace.jsonl"
+#: an extra Mooncake JSONL trace of your own to study too (None: only the shipped slice)
+EXTRA_TRACE: Path | None = None
 SEED = 7
 
 # %%
@@ -113,10 +113,8 @@ def zipf_trace(
 
 rng = np.random.default_rng(SEED)
 traces: dict[str, Trace] = {"mooncake-slice": read_mooncake(example_trace())}
-if SHARED_TRACE.is_file():
-    traces["mooncake-shared"] = read_mooncake(SHARED_TRACE)
-else:
-    print(f"{SHARED_TRACE} not found: the shared full trace is skipped")
+if EXTRA_TRACE is not None:
+    traces[f"mooncake-{EXTRA_TRACE.stem}"] = read_mooncake(EXTRA_TRACE)
 traces["zipf-0.8"] = zipf_trace(ZIPF_ACCESSES, ZIPF_OBJECTS, 0.8, rng)
 traces["zipf-1.0"] = zipf_trace(ZIPF_ACCESSES, ZIPF_OBJECTS, 1.0, rng)
 traces["zipf-0.8+scans"] = zipf_trace(ZIPF_ACCESSES, ZIPF_OBJECTS, 0.8, rng, scan_every=4_000)

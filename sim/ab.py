@@ -166,12 +166,16 @@ def run_ab(
     resamples: int = 2000,
     boot_seed: int = 0,
     progress: Progress | None = None,
+    points: tuple[list[Point], list[Point]] | None = None,
+    inputs_hash: str | None = None,
 ) -> AbResult:
     """Run both sides and compare them; writes ``runs.parquet`` (per seed and side),
-    ``ab.parquet`` (per metric) and ``ab.json`` (inputs + report) under ``out``."""
+    ``ab.parquet`` (per metric), ``ab.json`` (inputs, their hash ``inputs_hash`` and the
+    report) and ``ab.png`` (B - A per metric with its interval) under ``out``. ``points``:
+    what :func:`ab_points` returned for these arguments (else it is called here)."""
     if resamples < 100:
         raise InputError(f"--resamples {resamples}: use at least 100")
-    pa, pb = ab_points(scenario, a, b, seeds, base, variant)
+    pa, pb = points if points is not None else ab_points(scenario, a, b, seeds, base, variant)
     folder = Path(out)
     cache = RunCache(folder)
     with Runner(workers, scheduler) as runner:
@@ -185,6 +189,7 @@ def run_ab(
     write_parquet(res.to_frame(), folder / "ab.parquet")
     report = {
         "scenario": str(scenario),
+        "inputs_hash": inputs_hash or ab_digest(pa, pb, resamples, boot_seed),
         "a": a,
         "b": b,
         "base": list(base or []),
@@ -196,4 +201,18 @@ def run_ab(
         "metrics": [asdict(d) for d in diffs],
     }
     write_atomic(folder / "ab.json", json.dumps(report, indent=1) + "\n")
+    from sim.plots import ab_plot
+
+    ab_plot(diffs, folder / "ab.png", f"{Path(scenario).stem}: B - A over {len(seeds)} seeds")
     return res
+
+
+def ab_digest(pa: list[Point], pb: list[Point], resamples: int, boot_seed: int) -> str:
+    """A short hash of everything that decides an A/B report: both sides' run configs (their
+    config hashes, seeds included), the resamples and the bootstrap seed."""
+    import hashlib
+
+    blob = json.dumps(
+        [[p.config_hash for p in pa], [p.config_hash for p in pb], resamples, boot_seed]
+    )
+    return hashlib.sha256(blob.encode()).hexdigest()[:12]

@@ -80,7 +80,8 @@ def run_seed(
         "replay": None,
     }
     if replay_dir is not None and (all_replays or not out.ok):
-        p = write_replay(Path(replay_dir) / f"seed-{seed}.replay.json", sc, seed, out)
+        name = "".join(ch if ch.isalnum() or ch in "-_" else "-" for ch in sc.name)
+        p = write_replay(Path(replay_dir) / f"{name}-seed-{seed}.replay.json", sc, seed, out)
         row["replay"] = str(p)
     return row
 
@@ -93,8 +94,10 @@ def run_chaos(
     replay_dir: str | Path | None = None,
     all_replays: bool = False,
     progress: Callable[[int, int], None] | None = None,
+    on_row: Callable[[dict[str, Any]], None] | None = None,
 ) -> list[dict[str, Any]]:
-    """Run every seed (see the module docstring); rows sorted by seed."""
+    """Run every seed (see the module docstring); rows sorted by seed. ``on_row`` is called
+    with each row as soon as its seed finishes (to keep finished seeds if stopped)."""
     csc = chaos_scenario(sc)
     data, source = resolved_dict(csc), csc.source
     rdir = None if replay_dir is None else str(replay_dir)
@@ -102,6 +105,8 @@ def run_chaos(
     if workers <= 1 and scheduler is None:
         for i, s in enumerate(seeds):
             rows.append(run_seed(data, source, s, rdir, all_replays))
+            if on_row is not None:
+                on_row(rows[-1])
             if progress is not None:
                 progress(i + 1, len(seeds))
         return rows
@@ -127,6 +132,8 @@ def run_chaos(
         )
         for i, fut in enumerate(as_completed(futs)):
             rows.append(fut.result())
+            if on_row is not None:
+                on_row(rows[-1])
             if progress is not None:
                 progress(i + 1, len(seeds))
     finally:

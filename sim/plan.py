@@ -45,7 +45,7 @@ are rounded to 4 significant digits). Same spec and seeds -> same probes -> same
 mean utilisation over seeds of: compute (busy share of nodes), HBM (peak per-node HBM use /
 ``hbm_bytes_per_node``), PCIe, network (busiest compute-node NIC, ``node_nic_utilisation``),
 parameter servers (``ps_utilisation``: busiest PS NIC or SSD). Older summaries without these
-fields fall back to the configured HBM size, ``r31.network_saturation`` (busiest NIC of any
+fields fall back to the configured HBM size, ``max_nic_utilisation`` (busiest NIC of any
 host) and the share of busy time spent waiting for parameters (a proxy). The largest one is
 named as the resource that saturates first.
 """
@@ -55,8 +55,6 @@ from __future__ import annotations
 import itertools
 import json
 import math
-import os
-import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -661,43 +659,9 @@ def plan_json(res: PlanResult) -> dict[str, Any]:
 
 
 def _plot(df: pd.DataFrame, spec: PlanFile, path: Path) -> None:
-    import matplotlib
+    from sim.plots import frontier_plot
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    qs = [q for q in ("min-size", "max-qps") if not df.empty and (df["question"] == q).any()]
-    fig, axes = plt.subplots(1, max(len(qs), 1), figsize=(5.5 * max(len(qs), 1), 4), squeeze=False)
-    keys = list(spec.alternatives)
-    for ax, q in zip(axes[0], qs, strict=False):
-        sub = df[df["question"] == q]
-        groups = sub.groupby(keys, sort=False) if keys else [("", sub)]
-        for name, g in groups:
-            g = g.dropna(subset=["qps", "size"])
-            x, y = (g["qps"], g["size"]) if q == "min-size" else (g["size"], g["qps"])
-            label = ", ".join(
-                f"{k}={v}"
-                for k, v in zip(keys, name if isinstance(name, tuple) else (name,), strict=False)
-            )
-            ax.plot(x, y, "o-", label=label or None)
-        if q == "min-size":
-            ax.set(
-                xlabel="offered load (QPS)", ylabel=f"smallest {spec.size_key}", title="size needed"
-            )
-        else:
-            ax.set(xlabel=spec.size_key, ylabel="highest QPS meeting the SLOs", title="capacity")
-        ax.grid(alpha=0.3)
-        if keys:
-            ax.legend()
-    fig.tight_layout()
-    fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=".png", dir=path.parent)
-    os.close(fd)
-    try:
-        fig.savefig(tmp, dpi=110)
-        os.replace(tmp, path)
-    finally:
-        plt.close(fig)
-        Path(tmp).unlink(missing_ok=True)
+    frontier_plot(df, spec.size_key, list(spec.alternatives), spec.qps_range[1], path)
 
 
 def plan_from_file(path: str | Path) -> tuple[PlanFile, Path]:

@@ -174,6 +174,22 @@ def run_replay_record(sc: Scenario, seed: int, result: Any) -> dict[str, Any]:
     return replay_record(sc, seed, out)
 
 
+def variant_replay_records(sc: Scenario, seed: int, result: Any) -> dict[str, dict[str, Any]]:
+    """The replay record of each variant of a run of ``sc`` (a scenario with variants), by
+    variant name: the variant's own scenario (:func:`sim.scenario.variant`), its trace hash
+    and its applied fault schedule, so ``pdsim replay`` re-runs that variant alone."""
+    from sim.scenario import variant
+
+    out: dict[str, dict[str, Any]] = {}
+    for i, v in enumerate(sc.variants):
+        s = result.summary["variants"][v.name]
+        applied = result.faults_applied[i] if i < len(result.faults_applied) else []
+        o = Outcome(seed, str(s["trace_hash"]), applied=list(applied),
+                    sim_time=float(s.get("sim_time_s", 0.0)))  # fmt: skip
+        out[v.name] = replay_record(variant(sc, v), seed, o)
+    return out
+
+
 def write_replay(path: str | Path, sc: Scenario, seed: int, out: Outcome | dict[str, Any]) -> Path:
     """Write a replay file atomically (temp file + rename); returns its path. ``out`` is an
     :class:`Outcome` or an already-built record (:func:`run_replay_record`)."""
@@ -245,6 +261,7 @@ def violation_report(sc: Scenario, seed: int, exc: BaseException, out_dir: str |
         lines.append("(scenario has variants: run the failing variant alone for a replay file)")
         return "\n".join(lines)
     out = run_checked(sc, seed)
-    p = write_replay(Path(out_dir) / f"{sc.name}-seed{seed}.replay.json", sc, seed, out)
+    name = "".join(ch if ch.isalnum() or ch in "-_" else "-" for ch in sc.name)
+    p = write_replay(Path(out_dir) / f"{name}-seed-{seed}.replay.json", sc, seed, out)
     lines.append(f"replay file: {p}  (pdsim replay {p} [--until T])")
     return "\n".join(lines)

@@ -1,8 +1,9 @@
 """The run folder (ARCHITECTURE "Results"): written to a temp folder, renamed at the end.
 
 Layout of ``<root>/<scenario-name>-<config-hash>/``: ``config.yaml`` (resolved scenario and
-seed), ``summary.json``, ``requests.parquet``, ``timeseries.parquet``, PNG plots and, for a
-scenario without variants, ``replay.json`` (re-run it with ``pdsim replay``). The name
+seed), ``summary.json``, ``requests.parquet``, ``timeseries.parquet``, PNG plots and
+``replay.json`` -- for a scenario with variants, ``replay-<variant>.json`` per variant --
+(re-run it with ``pdsim replay``). Files and folders get the user's umask. The name
 is a hash of the resolved config and seed, so a different run never lands in the same folder;
 re-running an identical config replaces the folder with identical content.
 """
@@ -19,6 +20,7 @@ from typing import Any
 import yaml
 
 from sim.scenario import Scenario, config_hash
+from sim.sweep.cache import as_umask
 
 
 def run_folder_name(sc: Scenario, seed: int) -> str:
@@ -35,6 +37,7 @@ def write_run(root: Path, sc: Scenario, seed: int, result: Any) -> Path:
     final = root / run_folder_name(sc, seed)
     tmp = Path(tempfile.mkdtemp(prefix=".tmp-", dir=root))
     try:
+        as_umask(tmp, folder=True)
         (tmp / "config.yaml").write_text(yaml.safe_dump(result.config, sort_keys=False), "utf-8")
         (tmp / "summary.json").write_text(
             json.dumps(result.summary, indent=2, sort_keys=False) + "\n", "utf-8"
@@ -42,10 +45,14 @@ def write_run(root: Path, sc: Scenario, seed: int, result: Any) -> Path:
         result.requests.to_parquet(tmp / "requests.parquet", index=False)
         result.timeseries.to_parquet(tmp / "timeseries.parquet", index=False)
         write_plots(tmp, result)
-        if not sc.variants:  # every single run can be replayed bit for bit (pdsim replay)
-            from sim.replay import run_replay_record, write_replay
+        # every run can be replayed bit for bit (pdsim replay): the run, or each variant
+        from sim.replay import run_replay_record, variant_replay_records, write_replay
 
+        if not sc.variants:
             write_replay(tmp / "replay.json", sc, seed, run_replay_record(sc, seed, result))
+        for name, rec in variant_replay_records(sc, seed, result).items():
+            safe = "".join(ch if ch.isalnum() or ch in "-_" else "-" for ch in name)
+            write_replay(tmp / f"replay-{safe}.json", sc, seed, rec)
         if final.exists():
             old = final.with_name(final.name + ".old")
             os.replace(final, old)

@@ -138,7 +138,6 @@ def _extra(cl: Cluster, end: float) -> dict[str, Any]:
     nodes = ctx.nodes
     frag = [s[17] for s in ctx.metrics.samples] or [0.0]
     met = ctx.metrics
-    fl = np.asarray(met.fetch_lat)
     util = utilisation(cl)
     nic = [n.ws.links["nic"].utilisation(env.now) for n in nodes]
     ps_nic = [s.links["nic"].utilisation(env.now) for s in ctx.servers]
@@ -154,13 +153,10 @@ def _extra(cl: Cluster, end: float) -> dict[str, Any]:
         "weight_bytes_per_replica": float(np.mean([n.ws.hbm.used for n in nodes])),
         "kv_bytes_per_replica": int(nodes[0].kv.capacity),
         "fetches_after_warmup": int(sum(n.ws.fetches_after_warmup for n in nodes)),
-        "health": {
-            "param_load_p99_s": float(np.percentile(fl, 99)) if fl.size else None,
-            "kv_fragmentation": float(np.mean(frag)),
-            "busy": util["busy"],
-            "network_saturation": float(max(nic + ps_nic)) if nic else 0.0,
-            "recovery_time_s": None,  # set by fault scenarios
-        },
+        "kv_fragmentation": float(np.mean(frag)),
+        # the busiest NIC of any replica or parameter server, over the whole run (0..1)
+        "max_nic_utilisation": float(max(nic + ps_nic)) if nic else 0.0,
+        "recovery_time_s": None,  # set by fault scenarios
         "max_context_limit": {m.name: int(min(m.max_context, 1 << 30)) for m in ctx.models},
         "stop_reason": cl.stop_reason,
     }
@@ -189,7 +185,7 @@ def _run_one(
     if ctl is not None:
         extra.update(ctl.finish(end, h))
         h = extra["trace_hash"]
-        extra["health"]["recovery_time_s"] = extra["faults"]["recovery_time_s"]
+        extra["recovery_time_s"] = extra["faults"]["recovery_time_s"]
     summary = summarize(
         df, ctx.metrics, end, classes_slo(sc), extra, cl.window(), cl.wl.closed_loop
     )

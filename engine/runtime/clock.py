@@ -20,6 +20,10 @@ way). ``hwbench.validate`` therefore serves with plain wall time on a quiet mach
 
 Invariant: readings never decrease (run-queue wait grows at most as fast as wall time; the
 reading is clamped to the previous one regardless).
+
+:class:`VirtualClock` has the same interface but no relation to wall time: it moves only when
+told (``sleep``) plus a fixed tick per reading, so a run driven by it does not depend on how
+fast the machine is or what else runs on it (tests that compare decisions use it).
 """
 
 from __future__ import annotations
@@ -28,7 +32,7 @@ import os
 import threading
 import time
 
-__all__ = ["RunClock", "thread_cpu_wait"]
+__all__ = ["RunClock", "VirtualClock", "thread_cpu_wait"]
 
 
 def thread_cpu_wait(native_id: int) -> float:
@@ -83,3 +87,38 @@ class RunClock:
         if self._fd is not None:
             os.close(self._fd)
             self._fd = None
+
+
+class VirtualClock:
+    """A clock that ignores wall time: each reading advances it by ``tick`` seconds and
+    :meth:`sleep` advances it by the time slept (without sleeping). Work therefore takes
+    (almost) no time on it, and an engine that sleeps until the next arrival reaches it
+    exactly, however slow the machine is. Same interface as :class:`RunClock` (``exclude``
+    and ``close`` do nothing; ``exclude_cpu_wait`` is False). Safe to read from several
+    threads; readings never decrease."""
+
+    exclude_cpu_wait = False
+
+    def __init__(self, tick: float = 1e-6) -> None:
+        if tick < 0:
+            raise ValueError(f"tick must be >= 0, got {tick}")
+        self.tick = tick
+        self._t = 0.0
+        self._lock = threading.Lock()
+
+    def __call__(self) -> float:
+        with self._lock:
+            self._t += self.tick
+            return self._t
+
+    def sleep(self, seconds: float) -> None:
+        """Advance the clock by ``seconds`` (negative: no change); returns at once."""
+        if seconds > 0:
+            with self._lock:
+                self._t += seconds
+
+    def exclude(self, seconds: float) -> None:
+        """Nothing to leave out: the virtual clock never counts waits."""
+
+    def close(self) -> None:
+        """Nothing to release."""

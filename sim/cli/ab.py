@@ -9,63 +9,113 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from sim.cli.common import console, err_console, user_errors
+from engine.errors import InputError
+from sim.cli.common import (
+    blame_override,
+    check_out_dir,
+    check_same_inputs,
+    console,
+    err_console,
+    result_name,
+    user_errors,
+)
+from sim.cli.format import fmt_value
 from sim.cli.sweep import failures_table, run_progress
-
-
-def _g(x: float) -> str:
-    return f"{x:.4g}"
+from sim.sweep.spec import SEEDS_HELP, parse_seed_option
 
 
 def ab(
-    scenario: Annotated[Path, typer.Argument(help="Scenario YAML file.")],
+    scenario: Annotated[
+        str,
+        typer.Argument(
+            metavar="SCENARIO", help="Scenario YAML file, or a shipped scenario's name."
+        ),
+    ],
     a: Annotated[
-        list[str] | None, typer.Option("--a", help="Side A override KEY=VALUE (repeatable).")
+        list[str] | None,
+        typer.Option("--a", metavar="KEY=VALUE", help="Side A override (repeatable)."),
     ] = None,
     b: Annotated[
-        list[str] | None, typer.Option("--b", help="Side B override KEY=VALUE (repeatable).")
+        list[str] | None,
+        typer.Option("--b", metavar="KEY=VALUE", help="Side B override (repeatable)."),
     ] = None,
-    seeds: Annotated[int, typer.Option("--seeds", min=2, help="Paired seeds 0..N-1.")] = 20,
+    seeds: Annotated[str, typer.Option("--seeds", metavar="SEEDS", help=SEEDS_HELP)] = "20",
     set_: Annotated[
-        list[str] | None, typer.Option("--set", help="Override for both sides (repeatable).")
+        list[str] | None,
+        typer.Option("--set", metavar="KEY=VALUE", help="Override for both sides (repeatable)."),
     ] = None,
     variant: Annotated[
-        str | None, typer.Option("--variant", help="Use one of the scenario's variants as base.")
+        str | None,
+        typer.Option(
+            "--variant", metavar="NAME", help="Use one of the scenario's variants as base."
+        ),
     ] = None,
-    workers: Annotated[int, typer.Option("--workers", min=1, help="Dask workers (1: local).")] = 1,
+    workers: Annotated[
+        int, typer.Option("--workers", min=1, metavar="N", help="Dask workers (1: local).")
+    ] = 1,
     scheduler: Annotated[
-        str | None, typer.Option("--scheduler", help="Existing Dask scheduler tcp://host:port.")
+        str | None,
+        typer.Option(
+            "--scheduler", metavar="ADDR", help="Existing Dask scheduler tcp://host:port."
+        ),
     ] = None,
-    resamples: Annotated[int, typer.Option("--resamples", help="Bootstrap resamples.")] = 2000,
-    boot_seed: Annotated[int, typer.Option("--boot-seed", help="Bootstrap RNG seed.")] = 0,
+    resamples: Annotated[
+        int, typer.Option("--resamples", metavar="N", help="Bootstrap resamples.")
+    ] = 2000,
+    boot_seed: Annotated[
+        int, typer.Option("--boot-seed", metavar="N", help="Bootstrap RNG seed.")
+    ] = 0,
     out: Annotated[
-        Path | None, typer.Option("--out", help="Output folder (default runs/ab-NAME).")
+        Path | None,
+        typer.Option(
+            "--out",
+            metavar="DIR",
+            help="Output folder (default runs/ab-NAME-HASH, HASH of the inputs); a folder "
+            "holding another A/B's results is refused.",
+        ),
     ] = None,
     quiet: Annotated[bool, typer.Option("--quiet", help="No progress bar.")] = False,
 ) -> None:
     """Run A and B with the same seeds; print B - A per headline metric with a 95% CI."""
-    from sim.ab import run_ab
+    from sim.ab import ab_digest, ab_points, run_ab
+    from sim.shipped import resolve_scenario
 
     with user_errors():
-        folder = out if out is not None else Path("runs") / f"ab-{scenario.stem}"
-        with run_progress(f"A/B {scenario.stem}", quiet) as prog:
+        if out is not None:
+            check_out_dir(out)
+        path = resolve_scenario(scenario)
+        seed_ls = parse_seed_option(seeds)
+        base = list(set_ or [])
+        if resamples < 100:
+            raise InputError(f"--resamples {resamples}: use at least 100")
+        try:
+            points = ab_points(path, list(a or []), list(b or []), seed_ls, base, variant)
+        except InputError as err:
+            raise _blame_side(err, list(a or []), list(b or []), base) from None
+        digest = ab_digest(*points, resamples, boot_seed)
+        folder = out if out is not None else Path("runs") / result_name("ab", path.stem, digest)
+        check_out_dir(folder)
+        check_same_inputs(folder, "ab.json", "inputs_hash", digest, "--out")
+        with run_progress(f"A/B {path.stem}", quiet) as prog:
             res = run_ab(
-                scenario, list(a or []), list(b or []), list(range(seeds)), folder,
-                base=list(set_ or []), variant=variant, workers=workers, scheduler=scheduler,
-                resamples=resamples, boot_seed=boot_seed, progress=prog,
+                path, list(a or []), list(b or []), seed_ls, folder,
+                base=base, variant=variant, workers=workers, scheduler=scheduler,
+                resamples=resamples, boot_seed=boot_seed, progress=prog, points=points,
+                inputs_hash=digest,
             )  # fmt: skip
     wide = Console(highlight=False, width=max(console.width, 132))
     t = Table(
-        title=f"B - A over {seeds} paired seeds (95% bootstrap CI, {resamples} resamples)",
+        title=f"B - A over {len(seed_ls)} paired seeds (95% bootstrap CI, {resamples} resamples)",
         header_style="bold",
     )
     for c in ("metric", "n", "A", "B", "B - A", "95% CI", "verdict"):
         t.add_column(c, justify="left" if c in ("metric", "verdict") else "right")
     for d in res.diffs:
         style = "green" if d.verdict == "B better" else "red" if d.verdict == "B worse" else ""
+        f = lambda v, m=d.metric: fmt_value(m, v)  # noqa: E731
         t.add_row(
-            d.metric, str(d.n), _g(d.mean_a), _g(d.mean_b), _g(d.diff),
-            f"[{_g(d.ci_low)}, {_g(d.ci_high)}]",
+            d.metric, str(d.n), f(d.mean_a), f(d.mean_b), f(d.diff),
+            f"[{f(d.ci_low)}, {f(d.ci_high)}]",
             f"[{style}]{d.verdict}[/]" if d.verdict and style else (d.verdict or "-"),
         )  # fmt: skip
     console.print(f"A: {' '.join(a or []) or '(scenario as is)'}")
@@ -74,6 +124,19 @@ def ab(
     console.print("verdicts only where the interval excludes zero")
     if res.failed:
         err_console.print(failures_table(res.failed))
-    console.print(str(res.folder))
+    console.print(f"results: {res.folder} (ab.json, ab.parquet, runs.parquet, ab.png)")
     if res.failed:
         raise typer.Exit(code=1)
+
+
+def _blame_side(err: InputError, a: list[str], b: list[str], base: list[str]) -> InputError:
+    """An error an override caused, named by its option (``--a``, ``--b`` or ``--set``)."""
+    text = str(err)
+    for option, overrides in (("--a", a), ("--b", b), ("--set", base)):
+        for o in overrides:
+            if text.startswith(f"--set {o}:"):
+                return InputError(option + text[len("--set") :])
+        blamed = blame_override(err, overrides, option)
+        if blamed is not err:
+            return blamed
+    return err

@@ -40,9 +40,12 @@ from engine.traces import (
 )
 from engine.units import format_bytes, parse_size
 from sim.cli.common import console, err_console, user_errors
+from sim.sweep.cache import as_umask
 
 app = typer.Typer(
-    help="Cache-policy tools: trace replay and miss-ratio curves.", no_args_is_help=True
+    rich_markup_mode=None,
+    help="Cache-policy tools: trace replay and miss-ratio curves.",
+    no_args_is_help=True,
 )
 
 #: default cache sizes, as fractions of the trace's unique bytes
@@ -377,6 +380,7 @@ def _write_outputs(dest: Path, df: pd.DataFrame, inputs: dict[str, Any], trace: 
     dest.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.tmp-", dir=dest.parent))
     try:
+        as_umask(tmp, folder=True)
         df.to_csv(tmp / "replay.csv", index=False)
         _plot(df, tmp / "mrc.png", trace)
         (tmp / "inputs.json").write_text(json.dumps(inputs, indent=2, sort_keys=True) + "\n")
@@ -393,10 +397,14 @@ def _write_outputs(dest: Path, df: pd.DataFrame, inputs: dict[str, Any], trace: 
 
 
 def _plot(df: pd.DataFrame, path: Path, trace: Trace) -> None:
+    """Miss-ratio curves: one panel, or two when byte and request miss ratios differ. The
+    y axis spans the data (padded), not 0-1, so curves near 0.99 stay apart; the title says
+    so when it does not start at 0."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import PercentFormatter
 
     top = float(df["cache_bytes"].max())
     unit, scale = "B", 1.0
@@ -406,16 +414,20 @@ def _plot(df: pd.DataFrame, path: Path, trace: Trace) -> None:
         for u, f in (("KiB", 2**10), ("MiB", 2**20), ("GiB", 2**30), ("TiB", 2**40)):
             if top >= f:
                 unit, scale = u, float(f)
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4.2), constrained_layout=True)
-    for ax, col, label in (
-        (axes[0], "miss_ratio", "miss ratio"),
-        (axes[1], "byte_miss_ratio", "byte miss ratio"),
-    ):
+    same = bool((df["miss_ratio"] - df["byte_miss_ratio"]).abs().max() < 1e-12)
+    panels = [("miss_ratio", "miss ratio" + (" (= byte miss ratio)" if same else ""))]
+    if not same:
+        panels.append(("byte_miss_ratio", "byte miss ratio"))
+    fig, axes = plt.subplots(
+        1, len(panels), figsize=(5.8 * len(panels), 4.4), constrained_layout=True, squeeze=False
+    )
+    zoomed = False
+    for ax, (col, label) in zip(axes[0], panels, strict=True):
         for i, (name, group) in enumerate(df.groupby("policy", sort=False)):
             g = group.sort_values("cache_bytes")
             ax.plot(
                 g["cache_bytes"] / scale,
-                g[col],
+                g[col] * 100,
                 marker="os^vDx+*"[i % 8],
                 linestyle=("-", "--", ":", "-.")[i % 4],
                 ms=4,
@@ -424,11 +436,17 @@ def _plot(df: pd.DataFrame, path: Path, trace: Trace) -> None:
         lo = float(df["cache_bytes"].min())
         if lo > 0 and top / lo >= 10:
             ax.set_xscale("log")
+        ymin, ymax = float(df[col].min()) * 100, float(df[col].max()) * 100
+        pad = max((ymax - ymin) * 0.08, 0.5)
+        bottom = 0.0 if ymin - pad <= 5 else ymin - pad
+        zoomed = zoomed or bottom > 0
+        ax.set_ylim(bottom, min(ymax + pad, 100.0) if ymax + pad > bottom else 100.0)
+        ax.yaxis.set_major_formatter(PercentFormatter(decimals=None))
         ax.set_xlabel(f"cache size ({unit})")
         ax.set_ylabel(label)
-        ax.set_ylim(bottom=0)
         ax.grid(True, alpha=0.3)
-    axes[0].legend(fontsize="small")
-    fig.suptitle(f"miss-ratio curves: {Path(trace.source).name} ({len(trace):,} accesses)")
+    axes[0][0].legend(fontsize="small")
+    note = "\n(y axis zoomed to the data; it does not start at 0)" if zoomed else ""
+    fig.suptitle(f"miss-ratio curves: {Path(trace.source).name} ({len(trace):,} accesses){note}")
     fig.savefig(path, dpi=110)
     plt.close(fig)

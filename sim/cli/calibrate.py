@@ -1,10 +1,10 @@
 """``pdsim calibrate``: run the hardware probes and write a measured profile (R16).
 
-``pdsim calibrate [--backend cpu|gpu] [--quick|--tiny] --out profiles/NAME.json`` runs the
+``pdsim calibrate [--backend cpu|gpu] [--quick|--tiny] --out FILE`` runs the
 probes of :mod:`hwbench.probes` with a progress bar, fits them into the simulator's profile
 schema (:func:`hwbench.profile.fit_profile`) and writes the JSON atomically (temporary file,
 then rename), so a failed run never leaves a half-written profile. The default output is
-``profiles/<backend>-<hostname>.json``. The profile is re-read through
+``runs/profiles/<backend>-<hostname>.json`` (outside the tracked ``profiles/``). The profile is re-read through
 :func:`sim.costmodel.parse_profile` before it is written, so what lands on disk always
 validates. Probe scratch files go to a temporary directory (``--workdir`` to choose where:
 the SSD link is measured on that filesystem).
@@ -40,7 +40,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from engine.errors import InputError
-from sim.cli.common import array_backend, console, err_console, user_errors
+from sim.cli.common import array_backend, check_out_file, console, err_console, user_errors
 
 
 def _fmt_rate(v: float, unit: str) -> str:
@@ -55,7 +55,12 @@ def calibrate(
         str, typer.Option("--backend", "-b", help="Array backend to measure: cpu or gpu.")
     ] = "cpu",
     quick: Annotated[
-        bool, typer.Option("--quick", help="Fewer sizes and repeats (about a minute).")
+        bool,
+        typer.Option(
+            "--quick",
+            help="Fewer sizes and repeats (about 3 minutes on a 2-core VM; the full set "
+            "takes several times longer).",
+        ),
     ] = False,
     tiny: Annotated[
         bool, typer.Option("--tiny", help="Smallest probe set (seconds; for tests).")
@@ -63,15 +68,23 @@ def calibrate(
     out: Annotated[
         Path | None,
         typer.Option(
-            "--out", "-o", help="Profile JSON to write. Default: profiles/<backend>-<host>.json."
+            "--out",
+            "-o",
+            metavar="FILE",
+            help="Profile JSON to write. Default: runs/profiles/<backend>-<host>.json.",
         ),
     ] = None,
     name: Annotated[
-        str | None, typer.Option("--name", help="Profile name. Default: the output file's stem.")
+        str | None,
+        typer.Option(
+            "--name", metavar="NAME", help="Profile name. Default: the output file's stem."
+        ),
     ] = None,
     workdir: Annotated[
         Path | None,
-        typer.Option("--workdir", help="Scratch directory for the SSD/object-store probes."),
+        typer.Option(
+            "--workdir", metavar="DIR", help="Scratch directory for the SSD/object-store probes."
+        ),
     ] = None,
     engine: Annotated[
         bool,
@@ -94,9 +107,10 @@ def calibrate(
             mode
         ]()
         host = platform.node() or "unknown"
-        path = out if out is not None else Path("profiles") / f"{backend}-{host}.json"
+        path = out if out is not None else Path("runs/profiles") / f"{backend}-{host}.json"
         if path.exists() and path.is_dir():
             raise InputError("is a directory; allowed: a .json file path", source=str(path))
+        check_out_file(path)
         from hwbench.quiet import KEY, between, reference_seconds, sample, speed_warning, warning
 
         measurements = []

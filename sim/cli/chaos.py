@@ -9,49 +9,104 @@ from typing import Annotated, Any
 import typer
 from rich.table import Table
 
-from sim.cli.common import console, err_console, user_errors
+from sim.cli.common import (
+    check_out_dir,
+    check_same_inputs,
+    console,
+    err_console,
+    load_scenario_arg,
+    result_name,
+    user_errors,
+)
+from sim.sweep.cache import write_atomic
+from sim.sweep.spec import SEEDS_HELP, parse_seed_option
 
 
 def chaos(
-    scenario: Annotated[Path, typer.Argument(help="Scenario YAML file.")],
-    seeds: Annotated[str, typer.Option("--seeds", help="Seeds: N, A-B or a comma list.")] = "1-20",
+    scenario: Annotated[
+        str,
+        typer.Argument(
+            metavar="SCENARIO", help="Scenario YAML file, or a shipped scenario's name."
+        ),
+    ],
+    seeds: Annotated[str, typer.Option("--seeds", metavar="SEEDS", help=SEEDS_HELP)] = "1-20",
     workers: Annotated[
-        int, typer.Option("--workers", min=1, help="Dask LocalCluster workers (1: in-process).")
+        int,
+        typer.Option(
+            "--workers", min=1, metavar="N", help="Dask LocalCluster workers (1: in-process)."
+        ),
     ] = 1,
     scheduler: Annotated[
-        str | None, typer.Option("--scheduler", help="Address of a running Dask scheduler.")
+        str | None,
+        typer.Option("--scheduler", metavar="ADDR", help="Address of a running Dask scheduler."),
     ] = None,
     set_: Annotated[
         list[str] | None,
-        typer.Option("--set", help="Override a field: KEY.PATH=VALUE (YAML value)."),
+        typer.Option("--set", metavar="KEY=VALUE", help="Override a field (YAML value)."),
     ] = None,
     out: Annotated[
-        Path, typer.Option("--out", help="Folder for chaos.json and the replay files.")
-    ] = Path("runs/chaos"),
+        Path | None,
+        typer.Option(
+            "--out",
+            metavar="DIR",
+            help="Folder for chaos.json, seeds.jsonl and the replay files (default "
+            "runs/chaos-NAME-HASH, HASH of the resolved scenario); a folder holding another "
+            "scenario's chaos results is refused.",
+        ),
+    ] = None,
     all_replays: Annotated[
         bool, typer.Option("--all-replays", help="Write a replay file for every seed.")
     ] = False,
 ) -> None:
-    """Run random-fault SEEDS of SCENARIO with every checker on. Prints one row per failing
-    seed and the totals, writes OUT/chaos.json and a replay file per failing seed; exits 1
-    when any seed found a violation."""
-    from sim.chaos import aggregate, parse_seeds, run_chaos
-    from sim.scenario import load_scenario
+    """Run random-fault SEEDS of SCENARIO with every checker on. Prints a row per failing
+    seed (the first 5 seeds when none fails) and the totals, writes OUT/chaos.json and a
+    replay file per failing seed; exits 1 when any seed found a violation. Each seed's row
+    is appended to OUT/seeds.jsonl as it finishes: after Ctrl-C, the same command resumes
+    and runs only the seeds not yet finished."""
+    from sim.chaos import aggregate, chaos_scenario, run_chaos
+    from sim.scenario import config_hash
 
     with user_errors():
-        sc = load_scenario(scenario, list(set_ or []))
-        seed_list = parse_seeds(seeds)
+        if out is not None:
+            check_out_dir(out)
+        seed_list = parse_seed_option(seeds)
+        sc = load_scenario_arg(scenario, list(set_ or []))
+        digest = config_hash(chaos_scenario(sc), 0)
+        folder = out if out is not None else Path("runs") / result_name("chaos", sc.name, digest)
+        check_out_dir(folder)
+        check_same_inputs(folder, "chaos.json", "config_hash", digest, "--out")
+        done = _finished(folder / "seeds.jsonl", digest)
+        todo = [s for s in seed_list if s not in done]
+        if done and len(todo) < len(seed_list):
+            err_console.print(
+                f"{len(seed_list) - len(todo)} of {len(seed_list)} seeds already finished in "
+                f"{folder / 'seeds.jsonl'}; running the other {len(todo)}"
+            )
 
-        def prog(done: int, total: int) -> None:
-            if done == total or done % 50 == 0:
-                err_console.print(f"{done}/{total} seeds", highlight=False)
+        def prog(n: int, total: int) -> None:
+            if n == total or n % 50 == 0:
+                err_console.print(f"{n}/{total} seeds", highlight=False)
 
-        rows = run_chaos(sc, seed_list, workers, scheduler, out / "replays", all_replays, prog)
+        def keep(row: dict[str, Any]) -> None:
+            folder.mkdir(parents=True, exist_ok=True)
+            with open(folder / "seeds.jsonl", "a", encoding="utf-8") as fh:
+                fh.write(json.dumps({**row, "config_hash": digest}) + "\n")
+
+        try:
+            new = run_chaos(
+                sc, todo, workers, scheduler, folder / "replays", all_replays, prog, on_row=keep
+            )
+        except KeyboardInterrupt:
+            kept = len(_finished(folder / "seeds.jsonl", digest))
+            err_console.print(
+                f"interrupted: {kept} finished seeds kept in {folder / 'seeds.jsonl'}; run the "
+                "same command again to resume"
+            )
+            raise typer.Exit(code=130) from None
+    rows = sorted([*(done[s] for s in seed_list if s in done), *new], key=lambda r: r["seed"])
     agg = aggregate(rows)
-    out.mkdir(parents=True, exist_ok=True)
-    tmp = out / "chaos.json.tmp"
-    tmp.write_text(json.dumps({"scenario": sc.name, "totals": agg, "seeds": rows}, indent=1))
-    tmp.replace(out / "chaos.json")
+    report = {"scenario": sc.name, "config_hash": digest, "totals": agg, "seeds": rows}
+    write_atomic(folder / "chaos.json", json.dumps(report, indent=1) + "\n")
     t = Table(title=f"chaos: {sc.name}", header_style="bold")
     for col in ("seed", "violations", "availability", "lost", "degraded", "faults", "replay"):
         t.add_column(col)
@@ -60,7 +115,7 @@ def chaos(
         t.add_row(
             str(r["seed"]),
             "; ".join(r["violations"])[:120] or "0",
-            "-" if r["availability"] is None else f"{r['availability']:.3f}",
+            "-" if r["availability"] is None else f"{r['availability'] * 100:.2f} %",
             str(r["requests_lost"]),
             str(r["degraded"]),
             str(r["faults"]),
@@ -71,12 +126,30 @@ def chaos(
     console.print(
         f"seeds: {agg['seeds']}  failing: {len(agg['failing_seeds'])}  "
         f"violations: {agg['violations']}  mean availability: "
-        f"{'-' if ma is None else f'{ma:.4f}'}  requests lost: {agg['requests_lost']}  "
+        f"{'-' if ma is None else f'{ma * 100:.2f} %'}  requests lost: {agg['requests_lost']}  "
         f"degraded: {agg['degraded']}  faults applied: {agg['faults_applied']}"
     )
-    console.print(str(out / "chaos.json"))
+    console.print(f"results: {folder / 'chaos.json'}")
     if agg["failing_seeds"]:
         raise typer.Exit(code=1)
+
+
+def _finished(path: Path, digest: str) -> dict[int, dict[str, Any]]:
+    """Rows of ``seeds.jsonl`` for config ``digest``, by seed (a torn last line is skipped)."""
+    rows: dict[int, dict[str, Any]] = {}
+    try:
+        lines = path.read_text("utf-8").splitlines()
+    except OSError:
+        return rows
+    for line in lines:
+        try:
+            row = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(row, dict) and row.get("config_hash") == digest:
+            row.pop("config_hash")
+            rows[int(row["seed"])] = row
+    return rows
 
 
 def fault_lines(s: dict[str, Any]) -> list[str]:

@@ -5,7 +5,9 @@ from __future__ import annotations
 import contextlib
 import sys
 from collections.abc import Iterator
+from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 import typer
 from rich.console import Console
@@ -14,7 +16,7 @@ from rich.markup import escape
 from engine.errors import InputError
 
 err_console = Console(stderr=True, highlight=False)
-console = Console(highlight=False)
+console = Console(highlight=False, soft_wrap=True)
 
 
 @contextlib.contextmanager
@@ -51,3 +53,107 @@ def array_backend(backend: str) -> ModuleType:
         return get_backend(BACKENDS[backend])
     except BackendUnavailable as err:
         raise InputError(f"--backend {backend}: {err}") from None
+
+
+def check_out_dir(path: Path, option: str = "--out") -> None:
+    """Before any work: :class:`InputError` unless ``path`` is, or can become, a folder (it
+    is a file, or a file stands where one of its parent folders would be)."""
+    for p in (path, *path.parents):
+        if p.exists() and not p.is_dir():
+            what = "is a file" if p == path else f"is under {p}, which is a file"
+            raise InputError(f"{option} {path}: {what}; give a folder")
+
+
+def check_out_file(path: Path, option: str = "--out") -> None:
+    """Before any work: :class:`InputError` unless a file can be written at ``path`` (it is
+    not a folder and no parent of it is a file)."""
+    if path.is_dir():
+        raise InputError(f"{option} {path}: is a folder; give a file name (e.g. {path}/x.json)")
+    check_out_dir(path.parent, option)
+
+
+def is_run_folder(path: Path) -> bool:
+    """``path`` is a run folder written by ``pdsim run`` (it holds config + summary)."""
+    return (path / "summary.json").is_file() and (path / "config.yaml").is_file()
+
+
+def result_name(kind: str, name: str, digest: str) -> str:
+    """``<kind>-<name>-<digest>``, without doubling the prefix (``ab-demo`` stays
+    ``ab-demo-…``, not ``ab-ab-demo-…``); characters other than letters, digits, ``-`` and
+    ``_`` become ``-``."""
+    safe = "".join(ch if ch.isalnum() or ch in "-_" else "-" for ch in name)
+    if safe.startswith(f"{kind}-"):
+        safe = safe[len(kind) + 1 :]
+    return f"{kind}-{safe}-{digest}"
+
+
+def inputs_digest(inputs: object) -> str:
+    """A 12-hex-digit hash of ``inputs`` (JSON-serialisable; key order does not matter)."""
+    import hashlib
+    import json
+
+    text = json.dumps(inputs, sort_keys=True, default=str)
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()[:12]
+
+
+def check_same_inputs(folder: Path, record: str, key: str, digest: str, option: str) -> None:
+    """:class:`InputError` when ``folder/record`` (a JSON file a previous command wrote) holds
+    the result of other inputs (its ``key`` differs from ``digest``): a different result is
+    never overwritten. A missing or unreadable record is no conflict."""
+    import json
+
+    try:
+        old = json.loads((folder / record).read_text("utf-8"))
+    except (OSError, ValueError):
+        return
+    if isinstance(old, dict) and old.get(key) not in (None, digest):
+        raise InputError(
+            f"{option} {folder}: holds the {record} of other inputs ({key} {old.get(key)}, "
+            f"these are {digest}); give another folder or leave out {option}"
+        )
+
+
+def _bare(err: InputError) -> str:
+    """``err``'s message without its ``source: where:`` prefix."""
+    text = str(err)
+    for prefix in (f"{err.source}: {err.where}: ", f"{err.source}: ", f"{err.where}: "):
+        if text.startswith(prefix):
+            return text[len(prefix) :]
+    return text
+
+
+def blame_override(err: InputError, overrides: list[str], option: str = "--set") -> InputError:
+    """``err`` (from validating a file with ``overrides`` applied) blamed on the override
+    whose key is the failing field or a parent of it, as ``--set KEY=VALUE: FIELD: ...``;
+    ``err`` itself when no override matches."""
+    where = (err.where or "").replace("[", ".").replace("]", "")
+    for text in reversed(overrides):
+        key = text.split("=", 1)[0].strip()
+        if where == key or where.startswith(key + "."):
+            return InputError(_bare(err), source=f"{option} {text}", where=err.where)
+    return err
+
+
+def load_scenario_arg(text: str | Path, overrides: list[str] | None = None) -> Any:
+    """The scenario a user named (a file, or a shipped scenario's name) with ``overrides``;
+    an error in the file blames the file, one an override causes blames ``--set KEY``, and an
+    unknown profile names the ``profile`` field and the shipped profiles."""
+    from sim.costmodel import load_profile
+    from sim.scenario import load_scenario
+    from sim.shipped import resolve_scenario
+
+    path = resolve_scenario(text)
+    over = list(overrides or [])
+    load_scenario(path)  # the file's own errors, named as such
+    try:
+        sc = load_scenario(path, over)
+    except InputError as err:
+        raise blame_override(err, over) from None
+    try:
+        load_profile(sc.profile)
+    except InputError as err:
+        src = next((f"--set {o}" for o in reversed(over) if o.startswith("profile=")), str(path))
+        raise InputError(
+            _bare(err).replace(" file;", ";"), source=src, where=f"profile: {sc.profile}"
+        ) from None
+    return sc

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Annotated
 
@@ -9,54 +10,99 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from sim.cli.common import console, err_console, user_errors
+from engine.errors import InputError
+from sim.cli.common import (
+    blame_override,
+    check_out_dir,
+    console,
+    err_console,
+    inputs_digest,
+    result_name,
+    user_errors,
+)
+from sim.cli.format import fmt_value
 from sim.cli.sweep import run_progress
+from sim.sweep.spec import SEEDS_HELP, parse_seed_option
 
 
 def plan(
-    plan_file: Annotated[Path, typer.Argument(help="Plan YAML file (scenario, slo, search).")],
+    plan_file: Annotated[
+        str,
+        typer.Argument(
+            metavar="PLAN",
+            help="Plan YAML file (scenario, slo, search), or a shipped plan's name.",
+        ),
+    ],
     qps: Annotated[
-        list[float] | None, typer.Option("--qps", help="Load(s) to size for (replaces qps).")
+        list[float] | None,
+        typer.Option("--qps", metavar="QPS", help="Load to size for (repeatable; replaces qps)."),
     ] = None,
     size: Annotated[
-        list[int] | None, typer.Option("--size", help="Size(s) to find the max load of.")
+        list[int] | None,
+        typer.Option("--size", metavar="N", help="Size to find the max load of (repeatable)."),
     ] = None,
     p99: Annotated[
-        list[str] | None, typer.Option("--p99", help="CLASS=DURATION P99 SLO (replaces slo.p99).")
+        list[str] | None,
+        typer.Option(
+            "--p99", metavar="CLASS=DURATION", help="P99 SLO, e.g. high=500ms (replaces slo.p99)."
+        ),
     ] = None,
-    seeds: Annotated[int | None, typer.Option("--seeds", min=1, help="Seeds 0..N-1.")] = None,
+    seeds: Annotated[str | None, typer.Option("--seeds", metavar="SEEDS", help=SEEDS_HELP)] = None,
     set_: Annotated[
-        list[str] | None, typer.Option("--set", help="Scenario override KEY=VALUE.")
+        list[str] | None,
+        typer.Option("--set", metavar="KEY=VALUE", help="Scenario override (repeatable)."),
     ] = None,
-    workers: Annotated[int, typer.Option("--workers", min=1, help="Dask workers (1: local).")] = 1,
+    workers: Annotated[
+        int, typer.Option("--workers", min=1, metavar="N", help="Dask workers (1: local).")
+    ] = 1,
     scheduler: Annotated[
-        str | None, typer.Option("--scheduler", help="Existing Dask scheduler tcp://host:port.")
+        str | None,
+        typer.Option(
+            "--scheduler", metavar="ADDR", help="Existing Dask scheduler tcp://host:port."
+        ),
     ] = None,
     out: Annotated[
-        Path | None, typer.Option("--out", help="Output folder (default runs/plan-NAME).")
+        Path | None,
+        typer.Option(
+            "--out",
+            metavar="DIR",
+            help="Output folder (default runs/plan-NAME-HASH, HASH of the plan with the "
+            "options); a folder holding another plan's results is refused.",
+        ),
     ] = None,
     quiet: Annotated[bool, typer.Option("--quiet", help="No progress or table.")] = False,
+    as_json: Annotated[
+        bool,
+        typer.Option("--json", help="Print the result as one JSON object on the last line."),
+    ] = False,
 ) -> None:
     """Answer a capacity question by bisection over runs (several seeds per probe)."""
     from engine.configfile import validate_model
     from engine.errors import InputError
     from sim.plan import PlanFile, plan_from_file, run_plan
     from sim.scenario import parse_override
+    from sim.shipped import resolve_scenario
 
     with user_errors():
-        spec, scen = plan_from_file(plan_file)
+        if out is not None:
+            check_out_dir(out)
+        path = resolve_scenario(plan_file, "plan")
+        spec, scen = plan_from_file(path)
         upd: dict[str, object] = {}
         if qps:
             upd["qps"] = list(qps)
         if size:
             upd["sizes"] = list(size)
         if seeds is not None:
-            upd["seeds"] = seeds
+            seed_ls = parse_seed_option(seeds)
+            if seed_ls != list(range(len(seed_ls))):
+                raise InputError(f"--seeds {seeds}: a plan takes N (seeds 0..N-1)")
+            upd["seeds"] = len(seed_ls)
         if set_:
             extra = {}
             for text in set_:
-                path, value = parse_override(text)
-                extra[".".join(path)] = value
+                key, value = parse_override(text)
+                extra[".".join(key)] = value
             upd["set"] = {**spec.set, **extra}
         data = spec.model_dump()
         data.update(upd)
@@ -69,14 +115,26 @@ def plan(
                 k, v = text.split("=", 1)
                 slo["p99"][k.strip()] = v.strip()
             data["slo"] = slo
-        spec = validate_model(PlanFile, data, f"{plan_file} (with the command-line options)")
-        folder = out if out is not None else Path("runs") / f"plan-{plan_file.stem}"
-        with run_progress(f"plan {plan_file.stem}", quiet) as prog:
-            res = run_plan(
-                spec, scen, folder, workers=workers, scheduler=scheduler, run_progress=prog,
-                source=str(plan_file),
-                progress=None if quiet else (lambda s: err_console.print(f"probe {s}")),
-            )  # fmt: skip
+        try:
+            spec = validate_model(PlanFile, data, f"{path} (with the command-line options)")
+        except InputError as err:
+            raise _blame(err, p99, set_) from None
+        report_spec = spec.model_dump(mode="json")
+        digest = inputs_digest([report_spec, scen.read_text("utf-8")])
+        folder = out if out is not None else Path("runs") / result_name("plan", path.stem, digest)
+        check_out_dir(folder)
+        _check_same_plan(folder, report_spec)
+        with run_progress(f"plan {path.stem}", quiet or as_json) as prog:
+            try:
+                res = run_plan(
+                    spec, scen, folder, workers=workers, scheduler=scheduler,
+                    run_progress=prog, source=str(path),
+                    progress=None if quiet or as_json else (
+                        lambda s: err_console.print(f"probe {s}")
+                    ),
+                )  # fmt: skip
+            except InputError as err:
+                raise _blame(err, p99, set_) from None
     df = res.frontier
     if not quiet and not df.empty:
         t = Table(title="frontier", header_style="bold")
@@ -84,8 +142,47 @@ def plan(
         for c in cols:
             t.add_column(c, justify="right")
         for r in df[cols].itertuples(index=False):
-            t.add_row(*[f"{v:.3g}" if isinstance(v, float) else str(v) for v in r])
+            t.add_row(*[_cell(c, v) for c, v in zip(cols, r, strict=True)])
         Console(highlight=False, width=max(console.width, 160)).print(t)
     for a in res.answers:
         console.print(a)
-    console.print(str(res.folder))
+    console.print(f"results: {res.folder} (plan.json, frontier.csv, frontier.png)")
+    if as_json:
+        frontier = json.loads(df.to_json(orient="records")) if not df.empty else []
+        typer.echo(
+            json.dumps({"folder": str(res.folder), "answers": res.answers, "frontier": frontier})
+        )
+
+
+def _cell(col: str, v: object) -> str:
+    if isinstance(v, float) and col.startswith("util_"):
+        return fmt_value("utilisation", v)
+    if isinstance(v, float) and col == "qps":
+        return f"{v:,.1f}"
+    if isinstance(v, float):
+        return f"{v:,.2f}"
+    return str(v)
+
+
+def _blame(err: InputError, p99: list[str] | None, set_: list[str] | None) -> InputError:
+    """A plan error caused by ``--p99`` or ``--set`` blamed on that option, not the file."""
+    where = err.where or ""
+    text = str(err)
+    if p99 and (where.startswith("slo.p99") or ": slo.p99" in text):
+        where = where or "slo.p99"
+        msg = text.split(f"{where}: ", 1)[-1]
+        return InputError(msg, source=f"--p99 {' '.join(p99)}", where=where)
+    return blame_override(err, list(set_ or []))
+
+
+def _check_same_plan(folder: Path, spec: dict[str, object]) -> None:
+    """:class:`InputError` when ``folder`` holds the results of a different plan."""
+    try:
+        old = json.loads((folder / "plan.json").read_text("utf-8"))
+    except (OSError, ValueError):
+        return
+    if isinstance(old, dict) and old.get("spec") not in (None, spec):
+        raise InputError(
+            f"--out {folder}: holds plan.json of another plan (its spec differs); give another "
+            "folder or leave out --out"
+        )

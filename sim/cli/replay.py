@@ -12,10 +12,14 @@ from sim.cli.common import console, user_errors
 
 
 def replay(
-    file: Annotated[Path, typer.Argument(help="Replay file (written by pdsim chaos).")],
+    file: Annotated[
+        Path, typer.Argument(metavar="FILE", help="Replay file (written by pdsim chaos or run).")
+    ],
     until: Annotated[
         float | None,
-        typer.Option("--until", help="Stop at this simulated time (s) and dump the state."),
+        typer.Option(
+            "--until", metavar="SECONDS", help="Stop at this simulated time (s) and dump the state."
+        ),
     ] = None,
 ) -> None:
     """Re-run FILE with its seed. Without --until: report whether the event-trace hash and

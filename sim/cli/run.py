@@ -2,105 +2,80 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
+from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from sim.cli.common import console, err_console, user_errors
-
-
-def _fmt(v: Any, unit: str = "") -> str:
-    if v is None:
-        return "-"
-    if isinstance(v, float):
-        return f"{v:.4g}{unit}"
-    return f"{v}{unit}"
+from engine.errors import InputError
+from sim.cli.common import (
+    check_out_dir,
+    console,
+    err_console,
+    is_run_folder,
+    load_scenario_arg,
+    user_errors,
+)
+from sim.cli.format import summary_rows
 
 
 def _table(title: str, s: dict[str, Any]) -> Table:
+    """Every figure of summary ``s`` with its unit (:func:`sim.cli.format.summary_rows`)."""
     t = Table(title=title, show_header=True, header_style="bold")
     t.add_column("metric")
     t.add_column("value", justify="right")
-    lat = s.get("latency", {})
-    req, thr, util = s["requests"], s["throughput"], s["utilisation"]
-
-    def pct(d: dict[str, Any], scale: float, unit: str) -> str:
-        return " / ".join(
-            _fmt(None if d.get(k) is None else d[k] * scale, unit) for k in ("p50", "p99")
-        )
-
-    rows = [
-        (
-            "requests done / shed / rejected / unfinished",
-            f"{req['completed']} / {req['shed']} / {req['rejected']} / {req['unfinished']}",
-        ),
-        ("preemptions", str(req["preemptions"])),
-        ("simulated time", _fmt(s["sim_time_s"], " s")),
-        (
-            "offered / achieved (steady window)",
-            f"{_fmt(thr['offered_rps'])} / {_fmt(thr['achieved_rps'], ' req/s')}",
-        ),
-        ("overloaded", "YES" if s["overloaded"] else "no"),
-        ("goodput under SLO", _fmt(s["goodput_rps"], " req/s")),
-        ("E2E p50 / p99", pct(lat.get("e2e", {}), 1.0, " s")),
-        ("TTFT p50 / p99", pct(lat.get("ttft", {}), 1e3, " ms")),
-        ("TPOT p50 / p99", pct(lat.get("tpot", {}), 1e3, " ms")),
-    ]
-    hr = s["hit_rate"]
-    rows.append(("weight HBM hit rate (per access)", _fmt(hr.get("hbm"))))
-    rows.append(("param-wait share of busy time", _fmt(s["param_wait_share"])))
-    rows.append(
-        (
-            "utilisation busy / tokens / MFU / MBU",
-            " / ".join(_fmt(util[k]) for k in ("busy", "token_budget", "mfu", "mbu")),
-        )
-    )
-    rows.append(
-        (
-            "utilisation PCIe / NIC / PS NIC",
-            " / ".join(_fmt(util[k]) for k in ("pcie", "nic", "ps_nic")),
-        )
-    )
-    rows.append(("replicas / GPUs", f"{s['replicas']} / {s['gpus']}"))
-    rows.append(("peak HBM per replica", _fmt(s["peak_hbm_bytes_per_replica"] / 2**30, " GiB")))
-    rows.append(("events per request", _fmt(s["events_per_request"])))
-    for cls, c in s.get("per_class", {}).items():
-        rows.append(
-            (
-                f"class {cls}: E2E p99 (shed)",
-                f"{_fmt(c['latency']['e2e']['p99'], ' s')} ({c['shed']})",
-            )
-        )
-    for k, v in rows:
+    for k, v in summary_rows(s):
         t.add_row(k, v)
     return t
 
 
 def run(
-    scenario: Annotated[Path, typer.Argument(help="Scenario YAML file.")],
-    seed: Annotated[int, typer.Option("--seed", min=0, help="Root random seed.")] = 0,
+    scenario: Annotated[
+        str,
+        typer.Argument(
+            metavar="SCENARIO", help="Scenario YAML file, or a shipped scenario's name."
+        ),
+    ],
+    seed: Annotated[int, typer.Option("--seed", min=0, metavar="N", help="Root random seed.")] = 0,
     set_: Annotated[
         list[str] | None,
-        typer.Option("--set", help="Override a field: KEY.PATH=VALUE (YAML value)."),
+        typer.Option(
+            "--set",
+            metavar="KEY=VALUE",
+            help="Override a field, e.g. cluster.nodes=8 (YAML value).",
+        ),
     ] = None,
-    out: Annotated[Path, typer.Option("--out", help="Folder that receives the run folder.")] = Path(
-        "runs"
-    ),
+    out: Annotated[
+        Path,
+        typer.Option("--out", metavar="DIR", help="Folder that receives the run folder."),
+    ] = Path("runs"),
     quiet: Annotated[
         bool, typer.Option("--quiet", help="No progress bar or table; print the run folder.")
+    ] = False,
+    as_json: Annotated[
+        bool,
+        typer.Option(
+            "--json", help="Print the summary as one JSON object on the last line of stdout."
+        ),
     ] = False,
 ) -> None:
     """Simulate SCENARIO and write its run folder (config, summary, Parquet records, plots)."""
     from sim.cli.chaos import run_or_report  # checker violations -> report + replay
     from sim.runner import format_claim
-    from sim.scenario import load_scenario
 
     with user_errors():
-        sc = load_scenario(scenario, list(set_ or []))
-        if quiet:
+        check_out_dir(out)
+        if is_run_folder(out):
+            raise InputError(
+                f"--out {out}: is a run folder; --out takes the folder that holds run folders "
+                f"(e.g. {out.parent})"
+            )
+        sc = load_scenario_arg(scenario, list(set_ or []))
+        if quiet or as_json or not err_console.is_terminal:
             result = run_or_report(sc, seed, out)
         else:
             with Progress(
@@ -118,11 +93,12 @@ def run(
                 result = run_or_report(sc, seed, out, progress=prog)
     s = result.summary
     if not quiet:
+        wide = Console(highlight=False, width=max(console.width, 120))
         if "variants" in s:
             for name, vs in s["variants"].items():
-                console.print(_table(f"{sc.name} / {name}", vs))
+                wide.print(_table(f"{sc.name} / {name}", vs))
         else:
-            console.print(_table(sc.name, s))
+            wide.print(_table(sc.name, s))
         for c in result.claims:
             console.print(format_claim(c))
         from sim.cli.chaos import fault_lines  # the faults section (issue 5), if any
@@ -130,9 +106,11 @@ def run(
         for line in fault_lines(s):
             console.print(line)
         console.print(f"trace hash: {result.trace_hash}")
-    console.print(str(result.out_dir))
+    console.print(f"run folder: {result.out_dir}" if not quiet else str(result.out_dir))
     for w in _warnings(s):
         err_console.print(f"warning: {w}")
+    if as_json:
+        typer.echo(json.dumps({**s, "run_folder": str(result.out_dir)}, default=str))
     unfinished = _unfinished(s)
     if unfinished:
         reason = _stop_reason(s) or "the run ended"

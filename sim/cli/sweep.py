@@ -12,13 +12,23 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from engine.errors import InputError
-from sim.cli.common import console, err_console, user_errors
+from sim.cli.common import (
+    check_out_dir,
+    console,
+    err_console,
+    inputs_digest,
+    result_name,
+    user_errors,
+)
+from sim.cli.format import fmt_value
+from sim.sweep.spec import SEEDS_HELP, parse_seed_option
 
 
 @contextlib.contextmanager
 def run_progress(label: str, quiet: bool = False) -> Iterator[Any]:
-    """A rich progress bar over runs; yields a ``progress(done, total)`` callback."""
-    if quiet:
+    """A rich progress bar over runs; yields a ``progress(done, total)`` callback. None
+    when ``quiet`` or stderr is not a terminal (a bar there leaves a blank line behind)."""
+    if quiet or not err_console.is_terminal:
         yield None
         return
     with Progress(
@@ -63,48 +73,77 @@ def _overview(df: Any, keys: list[str]) -> Table:
     groups = ok.groupby(keys, sort=False, dropna=False) if keys else [((), ok)]
     for gk, g in groups:
         gvals = gk if isinstance(gk, tuple) else (gk,)
-        means = [f"{g[c].astype(float).mean():.4g}" for c in cols]
+        means = [fmt_value(c, float(g[c].astype(float).mean())) for c in cols]
         t.add_row(*[str(v) for v in gvals], str(len(g)), *means)
     return t
 
 
 def sweep(
     sweep_file: Annotated[
-        Path | None, typer.Argument(help="Sweep YAML file (scenario, set, grid, seeds).")
+        Path | None,
+        typer.Argument(
+            metavar="[SWEEP_FILE]", help="Sweep YAML file (scenario, set, grid, seeds)."
+        ),
     ] = None,
     scenario: Annotated[
-        Path | None, typer.Option("--scenario", help="Scenario to sweep when no sweep file.")
+        str | None,
+        typer.Option(
+            "--scenario",
+            metavar="SCENARIO",
+            help="Scenario file or shipped name to sweep when no sweep file.",
+        ),
     ] = None,
     grid: Annotated[
         list[str] | None,
-        typer.Option("--grid", help="KEY=V1,V2,... (repeatable; values are YAML)."),
+        typer.Option(
+            "--grid", metavar="KEY=V1,V2", help="Grid axis (repeatable; values are YAML)."
+        ),
     ] = None,
     seeds: Annotated[
-        int | None, typer.Option("--seeds", min=1, help="Seeds 0..N-1 (overrides the file).")
+        str | None,
+        typer.Option("--seeds", metavar="SEEDS", help=SEEDS_HELP + " Overrides the file."),
     ] = None,
     set_: Annotated[
-        list[str] | None, typer.Option("--set", help="Base override KEY=VALUE (repeatable).")
+        list[str] | None,
+        typer.Option("--set", metavar="KEY=VALUE", help="Base override (repeatable)."),
     ] = None,
     workers: Annotated[
-        int, typer.Option("--workers", min=1, help="1: in-process; N: Dask LocalCluster.")
+        int,
+        typer.Option("--workers", min=1, metavar="N", help="1: in-process; N: Dask LocalCluster."),
     ] = 1,
     scheduler: Annotated[
-        str | None, typer.Option("--scheduler", help="Existing Dask scheduler tcp://host:port.")
+        str | None,
+        typer.Option(
+            "--scheduler", metavar="ADDR", help="Existing Dask scheduler tcp://host:port."
+        ),
     ] = None,
     out: Annotated[
-        Path | None, typer.Option("--out", help="Sweep folder (default runs/sweep-NAME).")
+        Path | None,
+        typer.Option(
+            "--out",
+            metavar="DIR",
+            help="Sweep folder (default runs/sweep-NAME-HASH, HASH of the scenario and base "
+            "overrides, so a rerun or a grown grid reuses its cached runs).",
+        ),
     ] = None,
     max_runs: Annotated[
         int | None,
-        typer.Option("--max-runs", min=0, help="Start at most N new runs (rerun to resume)."),
+        typer.Option(
+            "--max-runs", min=0, metavar="N", help="Start at most N new runs (rerun to resume)."
+        ),
     ] = None,
     quiet: Annotated[bool, typer.Option("--quiet", help="No progress bar or tables.")] = False,
 ) -> None:
-    """Run a sweep; results go to OUT/results.parquet, each run cached under OUT/runs/."""
+    """Run a sweep; results go to OUT/results.parquet (and a plot, sweep.png), each run
+    cached under OUT/runs/."""
+    from sim.plots import sweep_plot
+    from sim.shipped import resolve_scenario
     from sim.sweep import build_points, execute, parse_grid, seed_list
     from sim.sweep.spec import load_sweep_file, override_text, resolve_scenario_path
 
     with user_errors():
+        if out is not None:
+            check_out_dir(out)
         extra = [parse_grid(g) for g in grid or []]
         if (sweep_file is None) == (scenario is None):
             raise InputError("give either a sweep file or --scenario (exactly one)")
@@ -117,18 +156,24 @@ def sweep(
             variant, source, name = spec.variant, str(sweep_file), sweep_file.stem
         else:
             assert scenario is not None
-            scen, g, over, seed_src = scenario, {}, [], 1
-            variant, source, name = None, "--grid", scenario.stem
+            scen, g, over, seed_src = resolve_scenario(scenario), {}, [], 1
+            variant, source, name = None, "--grid", resolve_scenario(scenario).stem
         g.update(dict(extra))
         over += list(set_ or [])
-        seed_ls = seed_list(seeds if seeds is not None else seed_src, source)
+        seed_ls = parse_seed_option(seeds) if seeds is not None else seed_list(seed_src, source)
         points = build_points(scen, g, seed_ls, over, variant, source=source)
-        folder = out if out is not None else Path("runs") / f"sweep-{name}"
+        if out is None:
+            digest = inputs_digest([Path(scen).read_text("utf-8"), over, variant])
+            folder = Path("runs") / result_name("sweep", name, digest)
+        else:
+            folder = out
+        check_out_dir(folder)
         with run_progress(f"sweep {name}", quiet) as prog:
             res = execute(
                 points, folder, workers=workers, scheduler=scheduler, max_runs=max_runs,
                 progress=prog,
             )  # fmt: skip
+        png = sweep_plot(res.frame, list(g), folder / "sweep.png", f"sweep {name}")
     if not quiet:
         console.print(_overview(res.frame, list(g)))
     console.print(
@@ -139,6 +184,6 @@ def sweep(
         console.print(f"stopped after {res.ran} new runs; run the same command again to resume")
     if res.failed:
         err_console.print(failures_table(res.failed))
-    console.print(str(res.parquet))
+    console.print(f"results: {res.parquet}" + (f" (plot: {png})" if png else ""))
     if res.failed:
         raise typer.Exit(code=1)

@@ -6,7 +6,7 @@ each workload of :mod:`hwbench.workloads` (all by default) on the engine (NumPy,
 configured to match it with profile ``P`` (:mod:`hwbench.validate`), then prints one table per
 workload -- latency and TTFT P50/P99/mean, throughput, hit rate and bytes per tier: engine,
 simulator, error -- and writes a PNG of the latency CDFs (``DIR/validate_cdf.png``, default
-``validate-out/``; scratch files go to a temporary folder). ``--json`` prints the same figures as one JSON object on the last line;
+``runs/validate-PROFILE-HASH/``; scratch files go to a temporary folder). ``--json`` prints the same figures as one JSON object on the last line;
 relative errors are fractions under keys ending in ``rel_error``, hit-rate differences
 (fractions) under keys ending in ``abs_error``.
 
@@ -38,7 +38,15 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from sim.cli.common import array_backend, console, err_console, user_errors
+from sim.cli.common import (
+    array_backend,
+    check_out_dir,
+    console,
+    err_console,
+    inputs_digest,
+    result_name,
+    user_errors,
+)
 
 LIMITS = {"latency_p50": 0.10, "latency_p99": 0.15, "throughput_rps": 0.10}
 HIT_LIMIT = 0.01
@@ -65,8 +73,15 @@ def validate(
         bool, typer.Option("--json", help="Also print the figures as one JSON object (last line).")
     ] = False,
     out: Annotated[
-        Path, typer.Option("--out", "-o", help="Folder for the CDF plot (and a fitted profile).")
-    ] = Path("validate-out"),
+        Path | None,
+        typer.Option(
+            "--out",
+            "-o",
+            metavar="DIR",
+            help="Folder for the CDF plot (and a fitted profile). Default: "
+            "runs/validate-PROFILE-HASH (HASH of the options).",
+        ),
+    ] = None,
     refit: Annotated[
         bool,
         typer.Option(
@@ -103,9 +118,15 @@ def validate(
         from hwbench.workloads import SUITE, get_workload
         from sim.costmodel import load_profile
 
+        if out is not None:
+            check_out_dir(out)
         xp = array_backend(backend)
         prof = load_profile(profile)
         chosen = [get_workload(n) for n in workload] if workload else list(SUITE)
+        if out is None:
+            digest = inputs_digest([profile, sorted(workload or []), backend, repeats, refit])
+            out = Path("runs") / result_name("validate", Path(profile).stem, digest)
+        check_out_dir(out)
         out.mkdir(parents=True, exist_ok=True)
         if "engine_fit" not in prof.fitted:
             err_console.print(

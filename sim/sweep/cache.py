@@ -22,11 +22,33 @@ from pathlib import Path
 from typing import Any
 
 
+def current_umask() -> int:
+    """The process's umask (read from ``/proc`` where it says, else set and restored)."""
+    try:
+        with open("/proc/self/status", encoding="ascii") as fh:
+            for line in fh:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def as_umask(path: str | Path, folder: bool = False) -> None:
+    """Give ``path`` the mode a plain ``open``/``mkdir`` would (0666/0777 less the umask):
+    ``tempfile`` creates files 0600 and folders 0700, which a rename would keep."""
+    os.chmod(path, (0o777 if folder else 0o666) & ~current_umask())
+
+
 def write_atomic(path: Path, text: str) -> None:
-    """Write ``text`` to ``path`` via a temporary sibling and a rename (never half-written)."""
+    """Write ``text`` to ``path`` via a temporary sibling and a rename (never half-written);
+    the file gets the user's umask."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=path.suffix, dir=path.parent)
     try:
+        as_umask(tmp)
         with os.fdopen(fd, "w", encoding="utf-8") as f:
             f.write(text)
         os.replace(tmp, path)

@@ -28,7 +28,7 @@ from typing import Any
 
 import pandas as pd
 
-from sim.sweep.cache import RunCache, write_atomic
+from sim.sweep.cache import RunCache, as_umask, write_atomic
 from sim.sweep.flatten import flatten
 from sim.sweep.spec import Point
 
@@ -277,6 +277,7 @@ def write_parquet(df: pd.DataFrame, path: Path) -> None:
     fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=".parquet", dir=path.parent)
     os.close(fd)
     try:
+        as_umask(tmp)
         df.to_parquet(tmp, index=False)
         os.replace(tmp, path)
     except BaseException:

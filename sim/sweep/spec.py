@@ -135,10 +135,15 @@ def load_sweep_file(path: str | Path) -> SweepFile:
 
 
 def resolve_scenario_path(scenario: str, relative_to: Path | None) -> Path:
-    """The scenario named in a spec file: next to the spec file first, else as given."""
+    """The scenario named in a spec file: next to the spec file first, else as given, else a
+    shipped scenario of that name (:mod:`sim.shipped`)."""
+    from sim.shipped import shipped_path
+
     p = Path(scenario)
     if not p.is_absolute() and relative_to is not None and (relative_to / p).is_file():
         return relative_to / p
+    if not p.exists():
+        return shipped_path(scenario) or p
     return p
 
 
@@ -215,3 +220,30 @@ def points_from_file(path: str | Path, extra_grid: list[str] | None = None) -> l
     return build_points(
         scen, grid, seed_list(spec.seeds, str(path)), over, spec.variant, source=str(path)
     )
+
+
+#: the help text of every ``--seeds`` option (one syntax in ab, plan, sweep and chaos)
+SEEDS_HELP = "Seeds: N (seeds 0..N-1), A-B (A to B inclusive) or a list A,B,C (may hold A-B)."
+
+
+def parse_seed_option(text: str, option: str = "--seeds") -> list[int]:
+    """The seeds of a ``--seeds`` value: ``N`` -> ``0..N-1``; ``A-B`` -> ``A..B``; a comma
+    list (``3,7,10-12``) -> those seeds, sorted and distinct. :class:`InputError` otherwise."""
+    text = text.strip()
+    allowed = "allowed: N (>= 1), A-B (0 <= A <= B), or a comma list A,B,C"
+    if text.isdigit():
+        n = int(text)
+        if n < 1:
+            raise InputError(f"{option} {text}: N must be >= 1; {allowed}")
+        return list(range(n))
+    out: set[int] = set()
+    for part in text.split(","):
+        part = part.strip()
+        lo_s, sep, hi_s = part.partition("-")
+        if not lo_s.isdigit() or (sep and not hi_s.isdigit()):
+            raise InputError(f"{option} {text!r}: {part!r} is not a seed or range; {allowed}")
+        lo, hi = int(lo_s), int(hi_s) if sep else int(lo_s)
+        if hi < lo:
+            raise InputError(f"{option} {text!r}: {part!r} ends before it starts; {allowed}")
+        out.update(range(lo, hi + 1))
+    return sorted(out)

@@ -87,19 +87,27 @@ def test_recorded_reference_and_load_read_their_own_fields() -> None:
     assert recorded_reference({KEY: [{"others": 0.0, "steal": 0.0}]}) is None
 
 
+def test_reference_workload_rejects_no_repeats() -> None:
+    with pytest.raises(ValueError, match="repeats"):
+        reference_seconds(repeats=0)
+
+
+@pytest.mark.timing
 def test_reference_workload_time_grows_with_its_work() -> None:
+    """Wall-clock times: a busy machine can invert them, so the ``timing`` tier runs it."""
     short = reference_seconds(repeats=3, steps=100)
     long = reference_seconds(repeats=3, steps=1000)
     assert 0 < short < long  # ten times the work; a steady machine gives ~10x
-    with pytest.raises(ValueError, match="repeats"):
-        reference_seconds(repeats=0)
 
 
 needs_proc = pytest.mark.skipif(sample() is None, reason="no /proc CPU counters here")
 
 
+@pytest.mark.timing
 @needs_proc
 def test_other_processes_count_and_our_own_work_does_not() -> None:
+    """Reads the whole machine's CPU counters: another process's load shows up in the "own"
+    half, so it runs in the ``timing`` tier only."""
     n = os.cpu_count() or 1
     spin = [sys.executable, "-c", SPIN.format(s=1.5)]
     # our own threads' work and children we have waited for are this process's time

@@ -62,7 +62,7 @@ def test_replay_round_trip_via_cli(tmp_path: Path) -> None:
     assert r.exit_code == 0, r.output
     summary = json.loads((out / "chaos.json").read_text())
     assert [s["seed"] for s in summary["seeds"]] == [3, 4]
-    f = out / "replays" / "seed-3.replay.json"
+    f = out / "replays" / "chaos-small-seed-3.replay.json"
     rec, sc = load_replay(f)
     assert rec["seed"] == 3 and rec["faults_applied"] and rec["package_version"]
     assert sc.faults.random.enabled
@@ -80,7 +80,7 @@ def test_replay_round_trip_via_cli(tmp_path: Path) -> None:
 def test_replay_until_dumps_the_state(tmp_path: Path) -> None:
     out = tmp_path / "chaos"
     run_chaos(small(), [5], replay_dir=out, all_replays=True)
-    f = out / "seed-5.replay.json"
+    f = out / "chaos-small-seed-5.replay.json"
     rep = replay(f, until=1.0)
     st = rep.outcome.state
     assert st is not None and st["time"] == pytest.approx(1.0)

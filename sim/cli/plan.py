@@ -79,7 +79,7 @@ def plan(
     """Answer a capacity question by bisection over runs (several seeds per probe)."""
     from engine.configfile import validate_model
     from engine.errors import InputError
-    from sim.plan import PlanFile, plan_from_file, run_plan
+    from sim.plan import PlanFile, plan_from_file, plan_json, run_plan
     from sim.scenario import parse_override
     from sim.shipped import resolve_scenario
 
@@ -148,10 +148,7 @@ def plan(
         console.print(a)
     console.print(f"results: {res.folder} (plan.json, frontier.csv, frontier.png)")
     if as_json:
-        frontier = json.loads(df.to_json(orient="records")) if not df.empty else []
-        typer.echo(
-            json.dumps({"folder": str(res.folder), "answers": res.answers, "frontier": frontier})
-        )
+        typer.echo(json.dumps(plan_json(res)))
 
 
 def _cell(col: str, v: object) -> str:

@@ -640,10 +640,9 @@ class ComputeNode:
                 pf.remove(ent)
                 if np.isnan(first[rid]):
                     first[rid] = now
-                if mr.is_cnn:
-                    self._finish(m, rid, now)
-                    continue
-                gen = self._gen.pop(rid, 0) + 1  # the prefill samples one token
+                # the prefill samples one token (a CNN: its first pass; it then runs one pass
+                # per step for its remaining `output_tokens`, as the model has always charged)
+                gen = self._gen.pop(rid, 0) + 1
                 if gen >= self._out[rid]:
                     self._finish(m, rid, now)
                     continue

@@ -28,13 +28,78 @@ from pathlib import Path
 from typing import Annotated, Any, Literal, TypeVar, Union, get_args, get_origin
 
 import yaml
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel, ValidationError, ValidationInfo, field_validator
 
 from engine.errors import InputError
 
 M = TypeVar("M", bound=BaseModel)
 
-__all__ = ["explain", "format_loc", "parse_mapping", "read_mapping", "validate_model"]
+MAX_DEPTH = 64
+"""Deepest nesting of mappings and lists a configuration file may have (deeper is an error,
+not a ``RecursionError`` somewhere downstream)."""
+
+__all__ = [
+    "MAX_DEPTH",
+    "check_depth",
+    "explain",
+    "format_loc",
+    "no_bool_numbers",
+    "parse_mapping",
+    "read_mapping",
+    "validate_model",
+]
+
+
+def no_bool_numbers() -> Any:
+    """A pydantic validator for every field of the model it is assigned in (``_no_bool =
+    no_bool_numbers()`` in the class body): int/float fields, and mappings of them, refuse
+    YAML booleans (pydantic would read ``true`` as 1, so ``replication: true`` would
+    silently mean 1)."""
+
+    def check(cls: type[BaseModel], value: Any, info: ValidationInfo) -> Any:
+        field = cls.model_fields.get(info.field_name or "")
+        if field is None:
+            return value
+        kind = _number_kind(field.annotation)
+        if kind == "number" and isinstance(value, bool):
+            raise ValueError(f"{value!r} is a boolean, not a number")
+        if kind == "mapping" and isinstance(value, dict):
+            for k, v in value.items():
+                if isinstance(v, bool):
+                    raise ValueError(f"{k}: {v!r} is a boolean, not a number")
+        return value
+
+    return field_validator("*", mode="before")(check)
+
+
+def _number_kind(annotation: Any) -> str | None:
+    """``"number"`` for an int/float field, ``"mapping"`` for a dict of them, else None."""
+    tp = _unwrap(annotation)
+    if tp in (int, float):
+        return "number"
+    if get_origin(tp) is dict:
+        args = get_args(tp)
+        if len(args) == 2 and _unwrap(args[1]) in (int, float):
+            return "mapping"
+    return None
+
+
+def check_depth(data: Any, limit: int = MAX_DEPTH) -> bool:
+    """Whether ``data`` (parsed YAML/JSON: dicts, lists, scalars) nests at most ``limit``
+    containers deep; iterative, so any depth is safe to ask about."""
+    stack: list[tuple[Any, int]] = [(data, 1)]
+    while stack:
+        x, d = stack.pop()
+        if isinstance(x, dict):
+            items: Any = x.values()
+        elif isinstance(x, list | tuple):
+            items = x
+        else:
+            continue
+        if d > limit:
+            return False
+        stack.extend((v, d + 1) for v in items)
+    return True
 
 
 def parse_mapping(
@@ -46,6 +111,7 @@ def parse_mapping(
     ``InputError`` (naming ``source`` and the line) for text that does not parse, and for a
     document whose top level is not a mapping (an empty file included).
     """
+    deep = f"nested more than {MAX_DEPTH} levels deep; a {kind} file is a few levels of keys"
     if fmt == "json":
         try:
             data = json.loads(text)
@@ -53,13 +119,20 @@ def parse_mapping(
             raise InputError(
                 f"not valid JSON: {err.msg}", source=source, where=f"line {err.lineno}"
             ) from None
+        except RecursionError:
+            raise InputError(deep, source=source) from None
     else:
         try:
             data = yaml.safe_load(text)
         except yaml.YAMLError as err:
             mark = getattr(err, "problem_mark", None)
             where = f"line {mark.line + 1}" if mark is not None else None
-            raise InputError(f"not valid YAML: {err}", source=source, where=where) from None
+            msg = " ".join(str(err).split())
+            raise InputError(f"not valid YAML: {msg}", source=source, where=where) from None
+        except RecursionError:
+            raise InputError(deep, source=source) from None
+    if not check_depth(data):
+        raise InputError(deep, source=source)
     if not isinstance(data, dict):
         got = "an empty file" if data is None else f"a {type(data).__name__}"
         raise InputError(

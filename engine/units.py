@@ -8,7 +8,41 @@ Durations: ``"5ms"``, ``"20us"``, ``"1.5s"``, ``"2min"`` -> seconds; plain numbe
 
 from __future__ import annotations
 
+import math
 import re
+
+MAX_SIZE = 2**60
+"""Largest size accepted, bytes (1 EiB): anything larger is a typo, not a machine."""
+MAX_RATE = 1e15
+"""Largest rate accepted, bytes per second (1 PB/s)."""
+MAX_DURATION = 1e9
+"""Largest duration accepted, seconds (about 31 years of simulated time)."""
+
+
+def _show(value: object) -> str:
+    """``repr(value)`` cut to 40 characters (a 400-digit number stays a short message)."""
+    r = repr(value)
+    return r if len(r) <= 40 else r[:37] + "..."
+
+
+def _number(value: object, text: str, what: str) -> float:
+    """``text`` as a finite float; ``ValueError`` naming ``value`` for inf, NaN and overflow."""
+    try:
+        number = float(text)
+    except (OverflowError, ValueError):
+        number = math.inf
+    if not math.isfinite(number):
+        raise ValueError(f"{_show(value)} is not a finite {what}")
+    return number
+
+
+def _bounded(value: object, number: float, limit: float, what: str, unit: str) -> float:
+    if number > limit:
+        raise ValueError(
+            f"{_show(value)} is too large for a {what}; allowed: at most {limit:g} {unit}"
+        )
+    return number
+
 
 _PREFIX = {
     "": 1,
@@ -48,16 +82,23 @@ def parse_size(value: str | int | float) -> int:
     """Return ``value`` as a whole number of bytes; raise ``ValueError`` if it is not a size."""
     if isinstance(value, bool):
         raise ValueError(f"{value!r} is not a size")
+    if isinstance(value, int) and 0 <= value <= MAX_SIZE:
+        return value  # exact (a float would round integers above 2**53)
     if isinstance(value, int | float):
-        number = float(value)
+        number = _number(value, repr(value) if isinstance(value, float) else str(value), "size")
     else:
-        m = _SIZE_RE.match(str(value))
+        m = _SIZE_RE.match(str(value)[:200])
         if not m:
-            raise ValueError(f'"{value}" is not a size (e.g. 4096, "256KiB", "4MiB", "1.5GB")')
-        number = float(m.group(1)) * _PREFIX[m.group(2) or ""]
+            raise ValueError(
+                f'"{str(value)[:60]}" is not a size (e.g. 4096, "256KiB", "4MiB", "1.5GB")'
+            )
+        digits, scale = m.group(1), _PREFIX[m.group(2) or ""]
+        if digits.isdigit() and len(digits) <= 20 and int(digits) * scale <= MAX_SIZE:
+            return int(digits) * scale  # exact whole bytes
+        number = _number(value, digits, "size") * scale
     if number < 0:
-        raise ValueError(f"{value!r} is negative; a size must be >= 0")
-    return round(number)
+        raise ValueError(f"{_show(value)} is negative; a size must be >= 0")
+    return round(_bounded(value, number, MAX_SIZE, "size", "bytes (1 EiB)"))
 
 
 def parse_rate(value: str | int | float) -> float:
@@ -65,19 +106,20 @@ def parse_rate(value: str | int | float) -> float:
     if isinstance(value, bool):
         raise ValueError(f"{value!r} is not a rate")
     if isinstance(value, int | float):
-        number = float(value)
+        number = _number(value, repr(value) if isinstance(value, float) else str(value), "rate")
     else:
-        m = _RATE_RE.match(str(value))
+        m = _RATE_RE.match(str(value)[:200])
         if not m:
             raise ValueError(
-                f'"{value}" is not a rate (e.g. "100Gbit/s", "25GB/s", "12GiB/s", or bytes/s)'
+                f'"{str(value)[:60]}" is not a rate (e.g. "100Gbit/s", "25GB/s", "12GiB/s", '
+                "or bytes/s)"
             )
-        number = float(m.group(1)) * _PREFIX[m.group(2) or ""]
+        number = _number(value, m.group(1), "rate") * _PREFIX[m.group(2) or ""]
         if m.group(3) != "B":
             number /= 8.0
     if number <= 0:
-        raise ValueError(f"{value!r}: a rate must be > 0")
-    return number
+        raise ValueError(f"{_show(value)}: a rate must be > 0")
+    return _bounded(value, number, MAX_RATE, "rate", "bytes/s (1 PB/s)")
 
 
 def parse_duration(value: str | int | float) -> float:
@@ -85,15 +127,15 @@ def parse_duration(value: str | int | float) -> float:
     if isinstance(value, bool):
         raise ValueError(f"{value!r} is not a duration")
     if isinstance(value, int | float):
-        number = float(value)
+        number = _number(value, repr(value) if isinstance(value, float) else str(value), "duration")
     else:
-        m = _TIME_RE.match(str(value))
+        m = _TIME_RE.match(str(value)[:200])
         if not m:
-            raise ValueError(f'"{value}" is not a duration (e.g. "5ms", "20us", "1.5s")')
-        number = float(m.group(1)) * _TIME_SCALE[m.group(2)]
+            raise ValueError(f'"{str(value)[:60]}" is not a duration (e.g. "5ms", "20us", "1.5s")')
+        number = _number(value, m.group(1), "duration") * _TIME_SCALE[m.group(2)]
     if number < 0:
-        raise ValueError(f"{value!r} is negative; a duration must be >= 0")
-    return number
+        raise ValueError(f"{_show(value)} is negative; a duration must be >= 0")
+    return _bounded(value, number, MAX_DURATION, "duration", "s")
 
 
 def format_bytes(n: float) -> str:

@@ -3,7 +3,8 @@
 :func:`run_chaos` runs :func:`sim.replay.run_checked` once per seed on the scenario with the
 control plane and the random fault process switched on (``faults.enabled`` and
 ``faults.random.enabled``; the scenario's own ``faults.random`` knobs and schedule are kept).
-Each seed gives one row: violations found, availability (fraction of requests answered within
+Each seed gives one row: safety violations and liveness violations found (apart:
+:func:`sim.checkers.is_liveness`), availability (fraction of requests answered within
 their SLO), requests lost (shed or never answered), degraded results, faults applied, the
 trace hash, and the replay file written for it (every failing seed; every seed with
 ``all_replays``).
@@ -21,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from engine.errors import InputError
+from sim.checkers import is_liveness
 from sim.replay import run_checked, write_replay
 from sim.scenario import Scenario, resolved_dict, validate
 
@@ -69,7 +71,8 @@ def run_seed(
     row: dict[str, Any] = {
         "seed": seed,
         "ok": out.ok,
-        "violations": out.findings,
+        "violations": [f for f in out.findings if not is_liveness(f)],
+        "liveness": [f for f in out.findings if is_liveness(f)],
         "availability": out.availability,
         "requests_lost": out.requests_lost,
         "degraded": out.degraded,
@@ -144,12 +147,14 @@ def run_chaos(
 
 
 def aggregate(rows: list[dict[str, Any]]) -> dict[str, Any]:
-    """Totals over seeds: failing seeds, mean availability, requests lost, faults."""
+    """Totals over seeds: failing seeds, safety and liveness violations, mean availability,
+    requests lost, faults."""
     avail = [r["availability"] for r in rows if r["availability"] is not None]
     return {
         "seeds": len(rows),
         "failing_seeds": [r["seed"] for r in rows if not r["ok"]],
         "violations": sum(len(r["violations"]) for r in rows),
+        "liveness_violations": sum(len(r.get("liveness", [])) for r in rows),
         "mean_availability": sum(avail) / len(avail) if avail else None,
         "min_availability": min(avail) if avail else None,
         "requests_lost": sum(r["requests_lost"] for r in rows),

@@ -11,6 +11,12 @@ Online (a violation stops the run when ``stop_on_violation``, by raising
 * ``corrupted chunk used`` -- reported when :class:`sim.integrity.Integrity` lets a corrupt
   copy through (possible only with the test-only ``verify: false``).
 
+Liveness (:mod:`sim.raft.liveness`, wired by :mod:`sim.faultinject` unless
+``faults.liveness`` is 0): a stale leader adopts a newer term, election timers fire, and
+after the last fault heals a leader commits a probe write that every replica learns. Their
+findings' properties start with ``Liveness`` (:func:`is_liveness`), and chaos reports them
+apart from safety violations.
+
 At the end (:meth:`RunCheckers.final`, after the faults are healed and the group settled):
 no acknowledged metadata write missing from the most up-to-date log, and linearizable
 metadata reads/writes (Wing-Gong search over the client history, when it has at most
@@ -24,6 +30,15 @@ from typing import Any
 
 from sim.raft import SafetyViolation, Violation
 from sim.raft.linearizability import SearchBudgetExceeded, check_history
+
+LIVENESS = "Liveness"
+"""Prefix of every liveness property name (sim.raft.liveness); all others are safety."""
+
+
+def is_liveness(finding: str) -> bool:
+    """Whether a finding's text (``str(Finding)``) reports a liveness property."""
+    head, _, rest = finding.partition(" ")
+    return head.startswith("t=") and rest.startswith(LIVENESS)
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,6 +84,10 @@ class RunCheckers:
         self.findings.append(f)
         if self.stop:
             raise CheckerViolation(f)
+
+    def record(self, prop: str, detail: str) -> None:
+        """Record a violation of ``prop`` now without stopping the run (end-of-run checks)."""
+        self.findings.append(Finding(float(self.env.now), prop, detail))
 
     @staticmethod
     def from_raft(v: Violation) -> Finding:

@@ -41,7 +41,9 @@ from sim.degrade import Degrader
 from sim.faults import KINDS, FaultSpec, check_faults, hosts, partition_cuts, random_schedule
 from sim.integrity import Integrity
 from sim.metaservice import MetaService, RaftDirectory
+from sim.raft.buggify import Buggify
 from sim.raft.chaos import hunt_leaders
+from sim.raft.liveness import LivenessChecker
 from sim.versions import VersionTracker
 
 EV_FAULT = 32  # trace event kinds EV_FAULT + KINDS.index(kind)
@@ -82,10 +84,24 @@ class Control:
         self._base_bw: dict[str, float] = {}
         self._pause_was_up: dict[str, list[bool]] = {}
         self.replication_recovery: list[float] = []
+        self.liveness = (
+            LivenessChecker(self.env, self.meta.group, self.checkers.report, cfg.liveness)
+            if cfg.liveness > 0
+            else None
+        )
+        bcfg = cfg.random.buggify()
+        self.buggify = (
+            Buggify(bcfg, ctx.rngs.get("buggify")) if cfg.random.enabled and bcfg.active else None
+        )
 
     # -- start -----------------------------------------------------------------------------------
     def start(self) -> None:
+        if self.buggify is not None:
+            for x in self.meta.group.nodes:
+                x.buggify = self.buggify
         self.meta.start()
+        if self.liveness is not None:
+            self.liveness.start()
         for s in self.ctx.servers:
             self.meta.submit(s.name, "put", f"ring/{s.name}", 1)
         if self.cfg.raft.lease_interval > 0:
@@ -402,6 +418,8 @@ class Control:
         """Final checks and the summary section; raises :class:`CheckerViolation` for a
         violation when ``stop_on_violation``. Returns ``{"faults": ..., "trace_hash": ...}``."""
         self.wind_down()
+        if self.liveness is not None:
+            self.liveness.final(self.checkers.record)
         self.checkers.final(self.meta, self.integrity)
         combined = self.combined_hash(cluster_hash)
         if self.checkers.findings and self.cfg.stop_on_violation:
@@ -442,7 +460,14 @@ class Control:
                 self.meta.group.restart(x.id, with_disk=True)
         self.applied.append({"at": float(env.now), "kind": "heal", "target": "all"})
         self.integrity.scrub()
-        env.run(until=env.now + SETTLE_S)
+        for x in self.meta.group.nodes:  # BUGGIFY ends with the faults
+            x.buggify = None
+        settle = SETTLE_S
+        if self.liveness is not None:
+            b = self.liveness.bound
+            self.liveness.healed(self.meta.client_on(self.hosts[0], timeout=0.1, give_up=b))
+            settle = max(settle, b + 0.02)
+        env.run(until=env.now + settle)
 
     def combined_hash(self, cluster_hash: str) -> str:
         """Hash of the cluster's event trace, the Raft trace and the applied schedule."""

@@ -41,9 +41,16 @@ from typing import Annotated, Any, Literal
 import numpy as np
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, model_validator
 
+from engine.configfile import no_bool_numbers
 from engine.units import parse_duration
+from sim.raft.buggify import BuggifyConfig
+
+MAX_TIME = 1e6
+"""Largest fault time or duration accepted, seconds (11.6 simulated days): a fault must
+strike and heal within a run a computer can simulate; later ones are input errors."""
 
 Duration = Annotated[float, BeforeValidator(parse_duration), Field(ge=0)]
+FaultTime = Annotated[float, BeforeValidator(parse_duration), Field(ge=0, le=MAX_TIME)]
 
 KINDS = ("kill", "restart", "partition", "heal", "degrade", "slow", "corrupt", "pause", "push")
 SHAPES = ("isolate", "halves", "majority-minority", "majorities-ring", "bridge")
@@ -54,12 +61,13 @@ class _F(BaseModel):
     # Every field carries a one-line attribute docstring (its description in the generated
     # docs/scenario-reference.md, see sim.docgen).
     model_config = ConfigDict(extra="forbid", validate_default=True, use_attribute_docstrings=True)
+    _no_bool = no_bool_numbers()
 
 
 class FaultSpec(_F):
     """One fault (see the module docstring for the kinds and their fields)."""
 
-    at: Duration
+    at: FaultTime
     """Simulated time the fault strikes, seconds or a duration (>= 0)."""
     kind: Literal[
         "kill", "restart", "partition", "heal", "degrade", "slow", "corrupt", "pause", "push"
@@ -67,7 +75,7 @@ class FaultSpec(_F):
     """What happens; see the fault kinds below."""
     target: str | None = None
     """ps<i>, node<i>, raft<i> or raft-leader; needed by all kinds but partition/heal/push."""
-    duration: Duration | None = None
+    duration: FaultTime | None = None
     """Seconds until the fault reverts by itself (restart, heal, undo, resume); null: never."""
     disk: bool = True
     """kill/restart: false restarts without state (a PS loses DRAM+SSD, Raft rejoins empty)."""
@@ -77,7 +85,7 @@ class FaultSpec(_F):
     """partition: which hosts are cut from which; see the module docstring of sim.faults."""
     one_way: bool = False
     """partition: cut only messages from the first side to the second."""
-    latency: Duration = 0.0
+    latency: FaultTime = 0.0
     """degrade: extra latency added to the target's links, seconds or a duration."""
     loss: float = Field(default=0.0, ge=0, lt=1)
     """degrade: probability a metadata message is lost, in [0, 1)."""
@@ -137,6 +145,35 @@ class RandomFaultsCfg(_F):
     """Leader hunting: probability each new leader is crashed or cut off soon after election."""
     hunt_delay: Duration = 0.08
     """Leader hunting: the hunt strikes U(0, hunt_delay) seconds after a leader appears."""
+    shapes: dict[str, float] | None = None
+    """Weight of each partition shape drawn (SHAPES, and `replica`: only for partitions around the leader, which then take the leader as target); null: equal, leader partitions are `replica`."""
+    hold: float = Field(default=0.05, ge=0, le=1)
+    """BUGGIFY: probability a Raft message is held back U(0, hold_max) s (delay across elections, reordering)."""
+    hold_max: Duration = Field(default=1.0, le=MAX_TIME)
+    """BUGGIFY: longest hold of a Raft message or of its duplicate, seconds or a duration."""
+    duplicate: float = Field(default=0.05, ge=0, le=1)
+    """BUGGIFY: probability a Raft message is sent again U(0, hold_max) s later (stale replies)."""
+    early_timer: float = Field(default=0.02, ge=0, le=1)
+    """BUGGIFY: probability an election timer is drawn early, U(0, lo) instead of U(lo, hi)."""
+    isolate_after_append: float = Field(default=0.3, ge=0, le=1)
+    """Figure 8: probability a leader's messages to the replicas are cut right after it appends its term's first client entry (replies still reach it)."""
+    deafen_leader: float = Field(default=0.005, ge=0, le=1)
+    """Probability a leader stops hearing the replicas right after it appends (they still hear it: a stale leader)."""
+    restart_mid_replication: float = Field(default=0.005, ge=0, le=1)
+    """Probability a follower crashes right after storing entries (its ack in flight) and restarts with its disk."""
+
+    def buggify(self) -> BuggifyConfig:
+        """The BUGGIFY knobs of the Raft replicas (:mod:`sim.raft.buggify`)."""
+        return BuggifyConfig(
+            hold=self.hold,
+            hold_max=self.hold_max,
+            duplicate=self.duplicate,
+            early_timer=self.early_timer,
+            mute_after_append=self.isolate_after_append,
+            deafen_leader=self.deafen_leader,
+            mute=self.duration,
+            restart_mid_replication=self.restart_mid_replication,
+        )
 
     @model_validator(mode="after")
     def _check(self) -> RandomFaultsCfg:
@@ -147,8 +184,19 @@ class RandomFaultsCfg(_F):
         if any(v < 0 for v in self.kinds.values()) or not sum(self.kinds.values()) > 0:
             raise ValueError("kind weights must be >= 0 with a positive sum")
         lo, hi = self.duration
-        if not 0 < lo <= hi:
-            raise ValueError(f"duration {self.duration!r}: allowed 0 < lo <= hi")
+        if not 0 < lo <= hi <= MAX_TIME:
+            raise ValueError(f"duration {self.duration!r}: allowed 0 < lo <= hi <= {MAX_TIME:g}")
+        if self.until > MAX_TIME:
+            raise ValueError(f"until {self.until!r}: allowed <= {MAX_TIME:g} s")
+        if self.shapes is not None:
+            bad = [k for k in self.shapes if k not in (*SHAPES, "replica")]
+            if bad:
+                raise ValueError(
+                    f"unknown partition shape(s) {bad}; allowed: {', '.join(SHAPES)}, replica"
+                )
+            w = list(self.shapes.values())
+            if any(not v >= 0 for v in w) or not 0 < sum(w) < float("inf"):
+                raise ValueError("shape weights must be finite, >= 0, with a positive sum")
         return self
 
 
@@ -194,6 +242,8 @@ class FaultsCfg(_F):
     """Check linearizability of the metadata history when it has at most this many ops."""
     stop_on_violation: bool = True
     """Stop the run at the first checker violation."""
+    liveness: Duration = Field(default=1.5, le=60)
+    """After the last fault heals, a leader, a committed probe write and every replica holding it within this many seconds (sim.raft.liveness); 0: no liveness checks."""
 
 
 def hosts(param_servers: int, nodes: int) -> list[str]:
@@ -239,11 +289,16 @@ def random_schedule(
             # change, not modelled), so random faults restart Raft replicas with their disks
             spec["disk"] = not lose or str(spec["target"]).startswith("raft")
         elif kind == "partition":
-            spec["shape"] = SHAPES[int(rng.integers(len(SHAPES)))]
+            spec["shape"] = _draw_shape(cfg.shapes, SHAPES, rng)
             spec["one_way"] = bool(rng.random() < 0.3)
             spec["target"] = hosts(n_ps, n_nodes)[int(rng.integers(n_ps + n_nodes))]
-            if float(rng.random()) < cfg.leader_bias:  # cut the leader off the other replicas
-                spec["shape"], spec["target"] = "replica", "raft-leader"
+            if float(rng.random()) < cfg.leader_bias:  # a partition around the leader
+                spec["target"] = "raft-leader"
+                spec["shape"] = (
+                    "replica"
+                    if cfg.shapes is None
+                    else _draw_shape(cfg.shapes, (*SHAPES, "replica"), rng)
+                )
         elif kind == "degrade":
             spec["target"] = hosts(n_ps, n_nodes)[int(rng.integers(n_ps + n_nodes))]
             spec["latency"] = float(rng.uniform(0.0, 0.02))
@@ -264,6 +319,17 @@ def random_schedule(
             spec["writer"] = f"ps{int(rng.integers(n_ps))}"
             spec["duration"] = None
         out.append(FaultSpec.model_validate(spec))
+
+
+def _draw_shape(
+    weights: dict[str, float] | None, shapes: tuple[str, ...], rng: np.random.Generator
+) -> str:
+    """A partition shape drawn by ``weights`` among ``shapes`` (equal weights when none is
+    given or all of these are 0)."""
+    w = np.array([(weights or {}).get(x, 0.0) for x in shapes], dtype=float)
+    if not w.sum() > 0:
+        return shapes[int(rng.integers(len(shapes)))]
+    return shapes[int(rng.choice(len(shapes), p=w / w.sum()))]
 
 
 def partition_cuts(

@@ -208,6 +208,12 @@ class MetaService:
         if w is not None and not w.triggered:
             w.succeed()
 
+    def client_on(self, host: str, **kwargs: float) -> Any:
+        """A new Raft client endpoint on ``host`` (kwargs go to :class:`sim.raft.RaftClient`)."""
+        c = self.group.client(**kwargs)
+        self._client_host[c.id] = host
+        return c
+
     def _drain(self, host: str) -> Generator[simpy.Event, Any, None]:
         q, c = self._queues[host], self._clients[host]
         while True:

@@ -17,9 +17,9 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator, model_validator
 
-from engine.configfile import read_mapping, validate_model
+from engine.configfile import no_bool_numbers, read_mapping, validate_model
 from engine.errors import InputError
 from engine.policy import policy_names
 from engine.units import parse_duration, parse_rate, parse_size
@@ -34,6 +34,7 @@ class _M(BaseModel):
     # Every field below carries a one-line attribute docstring: pydantic turns it into the
     # field's description, which sim.docgen prints in docs/scenario-reference.md.
     model_config = ConfigDict(extra="forbid", validate_default=True, use_attribute_docstrings=True)
+    _no_bool = no_bool_numbers()
 
 
 class Deployment(_M):
@@ -507,6 +508,19 @@ class Scenario(_M):
     source: str = Field(default="<memory>", exclude=True)
     """Where the scenario came from (set by the loader; not a key of the file)."""
 
+    @model_validator(mode="after")
+    def _colour_shares_name_models(self) -> Scenario:
+        shares = self.cache.params.get("shares")
+        if isinstance(shares, dict):
+            names = [d.model for d in self.deployments]
+            bad = [k for k in shares if k not in names and k != "default"]
+            if bad:
+                raise ValueError(
+                    f"cache.params.shares: no deployed model named {', '.join(map(repr, bad))}; "
+                    f"allowed: {', '.join([*names, 'default'])}"
+                )
+        return self
+
 
 def validate(data: Any, source: str = "<memory>") -> Scenario:
     """Validate a parsed mapping; ``InputError`` naming ``source`` and the field otherwise
@@ -516,42 +530,47 @@ def validate(data: Any, source: str = "<memory>") -> Scenario:
     return sc
 
 
-def parse_override(text: str) -> tuple[list[str], Any]:
-    """Split ``a.b.c=value`` into (path, YAML-parsed value)."""
+def parse_override(text: str, label: str = "--set") -> tuple[list[str], Any]:
+    """Split ``a.b.c=value`` into (path, YAML-parsed value); errors start with ``label``."""
     if "=" not in text:
-        raise InputError(f"--set {text!r}: expected KEY=VALUE, e.g. cluster.servers=8")
+        raise InputError(f"{label} {text!r}: expected KEY=VALUE, e.g. cluster.servers=8")
     key, raw = text.split("=", 1)
     path = [p for p in key.strip().split(".")]
     if not key.strip() or any(not p for p in path):
-        raise InputError(f"--set {text!r}: empty key path")
+        raise InputError(f"{label} {text!r}: empty key path")
     try:
         value = yaml.safe_load(raw) if raw.strip() else ""
     except yaml.YAMLError as err:
-        raise InputError(f"--set {text!r}: value is not valid YAML ({err})") from None
+        raise InputError(f"{label} {text!r}: value is not valid YAML ({err})") from None
     return path, value
 
 
-def apply_overrides(data: dict[str, Any], overrides: list[str], source: str) -> dict[str, Any]:
-    """Return a copy of ``data`` with each ``key=value`` applied; unknown paths are errors.
+def apply_overrides(
+    data: dict[str, Any], overrides: list[str], source: str, label: str = "--set"
+) -> dict[str, Any]:
+    """Return a copy of ``data`` with each ``key=value`` applied; unknown paths are errors
+    (their messages start with ``label``: the option or the file block that set them).
 
     A path is known when every step is a field of the schema (list items by index, mapping
     fields like ``cache.params`` accept new keys).
     """
     out = copy.deepcopy(data)
     for text in overrides:
-        path, value = parse_override(text)
-        _set_path(out, path, value, text)
+        path, value = parse_override(text, label)
+        _set_path(out, path, value, text, label)
     return out
 
 
-def _set_path(root: dict[str, Any], path: list[str], value: Any, text: str) -> None:
+def _set_path(
+    root: dict[str, Any], path: list[str], value: Any, text: str, label: str = "--set"
+) -> None:
     model: Any = Scenario
     node: Any = root
     for i, part in enumerate(path):
         last = i == len(path) - 1
         if isinstance(node, list):
             if not part.isdigit() or int(part) >= len(node):
-                raise InputError(f"--set {text}: {'.'.join(path[: i + 1])}: no such list item")
+                raise InputError(f"{label} {text}: {'.'.join(path[: i + 1])}: no such list item")
             idx = int(part)
             if last:
                 node[idx] = value
@@ -568,7 +587,7 @@ def _set_path(root: dict[str, Any], path: list[str], value: Any, text: str) -> N
             if part not in fields or part == "source":
                 allowed = ", ".join(k for k in fields if k != "source")
                 raise InputError(
-                    f"--set {text}: unknown key {'.'.join(path[: i + 1])!r}; allowed here: {allowed}"
+                    f"{label} {text}: unknown key {'.'.join(path[: i + 1])!r}; allowed here: {allowed}"
                 )
             model = _inner_model(fields[part].annotation)
         if last:
@@ -622,7 +641,7 @@ def variant(sc: Scenario, v: Variant) -> Scenario:
     data["variants"] = []
     data["claims"] = []
     over = [f"{k}={json.dumps(val)}" for k, val in v.set.items()]
-    data = apply_overrides(data, over, sc.source)
+    data = apply_overrides(data, over, sc.source, f"{sc.source}: variant {v.name!r}: set:")
     out = validate(data, source=f"{sc.source} (variant {v.name})")
     out.name = f"{sc.name}/{v.name}"
     return out

@@ -116,6 +116,8 @@ def _record(line: str, src: str, lineno: int) -> tuple[float, list[int]]:
         obj: Any = json.loads(line)
     except json.JSONDecodeError as err:
         raise InputError(f"not valid JSON ({err.msg}); {_EXPECT}", source=src, where=where) from err
+    except RecursionError:  # json's decoder recurses once per nested array/object
+        raise InputError(f"JSON nested too deeply; {_EXPECT}", source=src, where=where) from None
     if not isinstance(obj, dict):
         raise InputError(f"not a JSON object; {_EXPECT}", source=src, where=where)
     for field in ("timestamp", "hash_ids"):

@@ -114,7 +114,7 @@ def chaos(
     for r in shown:
         t.add_row(
             str(r["seed"]),
-            "; ".join(r["violations"])[:120] or "0",
+            "; ".join(r["violations"] + r.get("liveness", []))[:120] or "0",
             "-" if r["availability"] is None else f"{r['availability'] * 100:.2f} %",
             str(r["requests_lost"]),
             str(r["degraded"]),
@@ -125,7 +125,8 @@ def chaos(
     ma = agg["mean_availability"]
     console.print(
         f"seeds: {agg['seeds']}  failing: {len(agg['failing_seeds'])}  "
-        f"violations: {agg['violations']}  mean availability: "
+        f"violations: {agg['violations']}  liveness violations: "
+        f"{agg['liveness_violations']}  mean availability: "
         f"{'-' if ma is None else f'{ma * 100:.2f} %'}  requests lost: {agg['requests_lost']}  "
         f"degraded: {agg['degraded']}  faults applied: {agg['faults_applied']}"
     )

@@ -7,7 +7,15 @@ is also raised as :class:`SafetyViolation`, which stops the simulation.
 
 Properties and how each is checked:
 
-* Election Safety -- at most one leader per term: a ``term -> leader`` map.
+* Election Safety -- at most one leader per term: a ``term -> leader`` map; and a leader of
+  term ``t`` was granted votes in ``t`` by a majority (counting itself): every granted vote
+  is reported by the voter (:meth:`SafetyChecker.on_grant`).
+* Commit Rule (figure 8) -- a leader only advances its commit index to an entry of its
+  current term (earlier-term entries commit with it, never by counting replicas; section
+  5.4.2): checked on every commit by a leader.
+* Leader Match Index -- a leader raises ``matchIndex[p]`` only on an acknowledgement of its
+  current term (a reply to an AppendEntries of an earlier term describes a log the leader
+  may no longer have; figure 2, and ``DropStaleResponse`` of the TLA+ specification).
 * Leader Append-Only -- a leader never overwrites or deletes entries: any truncation by a
   node while it is leader is a violation.
 * Log Matching -- if two logs hold an entry with the same index and term, the logs are
@@ -79,6 +87,8 @@ class SafetyChecker:
     committed_terms: list[int] = field(default_factory=list)
     applied: dict[int, Command] = field(default_factory=dict)
     acked: dict[int, Command] = field(default_factory=dict)
+    #: (term, candidate) -> voters that granted it their vote in that term
+    grants: dict[tuple[int, int], set[int]] = field(default_factory=dict)
     _seen: dict[tuple[int, int], tuple[Command, int]] = field(default_factory=dict)
 
     def _report(self, v: Violation) -> None:
@@ -92,8 +102,27 @@ class SafetyChecker:
         return not self.violations
 
     # -- hooks ---------------------------------------------------------------------------
-    def on_leader(self, now: float, node: int, term: int, log: RaftLog) -> None:
-        """``node`` became leader of ``term`` holding ``log``."""
+    def on_grant(self, voter: int, candidate: int, term: int) -> None:
+        """``voter`` granted ``candidate`` its vote in ``term``."""
+        self.grants.setdefault((term, candidate), set()).add(voter)
+
+    def on_leader(
+        self, now: float, node: int, term: int, log: RaftLog, members: int | None = None
+    ) -> None:
+        """``node`` became leader of ``term`` holding ``log``; with ``members`` (the group
+        size) also check that a majority granted it its vote in ``term``."""
+        if members is not None:
+            votes = len(self.grants.get((term, node), set()) - {node}) + 1
+            if votes < members // 2 + 1:
+                self._report(
+                    Violation(
+                        now,
+                        "Election Safety",
+                        f"leader with {votes} of {members} votes in its term",
+                        (node,),
+                        (term,),
+                    )
+                )
         other = self.leaders.get(term)
         if other is not None and other != node:
             self._report(
@@ -114,6 +143,23 @@ class SafetyChecker:
                     )
                 )
                 break
+
+    def on_match_raise(
+        self, now: float, node: int, term: int, peer: int, match: int, reply_term: int
+    ) -> None:
+        """Leader ``node`` of ``term`` raised ``matchIndex[peer]`` to ``match`` on a reply
+        of ``reply_term``."""
+        if reply_term != term:
+            self._report(
+                Violation(
+                    now,
+                    "Leader Match Index",
+                    f"matchIndex[{peer}] raised to {match} by a reply of term {reply_term}",
+                    (node, peer),
+                    (term, reply_term),
+                    (match,),
+                )
+            )
 
     def on_truncate(
         self, now: float, node: int, is_leader: bool, term: int, index: int, commit_index: int
@@ -160,8 +206,23 @@ class SafetyChecker:
                 )
             )
 
-    def on_commit(self, now: float, node: int, log: RaftLog, old: int, new: int) -> None:
-        """``node`` advanced its commit index from ``old`` to ``new``."""
+    def on_commit(
+        self, now: float, node: int, log: RaftLog, old: int, new: int, leader_term: int = 0
+    ) -> None:
+        """``node`` advanced its commit index from ``old`` to ``new`` (``leader_term``: its
+        term when it commits as leader, else 0)."""
+        if leader_term and log.term_at(new) != leader_term:
+            self._report(
+                Violation(
+                    now,
+                    "Commit Rule",
+                    f"leader of term {leader_term} committed an entry of term "
+                    f"{log.term_at(new)} by counting replicas (figure 8)",
+                    (node,),
+                    (leader_term, log.term_at(new)),
+                    (new,),
+                )
+            )
         ct = self.committed_terms
         for i in range(old + 1, new + 1):
             t = log.term_at(i)

@@ -34,6 +34,7 @@ from typing import Any
 import numpy as np
 import simpy
 
+from sim.raft.buggify import Buggify
 from sim.raft.checkers import SafetyChecker
 from sim.raft.config import RaftConfig
 from sim.raft.log import RaftLog
@@ -102,6 +103,13 @@ class RaftNode:
         self._wake: simpy.Event | None = None
         self._timer_at: float | None = None
         self._deadline = 0.0
+        #: BUGGIFY perturbation (sim.raft.buggify); None: none
+        self.buggify: Buggify | None = None
+        # liveness evidence seen at deliver/send, not by the handlers (sim.raft.liveness):
+        # highest term delivered since boot (and when), last boot / current AE / vote grant
+        self.seen_term = 0
+        self.seen_term_at = 0.0
+        self.last_contact = 0.0
         self._reset_volatile()
 
     # -- lifecycle -----------------------------------------------------------------------
@@ -144,6 +152,8 @@ class RaftNode:
         self._epoch += 1
         self._inbox.clear()
         self._timer_at = None
+        self.seen_term = 0
+        self.last_contact = self.env.now
         self._reset_volatile()
         self._reset_election_deadline()
         self.env.process(self._run(self._epoch))
@@ -180,12 +190,27 @@ class RaftNode:
         """Transport callback: queue ``msg`` and wake the process (dropped when down)."""
         if not self.alive:
             return
+        now = self.env.now
+        if self.buggify is not None and self.buggify.deaf(self.id, msg.src, now):
+            return
+        term = getattr(msg, "term", None)
+        if term is not None:
+            if term > self.seen_term:
+                self.seen_term, self.seen_term_at = term, now
+            if isinstance(msg, AppendEntries) and term >= self.current_term:
+                self.last_contact = now
         self._inbox.append(msg)
         if self._wake is not None and not self._wake.triggered:
             self._wake.succeed()
 
     def _send(self, dst: int, msg: Any) -> None:
-        self.transport.send(self.id, dst, msg)
+        if isinstance(msg, RequestVoteReply) and msg.granted:
+            self.last_contact = self.env.now
+            self.checker.on_grant(self.id, dst, msg.term)
+        if self.buggify is None:
+            self.transport.send(self.id, dst, msg)
+        else:
+            self.buggify.send(self.env, self.transport, self.id, dst, msg)
 
     def _arm_timer(self, at: float) -> None:
         self._timer_at = at
@@ -204,6 +229,10 @@ class RaftNode:
 
     def _reset_election_deadline(self) -> None:
         lo, hi = self.cfg.election_timeout
+        early = None if self.buggify is None else self.buggify.election_timeout(lo, hi)
+        if early is not None:
+            self._deadline = self.env.now + early
+            return
         self._deadline = self.env.now + lo + float(self.rng.random()) * (hi - lo)
 
     def _run(self, epoch: int) -> Any:
@@ -213,6 +242,8 @@ class RaftNode:
                 return
             while self._inbox:
                 self._handle(self._inbox.popleft())
+                if epoch != self._epoch:  # crashed by a handler's fault hook
+                    return
             if env.now >= self._deadline - 1e-12:
                 self._on_timer()
             if self._flush:
@@ -265,7 +296,9 @@ class RaftNode:
         self.role = Role.LEADER
         self.leader_id = self.id
         self.tr(f"leader {self.current_term}")
-        self.checker.on_leader(self.env.now, self.id, self.current_term, self.log)
+        self.checker.on_leader(
+            self.env.now, self.id, self.current_term, self.log, len(self.members)
+        )
         nxt = self.log.last_index + 1
         self.next_index = {p: nxt for p in self.peers}
         self.match_index = {p: 0 for p in self.peers}
@@ -280,7 +313,12 @@ class RaftNode:
         if isinstance(msg, AppendEntries):
             self._on_append(msg)
         elif isinstance(msg, AppendEntriesReply):
+            lead, before = self.role is Role.LEADER, self.match_index.get(msg.src, 0)
+            term = self.current_term
             self._on_append_reply(msg)
+            after = self.match_index.get(msg.src, 0)
+            if lead and after > before:
+                self.checker.on_match_raise(self.env.now, self.id, term, msg.src, after, msg.term)
         elif isinstance(msg, RequestVote):
             self._on_request_vote(msg)
         elif isinstance(msg, RequestVoteReply):
@@ -350,6 +388,8 @@ class RaftNode:
             self.checker.on_store(self.env.now, self.id, index, e, log.term_at(index - 1))
             log.append(e)
         match = m.prev_index + len(m.entries)
+        if m.entries and self.buggify is not None:
+            self.buggify.after_store(self)
         if m.leader_commit > self.commit_index:
             self._commit_to(min(m.leader_commit, match))
         if (
@@ -398,6 +438,8 @@ class RaftNode:
         index = self._append_local(m.command)
         self._pending[index] = m.src
         self._flush = True
+        if self.buggify is not None:
+            self.buggify.after_append(self, index)
 
     # -- replication and commitment ----------------------------------------------------------
     def _append_local(self, cmd: Command) -> int:
@@ -442,7 +484,8 @@ class RaftNode:
         old = self.commit_index
         self.commit_index = index
         self.tr(f"commit {index}")
-        self.checker.on_commit(self.env.now, self.id, self.log, old, index)
+        lead = self.current_term if self.role is Role.LEADER else 0
+        self.checker.on_commit(self.env.now, self.id, self.log, old, index, lead)
         self._apply()
 
     def _apply(self) -> None:

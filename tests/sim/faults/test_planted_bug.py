@@ -14,7 +14,12 @@ from sim.scenario import Scenario, load_scenario
 
 from .conftest import SCEN
 
-RAFT_PROPS = {"Leader Completeness", "State Machine Safety", "Acknowledged write lost"}
+RAFT_PROPS = {
+    "Commit Rule",
+    "Leader Completeness",
+    "State Machine Safety",
+    "Acknowledged write lost",
+}
 
 
 def _stress(*extra: str) -> Scenario:

@@ -30,11 +30,12 @@ class LRU2Policy(LRUKPolicy):
 
     Invariants: ``_hist`` holds the history of every resident or retained key. A resident
     page is either *young* (``REF(p,2) == 0``; key in ``_young``, ordered by REF(p,1)) or
-    *old* (key in ``_live`` with the rank of its one live heap entry ``(rank, key)``,
+    *old* (key in ``_live`` with the rank of its one live heap entry, an int whose key is
+    ``_owner[rank]``,
     ``rank <= REF(p,2)``: hits raise REF(p,2) without touching the heap, and the victim
     search refreshes an outdated entry when it reaches the top). Heap entries whose rank
     differs from ``_live[key]`` (or whose key is not there) are stale. Reference numbers are
-    unique, so entries never compare keys, and ordering by REF(p,2) is ordering by
+    unique, so ints identify entries, and ordering by REF(p,2) is ordering by
     ``(HIST(p,2), REF(p,2))`` as ``now`` never decreases.
 
     Cost: ``hit`` and ``insert`` O(1) (plus a heap push when a page becomes old);
@@ -48,14 +49,21 @@ class LRU2Policy(LRUKPolicy):
         self._hist: dict[Key, Hist] = {}
         self._young: OrderedDict[Key, None] = OrderedDict()
         self._live: dict[Key, int] = {}
-        self._heap: list[tuple[int, Key]] = []  # type: ignore[assignment]
+        self._heap: list[int] = []
+        self._owner: dict[int, Key] = {}  # rank of a heap entry -> its key
         self._compact_at = 64
         self._bind()  # replaces the base class's own fast paths
 
     def _bind(self) -> None:
         """Bind ``hit``, ``insert`` and ``evict`` as closures over the structures; they
         share one reference counter."""
-        hist, young, live, heap = self._hist, self._young, self._live, self._heap
+        hist, young, live, heap, owner = (
+            self._hist,
+            self._young,
+            self._live,
+            self._heap,
+            self._owner,
+        )
         next_ref = count(1).__next__
         pop_young = young.popitem
         top = self._top
@@ -73,7 +81,8 @@ class LRU2Policy(LRUKPolicy):
             rk = old[1]
             hist[key] = (now, next_ref(), old[0], rk)
             live[key] = rk
-            heappush(heap, (rk, key))
+            heappush(heap, rk)
+            owner[rk] = key
             if len(heap) > self._compact_at:
                 self._compact()
 
@@ -84,18 +93,19 @@ class LRU2Policy(LRUKPolicy):
             if not old[3]:  # its second reference: the page becomes old
                 del young[key]
                 rk = live[key] = old[1]
-                heappush(heap, (rk, key))
+                heappush(heap, rk)
+                owner[rk] = key
 
         def evict(now: float, pinned: Container[Key] = ()) -> Key | None:
             """``victim`` + ``remove(evicted=True)`` in one step (the same choice)."""
             if pinned:
                 return general_evict(now, pinned)
             if young:
-                return pop_young(last=False)[0]
+                return pop_young(False)[0]  # the least recent young page
             key = top(())
             if key is not None:
                 heappop(heap)  # the victim's entry is on top: it goes with the page
-                del live[key]
+                del owner[live.pop(key)]
             return key
 
         self.insert = insert  # type: ignore[method-assign]
@@ -128,18 +138,22 @@ class LRU2Policy(LRUKPolicy):
     def _top(self, pinned: Container[Key]) -> Key | None:
         """The old unpinned page of smallest REF(p,2) (its entry left on top of the heap when
         nothing is pinned), or ``None``."""
-        heap, live, hist = self._heap, self._live, self._hist
-        skipped: list[tuple[int, Key]] = []
+        heap, live, hist, owner = self._heap, self._live, self._hist, self._owner
+        skipped: list[int] = []
         found: Key | None = None
         while heap:
-            rk, key = heap[0]
+            rk = heap[0]
+            key = owner[rk]
             if live.get(key) != rk:
                 heappop(heap)  # stale: the page left (or the entry is of an earlier stay)
+                del owner[rk]
                 continue
             current = hist[key][3]
             if current != rk:  # outdated lower bound: re-rank with the current history
                 live[key] = current
-                heapreplace(heap, (current, key))
+                heapreplace(heap, current)
+                del owner[rk]
+                owner[current] = key
                 continue
             if not pinned or key not in pinned:
                 found = key
@@ -175,8 +189,13 @@ class LRU2Policy(LRUKPolicy):
     # -- internals -----------------------------------------------------------------------
     def _compact(self) -> None:
         # Drop stale entries; the next compaction comes after >= len(heap) + 64 pushes.
-        live = self._live
-        heap = [e for e in self._heap if live.get(e[1]) == e[0]]
+        live, owner = self._live, self._owner
+        heap = []
+        for rk in self._heap:
+            if live.get(owner[rk]) == rk:
+                heap.append(rk)
+            else:
+                del owner[rk]
         heapify(heap)
         self._heap[:] = heap  # in place: the closures of _bind hold this list
         self._compact_at = 2 * len(heap) + 64

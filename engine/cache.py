@@ -25,6 +25,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
+from engine.cache_loop import access_plain
 from engine.errors import ObjectTooLargeError
 from engine.policy.base import EvictionPolicy, Key
 from engine.policy.registry import make_policy
@@ -238,70 +239,9 @@ class TierCache:
     def _access_plain(
         self, keys: Sequence[Key], sizes: Sequence[int], times: Sequence[float], fixed: bool
     ) -> int:
-        """The tight loop of :meth:`access_many` (preconditions checked there).
-
-        Per access it does only what ``access`` would do in this state: a hit calls
-        ``policy.hit``; a miss of an object that fits calls ``policy.evict`` until it fits,
-        then ``policy.insert``. Hits are the accesses that were not misses; evictions and
-        admissions follow from the resident set at the end (every miss that fits is
-        admitted: nothing is pinned). The two loops differ only in how hit bytes are counted.
-        """
-        policy = self._policy
-        hit, insert, evict = policy.hit, policy.insert, policy.evict
-        resident = self._sizes
-        pinned = self._pinned  # empty; passed so the policy sees the usual argument
-        capacity = self.capacity
-        used = used0 = self.used
-        count0 = len(resident)
-        misses = bytes_hit = bytes_missed = refused = bytes_refused = 0
-        if fixed:
-            for k, s, t in zip(keys, sizes, times, strict=True):
-                if k in resident:
-                    hit(k, t)
-                    continue
-                misses += 1
-                bytes_missed += s
-                if s > capacity:
-                    refused += 1
-                    bytes_refused += s
-                    continue
-                used += s
-                while used > capacity:
-                    used -= resident.pop(evict(t, pinned))
-                resident[k] = s
-                insert(k, s, t)
-            bytes_hit = sum(sizes) - bytes_missed
-        else:
-            for k, s, t in zip(keys, sizes, times, strict=True):
-                if k in resident:
-                    hit(k, t)
-                    bytes_hit += resident[k]
-                    continue
-                misses += 1
-                bytes_missed += s
-                if s > capacity:
-                    refused += 1
-                    bytes_refused += s
-                    continue
-                used += s
-                while used > capacity:
-                    used -= resident.pop(evict(t, pinned))
-                resident[k] = s
-                insert(k, s, t)
-        hits = len(keys) - misses
-        st = self.stats
-        st.hits += hits
-        st.misses += misses
-        st.bytes_hit += bytes_hit
-        st.bytes_missed += bytes_missed
-        st.refused += refused
-        bytes_in = bytes_missed - bytes_refused
-        st.bytes_in += bytes_in
-        st.evictions += misses - refused - (len(resident) - count0)
-        st.bytes_out += bytes_in - (used - used0)
-        self.used = used
-        self.color_used[None] = self.color_used.get(None, 0) + used - used0
-        return hits
+        """The tight loop of :meth:`access_many` (preconditions checked there); see
+        :func:`engine.cache_loop.access_plain`."""
+        return access_plain(self, keys, sizes, times, fixed)
 
     def admit(
         self,

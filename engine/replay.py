@@ -22,6 +22,7 @@ at a time, so memory beyond the trace itself stays bounded (except for ``opt``'s
 
 from __future__ import annotations
 
+import gc
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -149,26 +150,15 @@ def _one(
     m = n - skipped_n
     # One size for every access (unit sizes, block traces): build the batch lists by repetition.
     uniform = int(trace.size[0]) if n and fixed and trace.size.min() == trace.size.max() else None
-    for start in range(0, m, PROGRESS_EVERY):
-        end = min(start + PROGRESS_EVERY, m)
-        sel: slice | np.ndarray = slice(start, end) if idx is None else idx[start:end]
-        # Memoryviews over the arrays yield Python numbers one at a time while the loop runs
-        # (about 3x cheaper than building lists with tolist()).
-        keys = _view(trace.key[sel])
-        sizes: Sequence[int] = (
-            [uniform] * (end - start) if uniform is not None else _view(trace.size[sel])
-        )
-        times: Sequence[float]
-        if clock == "references":
-            times = range(start, end) if idx is None else _view(idx[start:end])
-        else:
-            times = _view(trace.time[sel])
-        colors = None
-        if names is not None and trace.color is not None:
-            colors = [names[c] for c in trace.color[sel].tolist()]
-        cache.access_many(keys, sizes, times, colors, fixed_sizes=fixed)
-        if progress is not None:
-            progress(end - start)
+    # The loop makes no reference cycles; the cyclic collector only re-scans the histories
+    # policies keep (up to one per key seen), so it is paused while the loop runs.
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        _batches(cache, trace, idx, m, uniform, clock, names, fixed, progress)
+    finally:
+        if was_enabled:
+            gc.enable()
     if progress is not None and skipped_n:
         progress(skipped_n)
     st = cache.stats
@@ -191,6 +181,40 @@ def _one(
         "too_large_objects": skipped_objects,
         "too_large_accesses": skipped_n,
     }
+
+
+def _batches(
+    cache: TierCache,
+    trace: Trace,
+    idx: np.ndarray | None,
+    m: int,
+    uniform: int | None,
+    clock: str,
+    names: list[str | None] | None,
+    fixed: bool,
+    progress: ProgressFn | None,
+) -> None:
+    """Feed the ``m`` accesses that fit (``idx``, or all) to ``cache`` in batches."""
+    for start in range(0, m, PROGRESS_EVERY):
+        end = min(start + PROGRESS_EVERY, m)
+        sel: slice | np.ndarray = slice(start, end) if idx is None else idx[start:end]
+        # Memoryviews over the arrays yield Python numbers one at a time while the loop runs
+        # (about 3x cheaper than building lists with tolist()).
+        keys = _view(trace.key[sel])
+        sizes: Sequence[int] = (
+            [uniform] * (end - start) if uniform is not None else _view(trace.size[sel])
+        )
+        times: Sequence[float]
+        if clock == "references":
+            times = range(start, end) if idx is None else _view(idx[start:end])
+        else:
+            times = _view(trace.time[sel])
+        colors = None
+        if names is not None and trace.color is not None:
+            colors = [names[c] for c in trace.color[sel].tolist()]
+        cache.access_many(keys, sizes, times, colors, fixed_sizes=fixed)
+        if progress is not None:
+            progress(end - start)
 
 
 def _view(arr: np.ndarray) -> memoryview:

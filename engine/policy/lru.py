@@ -19,6 +19,9 @@ class LRUPolicy(EvictionPolicy):
 
     def __init__(self) -> None:
         self._order: OrderedDict[Key, None] = OrderedDict()
+        #: ``touch(key)`` is ``hit(key, now)`` for any ``now`` (LRU ignores the time): the
+        #: replay loop of :meth:`engine.cache.TierCache.access_many` calls it directly.
+        self.touch = self._order.move_to_end
 
     def insert(
         self, key: Key, size: int, now: float, color: str | None = None, cost: float = 0.0

@@ -86,6 +86,19 @@ class LRUKPolicy(EvictionPolicy):
     in-CRP pages it has to skip; the fallback is O(n).
     """
 
+    def __new__(cls, k: int = 2, crp: float = 0.0, rip: float | None = None) -> LRUKPolicy:
+        """``LRUKPolicy(k=2, crp=0, rip=None)`` is an :class:`engine.policy.lruk2.LRU2Policy`
+        (the same policy in flat per-key slots); other parameters build this class."""
+        if cls is LRUKPolicy and type(k) is int and k == 2 and crp == 0 and rip is None:
+            from engine.policy.lruk2 import LRU2Policy
+
+            return object.__new__(LRU2Policy)
+        return object.__new__(cls)
+
+    def __getnewargs_ex__(self) -> tuple[tuple[()], dict[str, Any]]:
+        # copy and pickle call __new__ with the parameters, so the class chosen is the same
+        return (), {"k": self.k, "crp": self.crp, "rip": self.rip}
+
     def __init__(self, k: int = 2, crp: float = 0.0, rip: float | None = None) -> None:
         if isinstance(k, bool) or not isinstance(k, int) or k < 1:
             raise ValueError(f"k must be an integer >= 1, got {k!r}")

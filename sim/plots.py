@@ -2,7 +2,7 @@
 
 A run: ``latency_cdf.png`` (CDF per model/class, each class's SLO as a dashed line, a dot at
 each curve's P99), ``timeseries.png`` (arrivals and completions per second, queue and
-running requests with the share of batch slots in use, latency P50/P99 of the requests
+running requests with the share of the iterations' token budget in use, latency P50/P99 of the requests
 finishing in each bin, HBM hit rate) and ``bytes_by_tier.png`` (parameter bytes per source
 tier; when nothing moved it says so instead of drawing empty bars). Titles name the scenario;
 legends appear only when there is more than one line to tell apart. Sweeps, A/B tests and
@@ -126,12 +126,6 @@ def _per_bin(done: pd.DataFrame, edges: np.ndarray) -> tuple[np.ndarray, np.ndar
 
 def _timeseries(folder: Path, result: Any) -> Path:
     ts, df = result.timeseries, result.requests
-    sc = _scenario(result)
-    cl = sc.get("cluster", {}) if isinstance(sc.get("cluster"), dict) else {}
-    node = cl.get("node", {}) if isinstance(cl.get("node"), dict) else {}
-    slots = None
-    if isinstance(cl.get("nodes"), int) and isinstance(node.get("max_batch"), int):
-        slots = cl["nodes"] * node["max_batch"]
     fig, axes = plt.subplots(4, 1, figsize=(8, 9), sharex=True)
     variants = sorted(ts["variant"].unique())
     many = len(variants) > 1
@@ -149,8 +143,8 @@ def _timeseries(folder: Path, result: Any) -> Path:
         axes[2].plot(t, p50, label=f"P50{tag}")
         axes[2].plot(t, p99, label=f"P99{tag}")
         axes[3].plot(t, g["hbm_hit_rate"] * 100, label=f"HBM hit rate{tag}")
-        if slots:
-            axes[3].plot(t, g["running"] / slots * 100, label=f"batch slots in use{tag}")
+        if "token_budget" in g:
+            axes[3].plot(t, g["token_budget"] * 100, label=f"token budget in use{tag}")
     axes[0].set_ylabel("requests/s")
     axes[1].set_ylabel("requests")
     axes[2].set_ylabel("latency")

@@ -106,9 +106,9 @@ def run(
         for line in fault_lines(s):
             console.print(line)
         console.print(f"trace hash: {result.trace_hash}")
-    console.print(f"run folder: {result.out_dir}" if not quiet else str(result.out_dir))
     for w in _warnings(s):
         err_console.print(f"warning: {w}")
+    console.print(f"run folder: {result.out_dir}" if not quiet else str(result.out_dir))
     if as_json:
         typer.echo(json.dumps({**s, "run_folder": str(result.out_dir)}, default=str))
     unfinished = _unfinished(s)

@@ -74,15 +74,15 @@ QS = str(ROOT / "scenarios" / "quickstart.yaml")
 
 def test_errors_blame_the_option_that_caused_them(tmp_path: Path) -> None:
     out = str(tmp_path / "o")
-    assert _error(["run", QS, "--set", "cluster.nodes=8.5", "--out", out]).startswith(
-        "error: --set cluster.nodes=8.5: cluster.nodes: "
+    assert _error(["run", QS, "--set", "cluster.servers=8.5", "--out", out]).startswith(
+        "error: --set cluster.servers=8.5: cluster.servers: "
     )
     msg = _error(["run", QS, "--set", "profile=h300-sxm", "--out", out])
     assert "profile: h300-sxm" in msg and "a100-80gb" in msg and "h200-sxm" in msg
     msg = _error(["plan", "plan-quickstart", "--p99", "vip=5s", "--out", out])
     assert msg.startswith("error: --p99 vip=5s: slo.p99") and "allowed: all" in msg
-    msg = _error(["ab", QS, "--a", "cluster.nodes=8.5", "--out", out])
-    assert msg.startswith("error: --a cluster.nodes=8.5:")
+    msg = _error(["ab", QS, "--a", "cluster.servers=8.5", "--out", out])
+    assert msg.startswith("error: --a cluster.servers=8.5:")
     msg = _error(["run", str(tmp_path), "--out", out])
     assert "is a folder, not a scenario file" in msg
     msg = _error(["run", "no-such-thing", "--out", out])
@@ -120,7 +120,7 @@ def test_run_by_shipped_name_prints_json_summary_last(tmp_path: Path) -> None:
     assert r.exit_code == 0, r.output
     last = r.stdout.rstrip("\n").splitlines()[-1]
     summary = json.loads(last)
-    assert summary["completed"] == 30 and summary["scenario"] == "quickstart"
+    assert summary["requests"]["completed"] == 30 and summary["scenario"] == "quickstart"
     assert Path(summary["run_folder"]).parent == tmp_path
     assert "e+" not in r.stdout.split(last)[0] and "e-0" not in r.stdout.split(last)[0]
 

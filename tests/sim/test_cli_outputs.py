@@ -28,9 +28,11 @@ profile: a100-80gb
 deployments:
   - model: llama-2-7b
 cluster:
-  nodes: 2
+  servers: 2
   param_servers: 2
-  node: {host: 64GiB, weight_cache_fraction: 0.4, max_batch: 16}
+  gpu: {weight_cache_fraction: 0.4}
+  server: {host: 64GiB}
+  replica: {max_num_seqs: 16}
 workload:
   kind: poisson
   requests: 12
@@ -45,7 +47,7 @@ PLAN = """\
 scenario: tiny.yaml
 seeds: 1
 slo: {p99: {all: 10s}}
-size_key: cluster.nodes
+size_key: cluster.servers
 size_range: [1, 4]
 qps_key: workload.rate
 sizes: [2]
@@ -70,8 +72,8 @@ def _no_work(*_: Any, **__: Any) -> Any:
 COMMANDS = {
     "run": (["run", "tiny.yaml"], "sim.runner.run_scenario"),
     "chaos": (["chaos", str(CHAOS_SMALL), "--seeds", "1"], "sim.chaos.run_chaos"),
-    "sweep": (["sweep", "--scenario", "tiny.yaml", "--grid", "cluster.nodes=1,2"], "sim.sweep.execute"),
-    "ab": (["ab", "tiny.yaml", "--b", "cluster.nodes=3", "--seeds", "2"], "sim.ab.run_ab"),
+    "sweep": (["sweep", "--scenario", "tiny.yaml", "--grid", "cluster.servers=1,2"], "sim.sweep.execute"),
+    "ab": (["ab", "tiny.yaml", "--b", "cluster.servers=3", "--seeds", "2"], "sim.ab.run_ab"),
     "plan": (["plan", "plan-tiny.yaml"], "sim.plan.run_plan"),
     "validate": (["validate", "--profile", "a100-80gb"], "hwbench.validate.validate_workload"),
 }  # fmt: skip
@@ -119,14 +121,14 @@ def test_result_name_has_one_kind_prefix_and_safe_characters(kind: str, stem: st
 
 
 def _ab(*extra: str) -> Any:
-    args = ["ab", "tiny.yaml", "--a", "cluster.nodes=2", "--seeds", "2", "--resamples", "100"]
+    args = ["ab", "tiny.yaml", "--a", "cluster.servers=2", "--seeds", "2", "--resamples", "100"]
     return runner.invoke(app, [*args, "--quiet", *extra])
 
 
 def test_ab_results_are_named_by_their_inputs_and_never_overwritten(here: Path) -> None:
-    r1 = _ab("--b", "cluster.nodes=3")
+    r1 = _ab("--b", "cluster.servers=3")
     assert r1.exit_code == 0, r1.output
-    r2 = _ab("--b", "cluster.nodes=4")
+    r2 = _ab("--b", "cluster.servers=4")
     assert r2.exit_code == 0, r2.output
     folders = sorted((here / "runs").glob("ab-tiny-*"))
     assert len(folders) == 2, folders  # two A/Bs, two folders
@@ -136,7 +138,7 @@ def test_ab_results_are_named_by_their_inputs_and_never_overwritten(here: Path) 
     }
     assert (folders[0] / "ab.png").is_file()
     # the same A/B again reuses its folder; another A/B into it is refused (exit 2)
-    other = "cluster.nodes=4" if first["b"] == ["cluster.nodes=3"] else "cluster.nodes=3"
+    other = "cluster.servers=4" if first["b"] == ["cluster.servers=3"] else "cluster.servers=3"
     text = (folders[0] / "ab.json").read_text()
     r3 = _ab("--b", other, "--out", str(folders[0]))
     assert r3.exit_code == 2 and "other inputs" in r3.output
@@ -201,7 +203,7 @@ def test_outputs_follow_the_umask(here: Path, mask: int) -> None:
     try:
         r = runner.invoke(app, ["run", "tiny.yaml", "--quiet"])
         assert r.exit_code == 0, r.output
-        r = _ab("--b", "cluster.nodes=3")
+        r = _ab("--b", "cluster.servers=3")
         assert r.exit_code == 0, r.output
         r = runner.invoke(app, ["plan", "plan-tiny.yaml", "--quiet", "--json"])
         assert r.exit_code == 0, r.output

@@ -45,10 +45,18 @@ def _result(bytes_remote: float, classes: list[dict[str, Any]]) -> Any:
     )  # fmt: skip
     t = np.linspace(0, 13, 27)
     ts = pd.DataFrame(
-        {"variant": "", "t": t, "qps": 5.0, "queued": 0, "running": 2, "hbm_hit_rate": 1.0}
+        {
+            "variant": "",
+            "t": t,
+            "qps": 5.0,
+            "queued": 0,
+            "running": 2,
+            "hbm_hit_rate": 1.0,
+            "token_budget": 0.25,
+        }
     )
     cfg = {"scenario": {"name": "demo", "workload": {"classes": classes},
-                        "cluster": {"nodes": 2, "node": {"max_batch": 4}}}}  # fmt: skip
+                        "cluster": {"servers": 2, "replica": {"max_num_seqs": 4}}}}  # fmt: skip
     return SimpleNamespace(requests=req, timeseries=ts, summary={"scenario": "demo"}, config=cfg)
 
 
@@ -83,11 +91,11 @@ def test_timeseries_has_completions_latency_and_slot_use(
 ) -> None:
     plots._timeseries(tmp_path, _result(1.0, []))
     labels = {ln.get_label() for ax in figures[0].axes for ln in ax.lines}
-    assert {"arrivals", "completions", "P50", "P99", "batch slots in use"} <= labels
+    assert {"arrivals", "completions", "P50", "P99", "token budget in use"} <= labels
     slots = next(
-        ln for ax in figures[0].axes for ln in ax.lines if ln.get_label() == "batch slots in use"
+        ln for ax in figures[0].axes for ln in ax.lines if ln.get_label() == "token budget in use"
     )
-    assert np.allclose(slots.get_ydata(), 2 / 8 * 100)
+    assert np.allclose(slots.get_ydata(), 0.25 * 100)
 
 
 @given(
@@ -112,7 +120,7 @@ def test_frontier_sizes_get_whole_ticks_and_top_of_range_is_hollow(
         [{"question": "min-size", "qps": 30.0, "size": 2},
          {"question": "max-qps", "qps": 200.0, "size": 4}]
     )  # fmt: skip
-    plots.frontier_plot(df, "cluster.nodes", [], 200.0, tmp_path / "f.png")
+    plots.frontier_plot(df, "cluster.servers", [], 200.0, tmp_path / "f.png")
     size_ax, cap_ax = figures[0].axes
     assert all(float(t).is_integer() for t in size_ax.get_yticks())
     assert all(float(t).is_integer() for t in cap_ax.get_xticks())
@@ -127,9 +135,9 @@ def test_ab_and_sweep_plots(figures: list[Any], tmp_path: Path) -> None:
     (line,) = [ln for ln in figures[0].axes[0].lines if ln.get_marker() == "o"]
     assert line.get_xdata()[0] == pytest.approx(-25.0)  # % of A's mean
     assert plots.ab_plot([], tmp_path / "a.png", "t") is None
-    df = pd.DataFrame({"status": "ok", "cluster.nodes": [1, 1, 2, 2], "seed": [0, 1, 0, 1],
+    df = pd.DataFrame({"status": "ok", "cluster.servers": [1, 1, 2, 2], "seed": [0, 1, 0, 1],
                        "throughput_rps": [1.0, 3.0, 4.0, 6.0], "latency.p99": 1.0})  # fmt: skip
-    assert plots.sweep_plot(df, ["cluster.nodes"], tmp_path / "s.png", "t") is not None
+    assert plots.sweep_plot(df, ["cluster.servers"], tmp_path / "s.png", "t") is not None
     tp = figures[1].axes[0].lines[0]
     assert list(tp.get_ydata()) == [2.0, 5.0]  # mean over seeds
     assert plots.sweep_plot(df, [], tmp_path / "s.png", "t") is None

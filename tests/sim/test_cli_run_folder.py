@@ -18,9 +18,11 @@ profile: a100-80gb
 deployments:
   - model: llama-2-7b
 cluster:
-  nodes: 2
+  servers: 2
   param_servers: 2
-  node: {host: 64GiB, weight_cache_fraction: 0.4, max_batch: 16}
+  gpu: {weight_cache_fraction: 0.4}
+  server: {host: 64GiB}
+  replica: {max_num_seqs: 16}
 workload:
   kind: poisson
   requests: 12
@@ -28,8 +30,8 @@ workload:
   input_tokens: {dist: lognormal, mean: 128, sigma: 0.5, low: 8, high: 512}
   output_tokens: {dist: lognormal, mean: 8, sigma: 0.5, low: 2, high: 32}
 variants:
-  - {name: small, set: {cluster.nodes: 1}}
-  - {name: big/x, set: {cluster.nodes: 3}}
+  - {name: small, set: {cluster.servers: 1}}
+  - {name: big/x, set: {cluster.servers: 3}}
 """
 
 
@@ -53,5 +55,5 @@ def test_readme_python_snippet_runs_for_a_scenario_with_variants(tmp_path: Path)
     sc = tmp_path / "v.yaml"
     sc.write_text(VARIANTS)
     text = code.group(1).replace('"scenarios/quickstart.yaml"', repr(str(sc)))
-    text = text.replace('"cluster.nodes=8"', '"workload.requests=6"')
+    text = text.replace('"cluster.servers=8"', '"workload.requests=6"')
     exec(compile(text, "README.md", "exec"), {})  # raises on a KeyError

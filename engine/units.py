@@ -13,8 +13,9 @@ import re
 
 MAX_SIZE = 2**60
 """Largest size accepted, bytes (1 EiB): anything larger is a typo, not a machine."""
-MAX_RATE = 1e15
-"""Largest rate accepted, bytes per second (1 PB/s)."""
+MAX_RATE = 1e18
+"""Largest rate accepted, bytes per second (1 EB/s: above any link or memory, and above a
+fitted rate of a cache-resident probe)."""
 MAX_DURATION = 1e9
 """Largest duration accepted, seconds (about 31 years of simulated time)."""
 
@@ -119,7 +120,7 @@ def parse_rate(value: str | int | float) -> float:
             number /= 8.0
     if number <= 0:
         raise ValueError(f"{_show(value)}: a rate must be > 0")
-    return _bounded(value, number, MAX_RATE, "rate", "bytes/s (1 PB/s)")
+    return _bounded(value, number, MAX_RATE, "rate", "bytes/s (1 EB/s)")
 
 
 def parse_duration(value: str | int | float) -> float:

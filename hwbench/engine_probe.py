@@ -602,6 +602,11 @@ def fit_engine(profile: Profile, spec: Any, points: list[PassPoint]) -> Profile:
         pred = np.log([_predict(cost, p) for p in points])
         return float(np.sum((weight * (pred - meas)) ** 2))
 
+    # a term the pass times cannot pin down (memory time ~ 0 on a cache-resident model) stops
+    # at a physical ceiling instead of running off towards infinity: the flop rate at 1e17
+    # FLOP/s, the bandwidth at 1e15 B/s (both far above any probe's reach)
+    ceiling = np.log([np.inf, np.inf, 1e17, 1e15, np.inf, np.inf, np.inf])
+
     def descend(x: np.ndarray) -> tuple[np.ndarray, float]:
         best = loss(x)
         step = 1.0
@@ -610,7 +615,7 @@ def fit_engine(profile: Profile, spec: Any, points: list[PassPoint]) -> Profile:
             for i in range(len(x)):
                 for sign in (1.0, -1.0):
                     y = x.copy()
-                    y[i] += sign * step
+                    y[i] = min(y[i] + sign * step, ceiling[i])
                     v = loss(y)
                     if v < best:
                         x, best, improved = y, v, True

@@ -29,7 +29,7 @@ from sim.network import Network
 from sim.node import ComputeNode
 from sim.paramserver import MetadataDirectory, ParamServer
 from sim.rng import RngStreams
-from sim.scenario import Scenario
+from sim.scenario import Scenario, deployment_labels
 from sim.scheduler import Scheduler
 from sim.weights import WeightStore
 from sim.workload import Workload, make_workload
@@ -199,15 +199,7 @@ def _model_rt(
         max_ctx = att.max_context(kv_budget, chunked=sc.kv.attention == "chunked")
         if spec.max_context:  # the model's context window
             max_ctx = min(max_ctx, spec.max_context)
-    labels = [d.model for d in sc.deployments]
-    label = (
-        spec.name if labels.count(spec.name) == 1 else f"{spec.name}@v{sc.deployments[i].version}"
-    )
-    if (
-        labels.count(spec.name) > 1
-        and [f"{d.model}@v{d.version}" for d in sc.deployments].count(label) > 1
-    ):
-        label = f"{label}#{i}"
+    label = deployment_labels(sc.deployments)[i]
     return ModelRt(
         idx=i,
         name=label,

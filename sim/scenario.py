@@ -512,7 +512,7 @@ class Scenario(_M):
     def _colour_shares_name_models(self) -> Scenario:
         shares = self.cache.params.get("shares")
         if isinstance(shares, dict):
-            names = [d.model for d in self.deployments]
+            names = deployment_labels(self.deployments)
             bad = [k for k in shares if k not in names and k != "default"]
             if bad:
                 raise ValueError(
@@ -520,6 +520,20 @@ class Scenario(_M):
                     f"allowed: {', '.join([*names, 'default'])}"
                 )
         return self
+
+
+def deployment_labels(deployments: list[Deployment]) -> list[str]:
+    """Each deployment's model label (colour, results): its model name; ``name@vN`` when the
+    model is deployed more than once; ``name@vN#i`` when that too repeats."""
+    models = [d.model for d in deployments]
+    versioned = [f"{d.model}@v{d.version}" for d in deployments]
+    out = []
+    for i, d in enumerate(deployments):
+        label = d.model if models.count(d.model) == 1 else versioned[i]
+        if models.count(d.model) > 1 and versioned.count(label) > 1:
+            label = f"{label}#{i}"
+        out.append(label)
+    return out
 
 
 def validate(data: Any, source: str = "<memory>") -> Scenario:

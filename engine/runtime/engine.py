@@ -264,8 +264,6 @@ class Engine:
         running = [r for r in sched.running if r not in set(new)]
         self._share = 1.0 / max(len(running) + len(new), 1)
         t_start = self.clock()
-        if isinstance(self.weights, TieredWeights):
-            self.weights.count_resident()
         wait = 0.0
         if isinstance(self.model, DecoderModel):
             prefill = [(r, self._prompts[r]) for r in new]

@@ -10,10 +10,10 @@ backend (cut into tensors by :func:`engine.runtime.model.unpack`). Two sources:
   or the object store is verified). The device level's cache is the engine's HBM cache.
 
 Accounting (the simulator's rules, :mod:`sim.node` / :mod:`sim.weights`, so the two report the
-same numbers): at the start of each iteration every chunk resident in the device level counts
-as one ``hbm`` hit (:meth:`TieredWeights.count_resident`); each chunk fetched into the device
-level counts one hit in the tier that served it (``host``, ``nvme`` = SSD, ``object``) and its
-bytes there. A resident chunk's use is **not** looked up when it happens: as in the
+same numbers): each chunk is accessed once per iteration, when its layer is computed
+(:meth:`TieredWeights.layer`): resident in the device level then, it counts one ``hbm`` hit;
+each chunk fetched into the device level (demand or prefetch) counts one in the tier that
+served it (``host``, ``nvme`` = SSD, ``object``) and its bytes there. A resident chunk's use is **not** looked up when it happens: as in the
 simulator, the end of each iteration is recorded (:meth:`TieredWeights.touch`) and replayed
 as one lookup per resident chunk right before the next admission, so both caches see the same
 calls: these lookups, admissions on fetch, pins and evictions.
@@ -118,13 +118,6 @@ class TieredWeights:
         with self.lock:
             return [c for c in self._ids[layer] if self.store.key(c) not in self.device]
 
-    def count_resident(self) -> int:
-        """Count one ``hbm`` hit per chunk resident now (start of an iteration)."""
-        with self.lock:
-            n = sum(1 for c in range(self.table.n_chunks) if self.store.key(c) in self.device)
-            self._charge(0, n, 0)
-        return n
-
     def all_resident(self) -> bool:
         with self.lock:
             return all(self.store.key(c) in self.device for c in range(self.table.n_chunks))
@@ -159,14 +152,18 @@ class TieredWeights:
             parts = []
             pins = []
             t = self._clock(now)
+            hits = 0
             for cid in self._ids[layer]:
                 key = self.store.key(cid)
                 if key not in self.device:
                     self._flush_touches()
                     res = self.store.read_chunk(cid, t, count=True)
                     self._charge(self._tier_of(res.level), 1, int(self.table.size[cid]))
+                else:
+                    hits += 1
                 self.device.pin(key)
                 pins.append(key)
+            self._charge(0, hits, 0)  # each chunk accessed once: resident now = an hbm hit
             for key in pins:
                 parts.append(self.store.stack.levels[0].tier.get(self.store.stack.name_of(key)))
             self._pinned[layer] = pins

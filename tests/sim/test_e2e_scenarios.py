@@ -52,7 +52,7 @@ def test_shipped_scenario_runs_reduced(name: str) -> None:
 def test_long_context_chunked_serves_longer_contexts() -> None:
     sc = load_scenario(SCEN / "long-context.yaml", REDUCED["long-context"])
     s = run_scenario(sc, seed=2).summary["variants"]
-    lim = {k: v["max_context_limit"]["llama-2-7b"] for k, v in s.items()}
+    lim = {k: v["max_context_limit"]["llama-3.1-8b"] for k, v in s.items()}
     assert lim["chunked"] > lim["unchunked"]
     assert s["unchunked"]["requests"]["rejected"] >= s["chunked"]["requests"]["rejected"]
 

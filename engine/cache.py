@@ -275,7 +275,7 @@ class TierCache:
         return True
 
     def admit_many(
-        self, items: list[tuple[Key, int]], now: float, color: str | None = None
+        self, items: Sequence[tuple[Key, int]], now: float, color: str | None = None
     ) -> bool:
         """Admit every ``(key, size)`` of ``items`` in one pass, in order, as :meth:`admit`
         would one by one -- only when none is resident and all fit under the high watermark

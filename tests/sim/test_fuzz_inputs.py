@@ -9,6 +9,7 @@ trace readers must raise nothing but :class:`InputError`. Slow tier: 1,200 cases
 
 from __future__ import annotations
 
+import copy
 import json
 import struct
 from pathlib import Path
@@ -54,7 +55,9 @@ def _mutate(data: Any, path: tuple[Any, ...], op: str, value: Any) -> None:
     if op == "delete":
         del parent[key]
     else:
-        parent[key] = value
+        # a copy: the hostile values are shared by every example, and a later mutation inside
+        # one (or the value put inside itself) must not carry over or build a cycle
+        parent[key] = copy.deepcopy(value)
 
 
 OPS = st.tuples(

@@ -98,17 +98,6 @@ class KvAccount:
         self.reserved += blocks * self.block_tokens * bytes_per_token
         self.needed += tokens * bytes_per_token
 
-    def grow(self, rid: int, tokens: int, bytes_per_token: int) -> None:
-        """Extend ``rid`` to ``tokens`` tokens (taking the blocks that needs)."""
-        st = self.seqs[rid]
-        allocs = self.allocators
-        if allocs is not None and (a := allocs[st[0]]) is not None:
-            a.append(rid, tokens - st[1])
-        blocks = num_blocks(tokens, self.block_tokens)
-        self.reserved += (blocks - st[2]) * self.block_tokens * bytes_per_token
-        self.needed += (tokens - st[1]) * bytes_per_token
-        st[1], st[2] = tokens, blocks
-
     def give(self, rid: int, bytes_per_token: int) -> int:
         """Release ``rid``'s blocks; returns its exact KV bytes."""
         m, tokens, blocks = self.seqs.pop(rid)
@@ -524,7 +513,7 @@ class ComputeNode:
             if kv.reserved + block > kv.capacity:
                 return s - off
             pop(heap)
-            # KvAccount.grow, inline (hot path): the step that needs exactly one more block
+            # grow rid by the one block step s needs (KvAccount's invariant kept here)
             tokens = base_of[rid] + s  # context written in step s -> s + 1
             st = seqs[rid]
             if alloc is not None:

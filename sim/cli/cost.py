@@ -44,9 +44,9 @@ def cost(
     ] = False,
 ) -> None:
     """Print the time of one prefill or decode iteration as a table of ops."""
+    from sim.costmodel import load_profile
     from sim.models import load_catalogue
     from sim.opcost import OpCostModel
-    from sim.opcost.profiles import load_op_profile
 
     with user_errors():
         if phase not in PHASES:
@@ -58,7 +58,7 @@ def cost(
             raise InputError(
                 f"--model {model!r} not in the catalogue; allowed: {', '.join(catalogue)}"
             )
-        prof = load_op_profile(profile)
+        prof = load_profile(profile)
         cm = OpCostModel(prof, catalogue[model], tp=tp)
         if phase == "decode":
             args = (0, 0, 0, batch, float(batch * context))

@@ -3,7 +3,7 @@ measured op tables (interpolated) or, where no table covers an op, a stated roof
 
 Public surface: :class:`OpCostModel` (``iteration_time``, ``iteration_ops``,
 ``iteration_breakdown``), the table schema (:class:`OpsProfile` and its parts),
-:class:`DecoderShape`, and :func:`load_op_profile` for the shipped op-table profiles.
+:class:`DecoderShape` (the shipped op-table profiles load with :func:`sim.costmodel.load_profile`).
 """
 
 from sim.opcost.model import COPY_LINKS, OP_NAMES, OpCost, OpCostModel

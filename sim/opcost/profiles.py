@@ -8,10 +8,6 @@ The ``*-vllm`` profiles are imported from aiconfigurator's measured kernel table
 
 from __future__ import annotations
 
-from pathlib import Path
-
-from sim.costmodel import Profile, load_profile
-
 #: shipped op-table profiles, by name -> (aiconfigurator system, datasheet base profile)
 OP_PROFILES: dict[str, tuple[str, str]] = {
     "h200-sxm-vllm": ("h200_sxm", "h200-sxm"),
@@ -19,9 +15,3 @@ OP_PROFILES: dict[str, tuple[str, str]] = {
     "a100-sxm-vllm": ("a100_sxm", "a100-80gb"),
     "b200-sxm-vllm": ("b200_sxm", "h200-sxm"),
 }
-
-
-def load_op_profile(name_or_path: str | Path) -> Profile:
-    """A shipped profile by name (op-table or datasheet) or a profile JSON file
-    (:func:`sim.costmodel.load_profile`, which knows every shipped name)."""
-    return load_profile(name_or_path)

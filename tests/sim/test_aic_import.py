@@ -15,10 +15,10 @@ from typer.testing import CliRunner
 
 from sim.cli import app
 from sim.costmodel import load_profile, parse_profile
+from sim.costmodel import load_profile as load_op_profile
 from sim.models import LlamaShape, ModelEntry, build_model
 from sim.opcost import OpCostModel
 from sim.opcost.aic_import import import_aiconfigurator
-from sim.opcost.profiles import load_op_profile
 
 DEV = {"framework": "VLLM", "version": "0.9.0", "device": "NVIDIA Test"}
 MS = [1, 2, 4, 8]

@@ -8,9 +8,9 @@ import pytest
 from typer.testing import CliRunner
 
 from sim.cli import app
+from sim.costmodel import load_profile as load_op_profile
 from sim.models import load_catalogue
 from sim.opcost import OP_NAMES, OpCostModel
-from sim.opcost.profiles import load_op_profile
 
 runner = CliRunner()
 

@@ -12,9 +12,10 @@ from hypothesis import strategies as st
 
 from engine.errors import InputError
 from sim.costmodel import Profile, load_profile, parse_profile
+from sim.costmodel import load_profile as load_op_profile
 from sim.models import LlamaShape, ModelEntry, ModelSpec, build_model, load_catalogue
 from sim.opcost import OP_NAMES, DecoderShape, OpCostModel, OpsProfile, RooflineTerms
-from sim.opcost.profiles import OP_PROFILES, load_op_profile
+from sim.opcost.profiles import OP_PROFILES
 
 # A small decoder: head_dim 16, GQA group 2.
 L, H, HEADS, KVH, FFN, VOCAB = 2, 64, 4, 2, 128, 100

@@ -56,7 +56,14 @@ LINK_MAP: dict[str, str] = {
 }
 LINK_CODES: dict[str, float] = {k: float(i) for i, k in enumerate(LINK_MAP)}
 
-__all__ = ["LINK_MAP", "fit_link", "fit_profile", "table_name"]
+__all__ = [
+    "CEILINGS",
+    "LINK_MAP",
+    "check_profile",
+    "fit_link",
+    "fit_profile",
+    "table_name",
+]
 
 
 def table_name(m: Measurement) -> str:
@@ -211,3 +218,65 @@ def fit_profile(
         links=LinksProfile(**links),
         fitted=tables,
     )
+
+
+#: physical ceilings no measurement can exceed, B/s per link and FLOP/s (fp32), by backend:
+#: a CPU's memory system (the fastest DRAM or cache copy of any server CPU is below 2 TB/s);
+#: a GPU server (PCIe 6 x16 or a C2C link below 500 GB/s, HBM below 10 TB/s, NVMe and the
+#: object store below 100 GB/s)
+CEILINGS: dict[str, dict[str, float]] = {
+    "cpu": {
+        "object->ssd": 1e11,
+        "ssd->host": 1e11,
+        "host->host": 2e12,
+        "host->device": 2e12,
+        "device->device": 2e12,
+        "flops": 5e13,
+    },
+    "gpu": {
+        "object->ssd": 1e11,
+        "ssd->host": 1e11,
+        "host->host": 2e12,
+        "host->device": 5e11,
+        "device->device": 1e13,
+        "flops": 5e15,
+    },
+}
+#: how much faster than the fastest timed copy of the largest size the fit may say it runs
+#: (a least-squares line through noisy points undercuts it by 10-20% on a busy machine)
+MAX_ABOVE_PROBE_PEAK = 0.5
+
+
+def check_profile(profile: Profile, measurements: Sequence[Measurement], gpu: bool) -> list[str]:
+    """Reasons the fitted hardware terms of ``profile`` cannot describe the machine: a link
+    bandwidth above its physical ceiling (:data:`CEILINGS`) or one whose fit moves the
+    probe's largest copy faster than the fastest such copy timed (by more than
+    :data:`MAX_ABOVE_PROBE_PEAK`), a FLOP rate above the ceiling.
+    Empty when the profile is possible."""
+    ceil = CEILINGS["gpu" if gpu else "cpu"]
+    out: list[str] = []
+    for schema_name, link in LINK_MAP.items():
+        lp = getattr(profile.links, schema_name)
+        bw = float(lp.bandwidth)
+        pts = [m for m in measurements if m.probe == "copy" and m.label == link]
+        big = max(pts, key=lambda m: m.params["bytes"], default=None)
+        if bw > ceil[link]:
+            out.append(
+                f"links.{schema_name} bandwidth {bw:.3g} B/s is above the physical ceiling "
+                f"{ceil[link]:.3g} B/s of a {link} copy"
+            )
+        elif big is not None and big.min_s > 0:
+            # the fit's time for the probe's largest copy may not undercut the fastest one
+            # timed (by more than the allowance): a faster link was never measured
+            nbytes = big.params["bytes"]
+            fit_s = float(lp.latency) + nbytes / bw
+            if fit_s * (1.0 + MAX_ABOVE_PROBE_PEAK) < big.min_s:
+                out.append(
+                    f"links.{schema_name} bandwidth {bw:.3g} B/s is above what the probe "
+                    f"measured: it moves {nbytes:.0f} B in {fit_s:.3g} s, but the fastest "
+                    f"{link} copy of that size took {big.min_s:.3g} s"
+                )
+    flops = float(profile.gpu.flops_fp32)
+    if flops > ceil["flops"]:
+        out.append(f"gpu.flops_fp32 {flops:.3g} FLOP/s is above the ceiling {ceil['flops']:.3g}")
+    return out

@@ -266,9 +266,10 @@ class EngineTerms(_Strict):
     """Extra seconds of the first iteration after the engine sat idle (cold caches), fitted
     on the calibration's open-loop runs; seconds."""
     copy_contention: float = Field(default=0.0, ge=0, le=4)
-    """Extra compute seconds per second of a weight copy in flight while a layer computes
-    (copy thread and compute sharing cores and memory), fitted on streaming runs;
-    dimensionless, 0: copies and compute fully overlap."""
+    """How much slower the engine's weight copies run while it computes than the idle
+    host->device link (copy thread and compute sharing cores and memory): the simulator
+    moves weights at `links.pcie.bandwidth / (1 + copy_contention)`; measured as the link's
+    rate over the copy thread's achieved rate, less 1; dimensionless, 0: no contention."""
 
 
 class OpsProfile(_Strict):

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from pathlib import Path
 
 import numpy as np
@@ -304,3 +305,11 @@ def test_median_requests_takes_each_requests_median_delay() -> None:
     assert median_requests(runs[:1]).equals(runs[0])
     with pytest.raises(ValueError):
         median_requests([])
+
+
+def test_gpu_check_script_validates_suite_workloads() -> None:
+    """hwbench/gpu_check.sh (run where a GPU is lent) names workloads that exist."""
+    text = (Path(__file__).parents[2] / "hwbench" / "gpu_check.sh").read_text(encoding="utf-8")
+    names = re.findall(r"-w (\S+)", text)
+    assert names and all(get_workload(n).name == n for n in names)
+    assert "pdsim calibrate --backend gpu --quick" in text

@@ -21,7 +21,7 @@
 # 1. loads a measured profile (`profiles/cpu-vm.json`) and shows what it says;
 # 2. puts the raw probe measurements next to the fitted model the simulator uses
 #    (`time = latency + bytes / bandwidth` per link; matmul rate vs the fitted FLOP rate);
-# 3. fits the engine's iteration costs (`hwbench.engine_probe.calibrate_engine`) and plots
+# 3. fits the engine's iteration costs (`hwbench.engine_fit.calibrate_engine`) and plots
 #    measured engine iterations against the simulator's charge for the same shape;
 # 4. runs validation workloads (`hwbench.validate.validate_workload`: the same arrivals on the
 #    real NumPy engine and in the simulator) and compares latency, TTFT, throughput and hit

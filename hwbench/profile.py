@@ -56,7 +56,14 @@ LINK_MAP: dict[str, str] = {
 }
 LINK_CODES: dict[str, float] = {k: float(i) for i, k in enumerate(LINK_MAP)}
 
-__all__ = ["LINK_MAP", "fit_link", "fit_profile", "table_name"]
+__all__ = [
+    "CEILINGS",
+    "LINK_MAP",
+    "check_profile",
+    "fit_link",
+    "fit_profile",
+    "table_name",
+]
 
 
 def table_name(m: Measurement) -> str:
@@ -211,3 +218,61 @@ def fit_profile(
         links=LinksProfile(**links),
         fitted=tables,
     )
+
+
+#: physical ceilings no measurement can exceed, B/s per link and FLOP/s (fp32), by backend:
+#: a CPU's memory system (the fastest DRAM or cache copy of any server CPU is below 2 TB/s);
+#: a GPU server (PCIe 6 x16 or a C2C link below 500 GB/s, HBM below 10 TB/s, NVMe and the
+#: object store below 100 GB/s)
+CEILINGS: dict[str, dict[str, float]] = {
+    "cpu": {
+        "object->ssd": 1e11,
+        "ssd->host": 1e11,
+        "host->host": 2e12,
+        "host->device": 2e12,
+        "device->device": 2e12,
+        "flops": 5e13,
+    },
+    "gpu": {
+        "object->ssd": 1e11,
+        "ssd->host": 1e11,
+        "host->host": 2e12,
+        "host->device": 5e11,
+        "device->device": 1e13,
+        "flops": 5e15,
+    },
+}
+#: how far a fitted bandwidth may exceed the fastest rate any copy of a chunk or more (256
+#: KiB) reached in the probe: the fit subtracts the latency, so it sits above the raw rates
+MAX_ABOVE_PROBE_PEAK = 0.5
+
+
+def check_profile(profile: Profile, measurements: Sequence[Measurement], gpu: bool) -> list[str]:
+    """Reasons the fitted hardware terms of ``profile`` cannot describe the machine: a link
+    bandwidth above its physical ceiling (:data:`CEILINGS`) or above the fastest rate any
+    copy of a chunk or more reached in its probe (by more than
+    :data:`MAX_ABOVE_PROBE_PEAK`), a FLOP rate above the ceiling.
+    Empty when the profile is possible."""
+    ceil = CEILINGS["gpu" if gpu else "cpu"]
+    out: list[str] = []
+    for schema_name, link in LINK_MAP.items():
+        lp = getattr(profile.links, schema_name)
+        bw = float(lp.bandwidth)
+        pts = [m for m in measurements if m.probe == "copy" and m.label == link]
+        chunks = [m for m in pts if m.params["bytes"] >= MIN_CHUNK_BYTES and m.min_s > 0]
+        peak = max((m.params["bytes"] / m.min_s for m in chunks), default=0.0)
+        if bw > ceil[link]:
+            out.append(
+                f"links.{schema_name} bandwidth {bw:.3g} B/s is above the physical ceiling "
+                f"{ceil[link]:.3g} B/s of a {link} copy"
+            )
+        elif peak > 0 and bw > peak * (1.0 + MAX_ABOVE_PROBE_PEAK):
+            out.append(
+                f"links.{schema_name} bandwidth {bw:.3g} B/s is above the fastest {link} copy "
+                f"of a chunk or more the probe timed ({peak:.3g} B/s) by more than "
+                f"{MAX_ABOVE_PROBE_PEAK:.0%}"
+            )
+    flops = float(profile.gpu.flops_fp32)
+    if flops > ceil["flops"]:
+        out.append(f"gpu.flops_fp32 {flops:.3g} FLOP/s is above the ceiling {ceil['flops']:.3g}")
+    return out

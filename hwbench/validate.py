@@ -5,16 +5,23 @@
 * **engine** -- the model's weights are written as verified chunks to a local object store
   (fsspec directory) under ``workdir``; a tier stack device -> host -> SSD over it (capacities
   and policies from the workload) is warmed by reading every chunk once; then the requests
-  arrive in real time (:class:`engine.runtime.engine.Engine`).
-* **simulator** -- a scenario built here to match: one node, one (unused) parameter server,
-  the same chunking, HBM weight cache, host and NVMe sizes, policies, prefetch window, KV
-  budget and batching limits, HBM warm-up (``warmup.node_hbm``), and the very same arrivals
-  and lengths (handed over as a CSV trace). Its cost model comes from the given calibration
-  profile (matmul rate, per-layer overhead, HBM bandwidth, copy bandwidths per link).
+  arrive in real time (:class:`engine.runtime.engine.Engine`, holding a layer's pins until
+  the prefetches planned at its start have landed, so cache decisions do not depend on
+  thread timing).
+* **simulator** -- an ordinary scenario folder written by :func:`write_scenario`
+  (``scenario.yaml``, the arrivals as ``trace.csv``, the model as ``catalogue.yaml``, the
+  profile as ``profile.json``): one node, one (unused) parameter server, the same chunking,
+  HBM weight cache, host and NVMe sizes, policies, prefetch window and order
+  (``prefetch.order: after-pin``, the engine's rule), KV budget, batching limits and HBM
+  warm-up. It is loaded and built exactly as ``pdsim run`` builds a scenario (the plain
+  :class:`sim.costmodel.CostModel`, which prices iterations from the profile's op tables and
+  engine terms), so ``pdsim run DIR/scenario.yaml`` reproduces the simulator's figures.
 
 :func:`compare` turns both request tables into one table of figures: latency and TTFT (P50,
-P99, mean), throughput, hit rate per tier and bytes per tier, engine vs simulator, with the
-relative error ``(sim - engine) / engine`` (hit rates: the absolute difference, a fraction).
+P99, mean) and throughput with the relative error ``(sim - engine) / engine`` (accuracy),
+and hit rate and bytes per chunk access per tier (consistency: both sides run the same cache
+code on the same accesses, so these must be equal; totals are not compared, as the number of
+iterations follows the timing).
 """
 
 from __future__ import annotations
@@ -29,6 +36,7 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
+import yaml
 
 from engine.cache import TierCache
 from engine.chunkstore import ChunkStore, write_model
@@ -37,14 +45,12 @@ from engine.runtime.model import DecoderConfig, DecoderModel, DenseConfig, Dense
 from engine.runtime.scheduler import BatchScheduler
 from engine.runtime.weights import TIER_NAMES, TieredWeights
 from engine.tiers import DeviceTier, HostTier, Level, ObjectStoreTier, SsdTier, TierStack
-from hwbench.engine_probe import EngineCostModel
-from hwbench.interference import KindBusy, install, interference_of, overhead_of
 from hwbench.workloads import ValidationWorkload, arrivals
 from sim.cluster import build
-from sim.costmodel import Profile
+from sim.costmodel import CostModel, Profile, load_profile
 from sim.metrics import requests_frame
 from sim.models import ModelSpec, load_catalogue, parse_catalogue
-from sim.scenario import validate as validate_scenario
+from sim.scenario import load_scenario
 
 __all__ = [
     "CHUNK_BYTES",
@@ -53,31 +59,32 @@ __all__ = [
     "decoder_config",
     "dense_config",
     "median_requests",
+    "model_config",
     "run_engine",
     "run_simulator",
     "sim_catalogue",
     "validate_workload",
+    "write_scenario",
 ]
 
 CHUNK_BYTES = 4 * 1024 * 1024  # R30's default: every layer of the tiny models is one chunk
 BASE_MODEL = "llama-2-7b"
-SHRINK = 16  # hidden, ffn and vocab / SHRINK; heads / (SHRINK // 2); 4 blocks
+SHRINK = 16  # hidden, ffn and vocab / SHRINK; heads / (SHRINK // 2); 4 blocks (17 MB)
+#: the large decoder's shrink: 67 MB of weights, more than a 32 MiB last-level cache
+SHRINK_LARGE = 8
 N_BLOCKS = 4
 SEED = 7
 #: a layer stays pinned until the prefetches planned at its start have landed, in the engine
-#: and in the simulator: cache decisions then do not depend on thread timing
+#: (and in the simulator: scenario field ``prefetch.order: after-pin``)
 HOLD_PINS = True
-#: the engine's clock is wall time (engine.runtime.clock). Leaving out the engine thread's
-#: run-queue waits also left out its own copy thread's work whenever the scheduler put both
-#: threads on one core: on the 2-core VM a streamed batch-1 decode iteration then read ~2.7 ms
-#: or ~5 ms depending on where the threads sat (switching mid-request), and the interference
-#: fit chased that placement noise. With wall time it reads 4.5-4.8 ms whatever the placement.
+#: the engine's clock is wall time (engine.runtime.clock), its copy thread's work included
 EXCLUDE_CPU_WAIT = False
 
 
 def decoder_config(spec: ModelSpec | None = None, shrink: int = SHRINK) -> DecoderConfig:
     """The catalogue's LLaMA-2-7B shape scaled down by ``shrink`` (hidden/ffn/vocab) with
-    ``N_BLOCKS`` blocks; ffn and vocab are read back from the catalogue's layer sizes."""
+    ``N_BLOCKS`` blocks; ffn and vocab are read back from the catalogue's layer sizes.
+    The name says the shrink when it is not :data:`SHRINK`."""
     spec = spec if spec is not None else load_catalogue()[BASE_MODEL]
     h, heads, kvh, hd = spec.hidden, spec.heads, spec.kv_heads, spec.head_dim
     attn = 2 * h * heads * hd + 2 * h * kvh * hd
@@ -85,7 +92,7 @@ def decoder_config(spec: ModelSpec | None = None, shrink: int = SHRINK) -> Decod
     ffn = round((block.flops_per_token / 2 - attn) / (3 * h))
     vocab = spec.layers[0].param_bytes // (h * spec.dtype_bytes)
     return DecoderConfig(
-        name=f"{spec.name}-tiny",
+        name=f"{spec.name}-tiny" if shrink == SHRINK else f"{spec.name}-div{shrink}",
         n_blocks=N_BLOCKS,
         hidden=h // shrink,
         heads=max(1, heads // (shrink // 2)),
@@ -95,6 +102,13 @@ def decoder_config(spec: ModelSpec | None = None, shrink: int = SHRINK) -> Decod
     )
 
 
+def model_config(w: ValidationWorkload) -> DecoderConfig | DenseConfig:
+    """The engine model of ``w``: the small or the large decoder, or the dense network."""
+    if w.model == "dense":
+        return dense_config()
+    return decoder_config(shrink=SHRINK_LARGE if w.model == "decoder-large" else SHRINK)
+
+
 def dense_config() -> DenseConfig:
     """The dense no-KV model (CNN-like): five fully connected layers."""
     return DenseConfig("dense-tiny", (512, 1024, 1000, 1000, 1000, 256))
@@ -102,6 +116,11 @@ def dense_config() -> DenseConfig:
 
 def sim_catalogue(cfg: DecoderConfig | DenseConfig) -> dict[str, ModelSpec]:
     """A one-model catalogue whose layers have exactly the engine model's bytes and FLOPs."""
+    return parse_catalogue(catalogue_text(cfg), "<validate>")
+
+
+def catalogue_text(cfg: DecoderConfig | DenseConfig) -> str:
+    """The YAML of :func:`sim_catalogue` (checked: bytes per layer equal the engine's)."""
     if isinstance(cfg, DecoderConfig):
         text = (
             f"models:\n  - name: {cfg.name}\n    kind: decoder\n    dtype_bytes: 4\n"
@@ -120,7 +139,7 @@ def sim_catalogue(cfg: DecoderConfig | DenseConfig) -> dict[str, ModelSpec]:
         text += "\n".join(rows) + "\n"
     cat = parse_catalogue(text, "<validate>")
     assert cat[cfg.name].layer_bytes() == cfg.layer_bytes(), "catalogue and engine disagree"
-    return cat
+    return text
 
 
 @dataclass(frozen=True)
@@ -163,7 +182,7 @@ def engine_parts(
 ) -> tuple[DecoderConfig | DenseConfig, TieredWeights, Sizes]:
     """Write the model, build and warm the tier stack (device cache = the HBM weight cache)
     on backend ``xp`` (NumPy; CuPy: device memory on the GPU, pinned host memory)."""
-    cfg: DecoderConfig | DenseConfig = decoder_config() if w.model == "decoder" else dense_config()
+    cfg = model_config(w)
     sz = sizes(w, cfg)
     backing = ObjectStoreTier(workdir / "objects")
     manifest = write_model(
@@ -264,40 +283,42 @@ def scenario_dict(w: ValidationWorkload, sz: Sizes, model: str, trace: Path) -> 
     }
 
 
-def run_simulator(
-    w: ValidationWorkload,
-    profile: Profile,
-    workdir: Path,
-    cost_cls: Any = EngineCostModel,
-    interference: float | tuple[float, ...] | None = None,
-    busy: KindBusy | None = None,
-    overhead: float | tuple[float, ...] | None = None,
-) -> tuple[pd.DataFrame, np.ndarray, np.ndarray, float, Any]:
-    """Simulate ``w``: (requests frame, tier hits, tier bytes, end time, the cluster).
-    ``interference``: the copy/compute factors of :mod:`hwbench.interference` (anything
-    :meth:`~hwbench.interference.Interference.of` takes; default: the profile's fitted ones,
-    0 when it has none); ``overhead``: its fixed seconds per streamed iteration (likewise,
-    :func:`~hwbench.interference.overhead_of`).
-    ``busy``: filled with the streamed iterations' seconds by kind."""
-    cfg: DecoderConfig | DenseConfig = decoder_config() if w.model == "decoder" else dense_config()
+def write_scenario(w: ValidationWorkload, profile: Profile, folder: Path) -> Path:
+    """Write ``w``'s simulator scenario folder (module docstring) and return the path of its
+    ``scenario.yaml``: ``pdsim run`` of it is the simulator side of the validation."""
+    cfg = model_config(w)
     sz = sizes(w, cfg)
-    cat = sim_catalogue(cfg)
+    folder.mkdir(parents=True, exist_ok=True)
     t, inp, out = arrivals(w)
-    trace = workdir / f"{w.name}.csv"
-    with trace.open("w", newline="", encoding="utf-8") as fh:
+    with (folder / "trace.csv").open("w", newline="", encoding="utf-8") as fh:
         wr = csv.writer(fh)
         wr.writerow(["time", "input_tokens", "output_tokens"])
         for row in zip(t.tolist(), inp.tolist(), out.tolist(), strict=True):
             wr.writerow([repr(row[0]), row[1], row[2]])
-    sc = validate_scenario(scenario_dict(w, sz, cfg.name, trace), source=f"<validate {w.name}>")
-    cl = build(sc, 0, cat, profile, cost_cls)
-    s = interference_of(profile) if interference is None else interference
-    pcie = profile.links.pcie
-    h = overhead_of(profile) if overhead is None else overhead
-    install(cl, s, pcie.bandwidth, pcie.latency, busy, h)
+    (folder / "catalogue.yaml").write_text(catalogue_text(cfg), encoding="utf-8")
+    (folder / "profile.json").write_text(profile.model_dump_json(indent=2) + "\n", "utf-8")
+    doc = scenario_dict(w, sz, cfg.name, Path("trace.csv"))
+    doc["profile"] = str((folder / "profile.json").resolve())
+    doc["catalogue"] = str((folder / "catalogue.yaml").resolve())
+    path = folder / "scenario.yaml"
+    path.write_text(yaml.safe_dump(doc, sort_keys=False), encoding="utf-8")
+    return path
+
+
+def run_simulator(
+    w: ValidationWorkload, profile: Profile, workdir: Path
+) -> tuple[pd.DataFrame, np.ndarray, np.ndarray, float, Any]:
+    """Simulate ``w`` from the scenario folder :func:`write_scenario` writes into
+    ``workdir``, built as ``pdsim run`` builds it (seed 0): (requests frame, tier hits,
+    tier bytes, end time, the cluster)."""
+    path = write_scenario(w, profile, workdir)
+    sc = load_scenario(path)
+    cat = load_catalogue(sc.catalogue)
+    cl = build(sc, 0, cat, load_profile(sc.profile), CostModel, path.parent)
     end = cl.run()
     met = cl.ctx.metrics
-    df = requests_frame(met, cl.wl, [cfg.name], [c.name for c in sc.workload.classes])
+    names = [d.model for d in sc.deployments]
+    df = requests_frame(met, cl.wl, names, [c.name for c in sc.workload.classes])
     return df, met.tier_hits.copy(), met.tier_bytes.copy(), end, cl
 
 
@@ -373,17 +394,13 @@ def compare(
     for i, t in enumerate(TIER_NAMES):
         if eng_hits[i] or sim_hits[i]:
             rows.append((f"hit_rate_{t}", float(he[i]), float(hs[i]), float(hs[i] - he[i]), "abs"))
+    # bytes per chunk access (HBM hits plus fetches): the totals grow with the iteration
+    # count, which timing sets; per access, both sides run the same cache decisions
     for i, t in enumerate(TIER_NAMES):
         if i and (eng_bytes[i] or sim_bytes[i]):
-            rows.append(
-                (
-                    f"bytes_{t}",
-                    float(eng_bytes[i]),
-                    float(sim_bytes[i]),
-                    _rel(float(eng_bytes[i]), float(sim_bytes[i])),
-                    "rel",
-                )
-            )
+            be = float(eng_bytes[i]) / max(float(eng_hits.sum()), 1.0)
+            bs = float(sim_bytes[i]) / max(float(sim_hits.sum()), 1.0)
+            rows.append((f"bytes_per_access_{t}", be, bs, _rel(be, bs), "rel"))
     return Comparison(name, rows, le, ls)
 
 
@@ -392,29 +409,25 @@ def validate_workload(
     profile: Profile,
     workdir: Path | None = None,
     *,
-    refit: bool = False,
     repeats: int = 1,
     xp: ModuleType = np,
+    scenario_dir: Path | None = None,
 ) -> Comparison:
     """Run ``w`` on the engine and in the simulator and compare (scratch files in ``workdir``
-    or a temporary directory). ``refit``: re-run the engine probe right before the engine
-    (:func:`hwbench.engine_probe.calibrate_engine`) and simulate with that fit, so a machine
-    whose load changed since ``pdsim calibrate`` is measured as it is now. ``repeats``: serve
-    ``w`` that many times on the engine (a fresh warm stack each time) and compare the
-    simulator (deterministic, run once) with the engine's per-request medians
-    (:func:`median_requests`; hits and bytes per tier: the medians over the runs). ``xp``: the engine's array backend (NumPy or CuPy)."""
+    or a temporary directory). ``repeats``: serve ``w`` that many times on the engine (a
+    fresh warm stack each time) and compare the simulator (deterministic, run once) with the
+    engine's per-request medians (:func:`median_requests`; hits and bytes per tier: the
+    medians over the runs). ``xp``: the engine's array backend (NumPy or CuPy).
+    ``scenario_dir``: where the simulator's scenario folder goes (kept; default: scratch)."""
     if repeats < 1:
         raise ValueError(f"repeats must be >= 1, got {repeats}")
-    name = decoder_config().name if w.model == "decoder" else dense_config().name
+    name = model_config(w).name
     with tempfile.TemporaryDirectory(prefix="pdsim-validate-") as tmp:
         base = Path(workdir) if workdir is not None else Path(tmp)
         wdir = base / w.name
         wdir.mkdir(parents=True, exist_ok=True)
-        if refit:
-            from hwbench.engine_probe import calibrate_engine
-
-            profile = calibrate_engine(profile, xp)
-        sim_df, sh, sb, _, _ = run_simulator(w, profile, wdir)
+        sdir = scenario_dir if scenario_dir is not None else wdir / "scenario"
+        sim_df, sh, sb, _, _ = run_simulator(w, profile, sdir)
         frames: list[pd.DataFrame] = []
         hits: list[np.ndarray] = []
         nbytes: list[np.ndarray] = []

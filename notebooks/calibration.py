@@ -21,7 +21,7 @@
 # 1. loads a measured profile (`profiles/cpu-vm.json`) and shows what it says;
 # 2. puts the raw probe measurements next to the fitted model the simulator uses
 #    (`time = latency + bytes / bandwidth` per link; matmul rate vs the fitted FLOP rate);
-# 3. fits the engine's iteration costs (`hwbench.engine_probe.calibrate_engine`) and plots
+# 3. fits the engine's iteration costs (`hwbench.engine_fit.calibrate_engine`) and plots
 #    measured engine iterations against the simulator's charge for the same shape;
 # 4. runs validation workloads (`hwbench.validate.validate_workload`: the same arrivals on the
 #    real NumPy engine and in the simulator) and compares latency, TTFT, throughput and hit
@@ -57,11 +57,13 @@ import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 
-from hwbench.engine_probe import EngineCostModel, calibrate_engine
+from hwbench.engine_fit import calibrate_engine
+from hwbench.opprobe import OpGrid, with_op_tables
 from hwbench.validate import decoder_config, sim_catalogue, validate_workload
 from hwbench.workloads import SUITE, get_workload
 from sim.cli.validate import LIMITS
 from sim.costmodel import LINK_NAMES, load_profile
+from sim.opcost import OpCostModel
 
 OUT.mkdir(parents=True, exist_ok=True)
 prof = load_profile(PROFILE)
@@ -159,31 +161,39 @@ if "matmul_float32" in prof.fitted:
 # %% [markdown]
 # ## 3. Engine iterations vs the simulator's charge
 #
-# The generic probes do not add up to the engine's real iteration time on a small CPU model
-# (NumPy temporaries, paged attention overheads), so `calibrate_engine` serves short
-# workloads on the real engine and fits the simulator's compute terms to its iteration log.
-# A profile that already carries `fitted.engine_fit` is used as is (like `pdsim validate`).
+# The simulator prices an iteration op by op from the profile's op tables (measured on the
+# engine's backend by `pdsim calibrate`), plus the engine's own terms fitted on whole
+# iterations with those tables held fixed (`hwbench.engine_fit`: overheads per iteration
+# and per layer). A profile without them gets them here (like `pdsim calibrate`).
 
 # %%
-if "engine_fit" in prof.fitted:
+if prof.ops is not None and prof.ops.engine is not None:
     fitted = prof
-    print("profile already has fitted.engine_fit: using it")
+    print("profile already has op tables and engine terms: using them")
 else:
-    fitted = calibrate_engine(prof)
+    fitted, _report = calibrate_engine(with_op_tables(prof, np, OpGrid.quick()), np)
     (OUT / "profile-with-engine-fit.json").write_text(
         fitted.model_dump_json(indent=2) + "\n", encoding="utf-8"
     )
-print("engine_fit terms:", {k: f"{v:.3g}" for k, v in fitted.fitted["engine_fit"][0].items()})
+assert fitted.ops is not None and fitted.ops.engine is not None
+print(
+    "engine terms:",
+    fitted.ops.engine,
+    "iteration overhead",
+    fitted.ops.roofline.iteration_overhead_s,
+)
 
 cfg = decoder_config()
-cost = EngineCostModel(fitted, sim_catalogue(cfg)[cfg.name])
+cost = OpCostModel(fitted, sim_catalogue(cfg)[cfg.name])
 passes = pd.DataFrame(fitted.fitted.get("engine_pass", []))
 if not passes.empty:
     passes["sim_s"] = [
-        (cost.prefill_time(int(r.tokens)) if r.tokens else 0.0)
-        + (cost.decode_step_time(int(r.batch), int(r.context)) if r.batch else 0.0)
+        cost.iteration_time(
+            int(r.tokens), round(r.sq_tokens), int(r.prompts) if r.tokens else 0,
+            int(r.batch), float(r.context),
+        )
         for r in passes.itertuples()
-    ]
+    ]  # fmt: skip
     passes["rel_error"] = passes["sim_s"] / passes["mean_s"] - 1.0
     fig, ax = plt.subplots(figsize=(4.6, 4.2))
     kind = np.where(passes["tokens"] > 0, "prefill", "decode")
@@ -209,7 +219,7 @@ if not passes.empty:
 # Each workload serves real requests on the NumPy engine (weights as verified chunks in a
 # local object store, read through device/host/SSD tiers) and simulates the same arrivals with
 # the fitted profile. `pdsim validate` prints the same table; its pass limits are
-# `LIMITS` (relative errors) and 1 percentage point on hit rates.
+# `LIMITS` (relative errors); hit rates and bytes per access are consistency checks.
 
 # %%
 if WORKLOADS is None:

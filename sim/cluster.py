@@ -496,10 +496,14 @@ def build(
     host_r = int(host * share)
     nvme_r = int(c.server.nvme * share)
     swap_r = sc.kv.swap_space * g
+    # profile hook (sim.opcost.EngineTerms.copy_contention): a calibrated engine's weight
+    # copies run 1 + copy_contention times slower than its idle link while it computes
+    eng = profile.ops.engine if profile.ops is not None else None
+    pcie_bw = L.pcie.bandwidth * g / (1.0 + (eng.copy_contention if eng is not None else 0.0))
     for i in range(c.replicas):
         name = f"node{i}"
         links = {
-            "pcie": net.add_link(f"{name}.pcie", L.pcie.bandwidth * g, L.pcie.latency),
+            "pcie": net.add_link(f"{name}.pcie", pcie_bw, L.pcie.latency),
             "nic": net.add_link(f"{name}.nic", rdma_bw, 0.0),
             "nvme": net.add_link(f"{name}.nvme", L.nvme.bandwidth * share, L.nvme.latency),
             "object": net.add_link(f"{name}.object", obj_bw * share, obj_lat),

@@ -214,6 +214,10 @@ class CostModel:
             from sim.opcost import OpCostModel
 
             self.ops = OpCostModel(profile, model, tp=tp)
+            eng = profile.ops.engine  # a calibrated engine's own terms (sim.opcost.EngineTerms)
+            if eng is not None:
+                self.wake_s = eng.wake_s
+                self.iter_gap_s = eng.iter_gap_s
         gpu = profile.gpu
         peak = gpu.flops_fp16 if model.dtype_bytes <= 2 else gpu.flops_fp32
         self.flop_rate = peak * gpu.compute_efficiency  # achieved FLOP/s

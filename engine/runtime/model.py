@@ -238,8 +238,9 @@ class DecoderModel:
         if layer == cfg.n_layers - 1:
             if st.prefill:
                 ends = np.cumsum([len(t) for _, t in st.prefill]) - 1
-                h = _rmsnorm(st.x_p, w["norm"], xp)
-                st.logits_p = (h @ w["head"])[xp.asarray(ends)]
+                # logits of each prompt's last token only (what is sampled), as vLLM does
+                h = _rmsnorm(st.x_p[xp.asarray(ends)], w["norm"], xp)
+                st.logits_p = h @ w["head"]
             if st.decode:
                 st.logits_d = _rmsnorm(st.x_d, w["norm"], xp) @ w["head"]
             return

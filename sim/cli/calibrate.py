@@ -9,15 +9,19 @@ then rename), so a failed run never leaves a half-written profile. The default o
 validates. Probe scratch files go to a temporary directory (``--workdir`` to choose where:
 the SSD link is measured on that filesystem).
 
-Unless ``--no-engine``, calibrate then serves probe workloads on the real engine
-(:func:`hwbench.engine_probe.calibrate_engine`) and fits its iteration costs, the prefetch
-path's bandwidth (``links.pcie``) and the copy/compute interference factors
-(``fitted.engine_fit[0]["copy_interference"]`` for decode-only iterations,
-``["copy_interference_prefill"]`` for iterations that admit prompts back to back,
-``["copy_interference_wake"]`` for those after an idle spell, and the fixed seconds per
-streamed iteration of each kind, ``["stream_overhead_<kind>_s"]``;
-:mod:`hwbench.interference`), so ``pdsim
-validate`` can use the profile as written. ``--tiny`` keeps that probe to a few seconds.
+Unless ``--no-engine``, calibrate then measures the op tables of :mod:`sim.opcost` on the
+engine's backend (:mod:`hwbench.opprobe`: GEMMs with cold and cache-resident weights, decode
+and prefill attention, the op floor) into the profile's ``ops`` section, serves calibration
+workloads on the real engine and fits its own terms with those tables held fixed
+(:mod:`hwbench.engine_fit`: per-iteration and per-layer overheads, serving-loop gap, extra
+after idle, copy contention; ``ops.engine``), so ``pdsim validate`` -- and ``pdsim run`` of any
+scenario naming the profile -- price iterations from it. ``--tiny`` keeps it to seconds.
+
+Impossible results are rejected with exit status 1, the reasons on stderr and nothing
+written: a link bandwidth above its physical ceiling or above the fastest copy its probe
+timed (:func:`hwbench.profile.check_profile`), a fitted overhead that is negative or near
+zero, an engine fit error over the threshold, a copy rate above the link's
+(:class:`hwbench.engine_fit.ImpossibleFit`).
 
 The share of the machine's CPU that other processes and the hypervisor (steal) took while
 calibrating goes into ``fitted["calibration_load"]`` (:mod:`hwbench.quiet`), with the time
@@ -90,8 +94,8 @@ def calibrate(
         bool,
         typer.Option(
             "--engine/--no-engine",
-            help="Also fit the real engine's compute, prefetch bandwidth and copy/compute "
-            "interference (hwbench.engine_probe; needed by pdsim validate).",
+            help="Also measure op tables on the engine's backend and fit the engine's own "
+            "terms (hwbench.opprobe, hwbench.engine_fit; needed by pdsim validate).",
         ),
     ] = True,
 ) -> None:
@@ -133,15 +137,29 @@ def calibrate(
                     measurements.extend(step.run())
                     progress.advance(task)
         profile = fit_profile(measurements, xp, name or path.stem, mode=mode)
-        if engine:
-            # The real engine's own iterations and streaming (hwbench.engine_probe): what
-            # `pdsim validate` compares the simulator against.
-            from hwbench.engine_probe import calibrate_engine
+        from hwbench.engine_fit import ImpossibleFit
+        from hwbench.profile import check_profile
 
-            with err_console.status("engine probe (serving probe workloads on the engine)"):
-                profile = calibrate_engine(
-                    profile, xp, quick=mode != "full", tiny=mode == "tiny", workdir=workdir
-                )
+        reasons = check_profile(profile, measurements, backend == "gpu")
+        report: dict[str, float] = {}
+        if not reasons and engine:
+            # op tables on the engine's backend, then the engine's own terms on whole
+            # iterations with the tables held fixed (hwbench.opprobe, hwbench.engine_fit)
+            from hwbench.engine_fit import calibrate_engine
+            from hwbench.opprobe import OpGrid, with_op_tables
+
+            grid = {"tiny": OpGrid.tiny, "quick": OpGrid.quick, "full": OpGrid.full}[mode]()
+            with err_console.status("op tables (GEMM, attention) on the engine's backend"):
+                profile = with_op_tables(profile, xp, grid)
+            with err_console.status("engine probe (serving calibration workloads)"):
+                try:
+                    profile, report = calibrate_engine(profile, xp, mode=mode, workdir=workdir)
+                except ImpossibleFit as exc:
+                    reasons.append(str(exc))
+        if reasons:
+            for why in reasons:
+                err_console.print(f"pdsim calibrate: rejected, nothing written: {why}")
+            raise typer.Exit(1)
         load, ref1 = between(start, sample()), reference_seconds()
         row = {
             **(load._asdict() if load is not None else {}),
@@ -174,32 +192,23 @@ def calibrate(
         )
     table.add_row("per-op overhead", f"{g.kernel_launch_s * 1e6:.3g} us")
     table.add_row("per-layer overhead", f"{g.per_layer_overhead_s * 1e6:.3g} us")
-    efit = (profile.fitted.get("engine_fit") or [{}])[0]
-    if "decode_scale" in efit:
-        table.add_row("serving decode scale", f"{float(efit['decode_scale']):.3g}")
-    if "wake_s" in efit:
-        table.add_row(
-            "warm-up after idle / after prefill",
-            f"{efit['wake_s'] * 1e3:.3g} ms - {float(efit.get('wake_hide', 0.0)):.2g} x compute"
-            f" / {efit['rewarm_s'] * 1e3:.3g} ms "
-            f"x {efit['rewarm_decay']:.2g}^(step-1)",
-        )
-    if "iter_gap_s" in efit:
-        table.add_row("serving loop between iterations", f"{efit['iter_gap_s'] * 1e6:.3g} us")
+    eng = profile.ops.engine if profile.ops is not None else None
+    if profile.ops is not None and eng is not None:
+        rl = profile.ops.roofline
+        table.add_row("op floor (untabled ops)", f"{rl.op_floor_s * 1e6:.3g} us")
+        table.add_row("engine: iteration overhead (fit)", f"{rl.iteration_overhead_s * 1e6:.3g} us")
+        table.add_row("engine: per-layer overhead (fit)", f"{eng.layer_overhead_s * 1e6:.3g} us")
+        table.add_row("engine: serving-loop gap", f"{eng.iter_gap_s * 1e6:.3g} us")
+        table.add_row("engine: extra after idle", f"{eng.wake_s * 1e6:.3g} us")
+        table.add_row("engine: copy contention", f"{eng.copy_contention:.3g}")
+        if report:
+            table.add_row(
+                "engine fit error (RMS / max)",
+                f"{report['rms_rel_error']:.1%} / {report['max_rel_error']:.1%}",
+            )
     if load is not None:
         table.add_row("CPU to others / steal meanwhile", f"{load.others:.1%} / {load.steal:.1%}")
     table.add_row("reference workload start / end", f"{ref0 * 1e3:.4g} / {ref1 * 1e3:.4g} ms")
-    if "copy_interference" in efit:
-        from hwbench.interference import interference_of, overhead_of
-
-        s, h = interference_of(profile), overhead_of(profile)
-        table.add_row(
-            "streaming: factor s + ms per iteration",
-            ", ".join(
-                f"{kind} {s[k]:.3g} + {h[k] * 1e3:.3g}"
-                for k, kind in enumerate(("decode", "prefill", "after idle"))
-            ),
-        )
     console.print(table)
     console.print(f"wrote {path}")
     for note in (

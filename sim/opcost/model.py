@@ -49,7 +49,7 @@ from typing import TYPE_CHECKING
 from engine.errors import InputError
 from sim.models import ModelSpec
 from sim.opcost.shapes import DecoderShape
-from sim.opcost.tables import AttentionTable, OpsProfile
+from sim.opcost.tables import AttentionTable, GemmTable, OpsProfile
 
 if TYPE_CHECKING:
     from sim.costmodel import Profile
@@ -73,6 +73,7 @@ OP_NAMES: tuple[str, ...] = (
     "final_norm",
     "lm_head",
     "iteration_overhead",
+    "layer_overhead",
 )
 #: links :meth:`OpCostModel.copy_time` accepts (the profile's links plus on-device memories)
 COPY_LINKS: tuple[str, ...] = ("pcie", "nvlink", "rdma", "nvme", "object_store", "hbm", "dram")
@@ -106,7 +107,7 @@ class OpCostModel:
         self.hbm_bw = gpu.hbm_bandwidth
         n_attn = max(1, shape.n_layers)
         kv_elem = model.kv_bytes_per_token / (2 * n_attn * shape.kv_heads * shape.head_dim)
-        self.kv_dtype = "fp8" if kv_elem <= 1 else "bf16"
+        self.kv_dtype = "fp8" if kv_elem <= 1 else ("bf16" if kv_elem <= 2 else "fp32")
         self.kv_elem_bytes = max(1.0, kv_elem)
         self.q_heads = shape.heads // tp
         self.kv_heads = max(1, shape.kv_heads // tp)
@@ -118,7 +119,19 @@ class OpCostModel:
             "down_gemm": (h, -(-shape.ffn // tp)),
         }
         self.vocab_per_gpu = -(-shape.vocab // tp)
-        self._gemm_dtype = {1: "fp8", 2: "bf16"}.get(db)
+        self._gemm_dtype = {1: "fp8", 2: "bf16", 4: "fp32"}.get(db)
+        self._head_dtype = "fp32" if db == 4 else "bf16"  # fp8 models keep a 16-bit lm_head
+        #: the engine's own terms (sim.opcost.tables.EngineTerms); None: fused, none extra
+        self.engine = self.ops.engine
+        # per dtype: the table timed with weights resident in the smallest cache that holds
+        # this model's weights per GPU, else the one timed with cold weights
+        weights = model.param_bytes / tp
+        self._gemm_tables: dict[str, GemmTable] = {}
+        for t in sorted(self.ops.gemm, key=lambda t: (t.resident_bytes == 0, t.resident_bytes)):
+            if (t.resident_bytes == 0 or weights <= t.resident_bytes) and (
+                t.dtype not in self._gemm_tables
+            ):
+                self._gemm_tables[t.dtype] = t
         self._attn = {phase: self._attention_table(phase) for phase in ("prefill", "decode")}
         self._ar = {t.group: t for t in self.ops.all_reduce}
         self.act_bytes = 2 if db <= 2 else db  # activations are 16-bit unless fp32
@@ -140,11 +153,11 @@ class OpCostModel:
         if m <= 0:
             return 0.0, "not run"
         dtype = dtype or self._gemm_dtype
-        for table in self.ops.gemm:
-            if table.dtype == dtype:
-                secs, extra = table.grid.lookup(m, n, k)
-                return secs, "table-extrapolated" if extra else "table"
-        wbytes = 1 if dtype == "fp8" else (2 if dtype == "bf16" else self.shape.dtype_bytes)
+        table = self._gemm_tables.get(dtype or "")
+        if table is not None:
+            secs, extra = table.grid.lookup(m, n, k)
+            return secs, "table-extrapolated" if extra else "table"
+        wbytes = {"fp8": 1, "bf16": 2, "fp32": 4}.get(dtype or "", self.shape.dtype_bytes)
         act = 2  # activations stay 16-bit
         nbytes = n * k * wbytes + (m * k + m * n) * act
         return self._roofline(2.0 * m * n * k, nbytes, self.ops.roofline.gemm_efficiency), (
@@ -288,9 +301,40 @@ class OpCostModel:
         add("down_gemm", *gemms["down_gemm"], layers)
         add("allreduce_mlp", ar, ar_src, layers)
         add("final_norm", self.elementwise_time(t, h, h), "roofline")
-        add("lm_head", *self.gemm_time(n_prompts + n_decode, self.vocab_per_gpu, h, "bf16"))
+        add(
+            "lm_head",
+            *self.gemm_time(n_prompts + n_decode, self.vocab_per_gpu, h, self._head_dtype),
+        )
         add("iteration_overhead", rl.iteration_overhead_s, "overhead")
+        per_layer = self.engine.layer_overhead_s if self.engine is not None else 0.0
+        add("layer_overhead", per_layer, "overhead" if per_layer else "not run", layers + 2)
         return out
+
+    def _split(self) -> bool:
+        """Whether iterations run as a prefill part plus a decode part (EngineTerms)."""
+        return self.engine is not None and not self.engine.fused_iterations
+
+    def _parts(
+        self,
+        prefill_tokens: int,
+        prefill_sq: int,
+        n_prompts: int,
+        n_decode: int,
+        decode_ctx: float,
+    ) -> list[list[OpCost]]:
+        """The op lists of an iteration: one fused list, or (engine with
+        ``fused_iterations: false``) the prefill part's and the decode part's, the iteration
+        overhead charged once (on the first part that runs)."""
+        if not self._split() or prefill_tokens <= 0 or n_decode <= 0:
+            return [
+                self.iteration_breakdown(
+                    prefill_tokens, prefill_sq, n_prompts, n_decode, decode_ctx
+                )
+            ]
+        pre = self.iteration_breakdown(prefill_tokens, prefill_sq, n_prompts, 0, 0.0)
+        dec = self.iteration_breakdown(0, 0, 0, n_decode, decode_ctx)
+        dec = [OpCost(o.name, 0.0, o.source) if o.name == "iteration_overhead" else o for o in dec]
+        return [pre, dec]
 
     def iteration_ops(
         self,
@@ -301,8 +345,11 @@ class OpCostModel:
         decode_ctx: float,
     ) -> dict[str, float]:
         """``{op_name: seconds}`` of one fused iteration (every name of :data:`OP_NAMES`)."""
-        ops = self.iteration_breakdown(prefill_tokens, prefill_sq, n_prompts, n_decode, decode_ctx)
-        return {op.name: op.seconds for op in ops}
+        out: dict[str, float] = {}
+        for part in self._parts(prefill_tokens, prefill_sq, n_prompts, n_decode, decode_ctx):
+            for op in part:
+                out[op.name] = out.get(op.name, 0.0) + op.seconds
+        return out
 
     def iteration_time(
         self,
@@ -316,7 +363,13 @@ class OpCostModel:
         chunks whose squared lengths sum to ``prefill_sq``, plus one token for each of
         ``n_decode`` sequences holding ``decode_ctx`` context tokens in all. Weights are read
         once; an empty iteration costs 0. Equals the sum of :meth:`iteration_ops`; the parts
-        that depend only on the token count and the logits rows are memoised."""
+        that depend only on the token count and the logits rows are memoised. An engine with
+        ``fused_iterations: false`` pays a prefill part and a decode part (the iteration
+        overhead once)."""
+        if self._split() and prefill_tokens > 0 and n_decode > 0:
+            pre = self.iteration_time(prefill_tokens, prefill_sq, n_prompts, 0, 0.0)
+            dec = self.iteration_time(0, 0, 0, n_decode, decode_ctx)
+            return pre + dec - self.ops.roofline.iteration_overhead_s
         t = prefill_tokens + n_decode
         if t <= 0 or min(prefill_tokens, prefill_sq, n_prompts, n_decode) < 0 or decode_ctx < 0:
             ops = self.iteration_breakdown(

@@ -156,10 +156,15 @@ class GemmTable(_Strict):
 
     origin: TableOrigin
     """Where and when it was measured."""
-    dtype: Literal["bf16", "fp8"]
-    """Weight/compute dtype: `bf16` (2-byte weights) or `fp8` (1-byte weights)."""
+    dtype: Literal["bf16", "fp8", "fp32"]
+    """Weight/compute dtype: `bf16` (2-byte weights), `fp8` (1-byte weights) or `fp32`
+    (4-byte weights; `pdsim calibrate` on the NumPy engine)."""
     kernel: str = ""
     """The kernel timed, e.g. `torch.nn.functional.linear`."""
+    resident_bytes: int = Field(default=0, ge=0)
+    """0: timed with the weights read from device memory (cold), which prices every model;
+    > 0: timed with the weights resident in a cache of this many bytes (a CPU's last-level
+    cache), which prices models whose weights per GPU fit in it."""
     grid: Grid3
     """Seconds over m (tokens) x n (output features) x k (input features)."""
 
@@ -181,7 +186,7 @@ class AttentionTable(_Strict):
     """Key/value heads on one GPU."""
     head_dim: int = Field(ge=1)
     """Dimension of one head."""
-    kv_dtype: Literal["bf16", "fp8"] = "bf16"
+    kv_dtype: Literal["bf16", "fp8", "fp32"] = "bf16"
     """KV-cache dtype."""
     kernel: str = ""
     """The kernel timed, e.g. `vllm_flash_attn_fa3`."""
@@ -242,22 +247,49 @@ class RooflineTerms(_Strict):
     """Seconds of scheduling/launch work per iteration outside the ops (engine-specific)."""
 
 
+class EngineTerms(_Strict):
+    """How one serving engine runs an iteration, beyond its kernels: fitted by `pdsim
+    calibrate` on whole engine iterations (measured op tables held fixed), each with its unit.
+    Absent: a fused vLLM-style iteration with no extra terms."""
+
+    fused_iterations: bool = True
+    """`true`: prefill chunks and decodes of an iteration run as one pass of GEMMs (vLLM,
+    SGLang); `false`: each layer runs a prefill part and a decode part (pdsim's own engine),
+    so the ops are priced twice, once per part."""
+    layer_overhead_s: float = Field(default=0.0, ge=0)
+    """Seconds per layer and per part of an iteration outside the timed ops (interpreter
+    dispatch, temporaries), fitted; seconds."""
+    iter_gap_s: float = Field(default=0.0, ge=0)
+    """Seconds the serving loop spends between two back-to-back iterations (scheduling,
+    bookkeeping), measured from the engine's iteration log; seconds."""
+    wake_s: float = Field(default=0.0, ge=0)
+    """Extra seconds of the first iteration after the engine sat idle (cold caches), fitted
+    on the calibration's open-loop runs; seconds."""
+    copy_contention: float = Field(default=0.0, ge=0, le=4)
+    """How much slower the engine's weight copies run while it computes than the idle
+    host->device link (copy thread and compute sharing cores and memory): the simulator
+    moves weights at `links.pcie.bandwidth / (1 + copy_contention)`; measured as the link's
+    rate over the copy thread's achieved rate, less 1; dimensionless, 0: no contention."""
+
+
 class OpsProfile(_Strict):
     """The `ops` section of a profile: measured op tables plus roofline terms."""
 
     roofline: RooflineTerms = Field(default_factory=RooflineTerms)
     """Efficiencies and floors for ops no table covers."""
     gemm: list[GemmTable] = Field(default_factory=list)
-    """GEMM tables, at most one per dtype."""
+    """GEMM tables, at most one per (dtype, resident_bytes)."""
     attention: list[AttentionTable] = Field(default_factory=list)
     """Attention tables, at most one per (phase, heads, kv_heads, head_dim, kv_dtype)."""
     all_reduce: list[CollectiveTable] = Field(default_factory=list)
     """All-reduce tables, at most one per group size."""
+    engine: EngineTerms | None = None
+    """Engine-specific terms fitted by `pdsim calibrate` (null: a fused vLLM-style engine)."""
 
     @model_validator(mode="after")
     def _unique(self) -> OpsProfile:
         seen: set[tuple[object, ...]] = set()
-        keys: list[tuple[object, ...]] = [("gemm", t.dtype) for t in self.gemm]
+        keys: list[tuple[object, ...]] = [("gemm", t.dtype, t.resident_bytes) for t in self.gemm]
         keys += [(t.phase, t.heads, t.kv_heads, t.head_dim, t.kv_dtype) for t in self.attention]
         keys += [("all_reduce", t.group) for t in self.all_reduce]
         for key in keys:

@@ -219,20 +219,21 @@ def test_outputs_follow_the_umask(here: Path, mask: int) -> None:
 
 
 def test_validate_writes_under_runs_by_default(here: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Stopped at its first workload (no engine run): the fitted profile it writes first
-    lands in runs/validate-PROFILE-HASH, not in a validate-out/ of the working folder."""
-    import hwbench.engine_probe
+    """Stopped at its first workload (no engine run): the output folder is
+    runs/validate-PROFILE-HASH, not a validate-out/ of the working folder."""
     import hwbench.validate
     from engine.errors import InputError
+    from sim.costmodel import load_profile
+    from sim.opcost import EngineTerms, OpsProfile
 
     def stop(*_: Any, **__: Any) -> Any:
         raise InputError("stopped by the test")
 
-    monkeypatch.setattr(hwbench.engine_probe, "calibrate_engine", lambda prof, xp: prof)
     monkeypatch.setattr(hwbench.validate, "validate_workload", stop)
-    r = runner.invoke(app, ["validate", "--profile", "a100-80gb", "--repeats", "1"])
+    prof = load_profile("a100-80gb").model_copy(update={"ops": OpsProfile(engine=EngineTerms())})
+    (here / "eng.json").write_text(prof.model_dump_json(), encoding="utf-8")
+    r = runner.invoke(app, ["validate", "--profile", "eng.json", "--repeats", "1"])
     assert r.exit_code == 2 and "stopped by the test" in r.output
     assert not (here / "validate-out").exists()
     (folder,) = (here / "runs").iterdir()
-    assert folder.name.startswith("validate-a100-80gb-")
-    assert (folder / "profile-with-engine-fit.json").is_file()
+    assert folder.name.startswith("validate-eng-")

@@ -61,7 +61,9 @@ def test_engine_and_simulator_hbm_caches_decide_identically(tmp_path: Path, poli
     from sim.costmodel import CostModel, load_profile
     from sim.scenario import validate
 
-    w = replace(get_workload("low-stream-lru"), requests=6, rate=50.0, policy=policy)
+    w = replace(
+        get_workload("stream-045"), hbm_fraction=0.6, seed=3, requests=6, rate=50.0, policy=policy
+    )
     # -- engine: record its device cache's calls after warm-up
     cfg, weights, _ = engine_parts(w, tmp_path / "e")
     dev = weights.device
@@ -109,7 +111,9 @@ def test_engine_run_and_simulator_run_admit_and_evict_the_same_chunks(
     from engine.runtime import Engine
     from engine.runtime.clock import VirtualClock
 
-    w = replace(get_workload("low-stream-lru"), requests=3, rate=1.0, policy=policy)
+    w = replace(
+        get_workload("stream-045"), hbm_fraction=0.6, seed=3, requests=3, rate=1.0, policy=policy
+    )
     cfg, weights, sz = engine_parts(w, tmp_path / "e")
     log: list[tuple[Any, ...]] = []
     _record(weights.device, log, lambda k: k[1])

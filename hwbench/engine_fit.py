@@ -1,0 +1,215 @@
+"""The engine's own terms, fitted on whole iterations with the measured op tables held fixed.
+
+:func:`fit_engine_terms` takes a profile whose ``ops`` section carries the measured op tables
+(:mod:`hwbench.opprobe`) and the engine probe's iterations (:mod:`hwbench.engine_probe`) and
+returns :class:`sim.opcost.EngineTerms` plus ``ops.roofline.iteration_overhead_s``:
+
+* ``iteration_overhead_s`` (s per iteration) and ``layer_overhead_s`` (s per layer and per
+  part of an iteration): least squares, on relative error, of the closed runs' measured
+  iteration times (:class:`hwbench.engine_probe.PassPoint`, each shape weighted by its
+  iteration count) against ``ops + iteration_overhead + layer_overhead * layers * parts``,
+  where ``ops`` is the op tables' sum for the iteration (:class:`sim.opcost.OpCostModel`
+  with ``fused_iterations: false``, the engine's prefill part plus decode part);
+* ``iter_gap_s``: the median gap between back-to-back iterations of the resident open-loop
+  runs (measured, not fitted);
+* ``wake_s``: the median extra (measured - modelled) of the iterations that follow an idle
+  spell in those runs, floored at 0;
+* ``copy_contention``: ``link / achieved - 1``, the idle host -> device link's measured
+  bandwidth (``links.pcie``) over what the engine's copy thread achieved while the engine
+  computed, floored at 0 (the simulator then runs weight copies ``1 + copy_contention``
+  times slower than the link).
+
+The profile's ``fitted`` tables keep the evidence: ``engine_pass`` (every iteration shape:
+tokens, prompts, batch, context, measured mean and count, and the model's seconds
+``model_s``) and ``engine_fit_report`` (:class:`FitReport`).
+
+Measured hardware terms (the op tables, link bandwidths, memory bandwidth, FLOP rate) are
+inputs here and never change. :class:`ImpossibleFit` rejects a fit that cannot describe the
+machine: an overhead that comes out negative or below :data:`MIN_OVERHEAD_S`, a fit error
+over :data:`MAX_FIT_ERROR`, or an achieved copy rate above the link's own measured rate by
+more than :data:`MAX_ABOVE_PEAK`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import numpy as np
+
+from hwbench.engine_probe import PassPoint, StreamProbe, after_idle
+from sim.costmodel import Profile
+from sim.models import ModelSpec
+from sim.opcost import EngineTerms, OpCostModel
+
+__all__ = [
+    "MAX_ABOVE_PEAK",
+    "MAX_FIT_ERROR",
+    "MIN_OVERHEAD_S",
+    "FitReport",
+    "ImpossibleFit",
+    "calibrate_engine",
+    "fit_engine_terms",
+    "with_engine",
+]
+
+#: the smallest per-iteration or per-layer overhead a Python engine can have (1 us): a fit
+#: below it traded the overhead away against an op table and describes no real engine
+MIN_OVERHEAD_S = 1e-6
+#: the largest weighted RMS relative error of the closed runs' iteration times accepted
+MAX_FIT_ERROR = 0.15
+#: how far above the link's own measured rate the engine's copy rate may come out (timer
+#: granularity on small reads); more is not a measurement of this machine
+MAX_ABOVE_PEAK = 0.10
+
+
+class ImpossibleFit(Exception):
+    """A calibration result that cannot describe the machine; the message says why."""
+
+
+def with_engine(profile: Profile, terms: EngineTerms, iteration_overhead_s: float) -> Profile:
+    """``profile`` with ``ops.engine = terms`` and ``ops.roofline.iteration_overhead_s``."""
+    if profile.ops is None:
+        raise ValueError("profile has no ops section (measured op tables) to add terms to")
+    rl = profile.ops.roofline.model_copy(update={"iteration_overhead_s": iteration_overhead_s})
+    ops = profile.ops.model_copy(update={"roofline": rl, "engine": terms})
+    return profile.model_copy(update={"ops": ops})
+
+
+class FitReport(dict[str, float]):
+    """The fit's figures: ``rms_rel_error``, ``max_rel_error``, ``points`` and the
+    unconstrained least-squares solution (``raw_iteration_overhead_s``,
+    ``raw_layer_overhead_s``)."""
+
+
+def _base_times(profile: Profile, spec: ModelSpec, points: Sequence[PassPoint]) -> np.ndarray:
+    """Op-table seconds of each point's iteration, no overheads, split into parts."""
+    zero = with_engine(profile, EngineTerms(fused_iterations=False), 0.0)
+    cost = OpCostModel(zero, spec)
+    return np.array(
+        [
+            cost.iteration_time(p.tokens, round(p.sq), p.prompts if p.tokens else 0, p.batch,
+                                float(p.context))
+            for p in points
+        ]
+    )  # fmt: skip
+
+
+def _fit_overheads(
+    base: np.ndarray, meas: np.ndarray, calls: np.ndarray, count: np.ndarray
+) -> tuple[float, float, FitReport]:
+    """Weighted least squares of ``meas = base + a + b * calls`` on relative error."""
+    w = np.sqrt(count / count.sum()) / meas
+    design = np.column_stack([np.ones_like(base), calls]) * w[:, None]
+    (a, b), *_ = np.linalg.lstsq(design, (meas - base) * w, rcond=None)
+    pred = base + a + b * calls
+    rel = pred / meas - 1.0
+    report = FitReport(
+        rms_rel_error=float(np.sqrt(np.sum(count * rel**2) / count.sum())),
+        max_rel_error=float(np.max(np.abs(rel))),
+        points=float(len(meas)),
+        raw_iteration_overhead_s=float(a),
+        raw_layer_overhead_s=float(b),
+    )
+    return float(a), float(b), report
+
+
+def _serving(profile: Profile, spec: ModelSpec, probe: StreamProbe) -> tuple[float, float]:
+    """``(iter_gap_s, wake_s)`` from the resident open-loop runs (module docstring)."""
+    cost = OpCostModel(profile, spec)
+    gaps: list[float] = []
+    extra: list[float] = []
+    for run in probe.runs:
+        log: tuple[Any, ...] = run.resident_log
+        prev_end = None
+        for rec, idle in zip(log, after_idle(log), strict=True):
+            if not idle and prev_end is not None:
+                gaps.append(max(float(rec.start) - prev_end, 0.0))
+            if idle:
+                pred = cost.iteration_time(
+                    int(rec.prompt_tokens), round(rec.prompt_sq_tokens), int(rec.new),
+                    int(rec.decode_batch), float(rec.decode_context),
+                )  # fmt: skip
+                extra.append(float(rec.seconds) - pred)
+            prev_end = float(rec.start) + float(rec.seconds)
+    gap = float(np.median(gaps)) if gaps else 0.0
+    wake = max(float(np.median(extra)), 0.0) if extra else 0.0
+    return gap, wake
+
+
+def fit_engine_terms(
+    profile: Profile,
+    spec: ModelSpec,
+    points: Sequence[PassPoint],
+    probe: StreamProbe,
+) -> tuple[Profile, FitReport]:
+    """``profile`` (with measured op tables) plus the engine's terms fitted on ``points``
+    and ``probe`` (module docstring), and the fit's report. :class:`ImpossibleFit` when the
+    result cannot describe the machine."""
+    if not points:
+        raise ImpossibleFit("the engine probe logged no iterations")
+    base = _base_times(profile, spec, points)
+    meas = np.array([p.mean_s for p in points])
+    calls = np.array([spec.n_layers * (2 if p.tokens and p.batch else 1) for p in points])
+    count = np.array([float(p.count) for p in points])
+    a, b, report = _fit_overheads(base, meas, calls, count)
+    if report["rms_rel_error"] > MAX_FIT_ERROR:
+        raise ImpossibleFit(
+            f"engine iteration fit error {report['rms_rel_error']:.1%} (RMS, relative) is "
+            f"over the {MAX_FIT_ERROR:.0%} allowed: op tables plus overheads do not describe "
+            "this engine's iterations"
+        )
+    for name, val, unit in (
+        ("iteration_overhead_s", a, "s per iteration"),
+        ("layer_overhead_s", b, "s per layer call"),
+    ):
+        if val < MIN_OVERHEAD_S:
+            raise ImpossibleFit(
+                f"fitted {name} = {val:.3g} {unit}: negative or near zero (allowed: >= "
+                f"{MIN_OVERHEAD_S:g}); the op tables already exceed the engine's iteration "
+                "times, so they were measured under different conditions (machine load?)"
+            )
+    link = profile.links.pcie.bandwidth
+    achieved = probe.bandwidth
+    if achieved > link * (1.0 + MAX_ABOVE_PEAK):
+        raise ImpossibleFit(
+            f"the engine's copies ran at {achieved:.3g} B/s, above the host->device link's "
+            f"own measured {link:.3g} B/s by more than {MAX_ABOVE_PEAK:.0%}"
+        )
+    contention = min(max(link / achieved - 1.0, 0.0), 4.0) if achieved > 0 else 0.0
+    terms = EngineTerms(fused_iterations=False, layer_overhead_s=b, copy_contention=contention)
+    fitted = with_engine(profile, terms, a)
+    gap, wake = _serving(fitted, spec, probe)
+    terms = terms.model_copy(update={"iter_gap_s": gap, "wake_s": wake})
+    report["copy_rate_Bps"] = achieved
+    out = with_engine(profile, terms, a)
+    pred = base + a + b * calls
+    tables = dict(out.fitted)
+    tables["engine_pass"] = [
+        {**p.row(), "model_s": float(m)} for p, m in zip(points, pred, strict=True)
+    ]
+    tables["engine_fit_report"] = [dict(report)]
+    return out.model_copy(update={"fitted": tables}), report
+
+
+def calibrate_engine(
+    profile: Profile, xp: ModuleType, *, mode: str = "quick", workdir: Path | None = None
+) -> tuple[Profile, FitReport]:
+    """Serve the calibration workloads on the engine (backend ``xp``) and fit its terms
+    onto ``profile`` (which carries the measured op tables): :func:`fit_engine_terms`.
+    ``mode``: ``tiny`` (seconds; tests), ``quick`` or ``full`` (more repeats and runs)."""
+    from hwbench.engine_probe import TINY_RUNS, engine_probe, fetch_probe
+    from hwbench.validate import decoder_config, sim_catalogue
+
+    cfg = decoder_config()
+    spec = sim_catalogue(cfg)[cfg.name]
+    if mode == "tiny":
+        points = engine_probe(xp, runs=TINY_RUNS, repeats=1, mixed=0, workdir=workdir)
+        probe = fetch_probe(xp, requests=3, rate=1e9, seeds=1, workdir=workdir)
+    else:
+        full = mode == "full"
+        points = engine_probe(xp, repeats=6 if full else 2, mixed=3 if full else 1, workdir=workdir)
+        probe = fetch_probe(xp, seeds=8 if full else 4, workdir=workdir)
+    return fit_engine_terms(profile, spec, points, probe)

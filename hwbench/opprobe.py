@@ -1,0 +1,383 @@
+"""Op tables measured on the engine's array backend, in the schema of :mod:`sim.opcost`.
+
+``pdsim calibrate`` times the kernels the engine runs, one op at a time, on the backend it
+serves with (NumPy on a CPU, CuPy on a GPU: :mod:`engine.backend`), and writes them as the
+profile's ``ops`` section -- the same tables an imported aiconfigurator profile carries:
+
+* **GEMM** (:class:`sim.opcost.GemmTable`, dtype ``fp32``: the engine computes in float32)
+  -- ``x @ w`` with ``x`` ``[m, k]`` and ``w`` ``[k, n]``, over the knots of
+  :class:`OpGrid` (every knot combination; interpolation fills the rest), twice: with the
+  weights cold (read from memory, as for a model larger than the last-level cache) and
+  resident in that cache (as for a model that fits in it; ``resident_bytes``);
+* **decode attention** (``phase: decode``) -- :func:`engine.kv.attention.paged_decode_attention`
+  on a fp32 :class:`engine.kv.storage.KVStorage`, ``batch`` sequences of ``x`` tokens each,
+  plus the engine's scatter of the step's new K/V into the store;
+* **prefill attention** (``phase: prefill``) -- :func:`prefill_attention`, the engine's causal
+  attention of ``batch`` prompts of ``x`` tokens each (one prompt at a time, as
+  :class:`engine.runtime.model.DecoderModel` runs it), KV written into the store;
+* **op floor** -- the median of one tiny elementwise op (``ops.roofline.op_floor_s``): what
+  every op no table covers (norms, activation, embedding) pays at least.
+
+Each point is the median of ``repeats`` timed calls after ``warmup`` untimed ones (on a GPU
+every timed call ends with a device synchronisation). A table's :class:`sim.opcost.TableOrigin`
+says which device, backend and library were timed and when. Nothing here is fitted: the
+engine's own terms (per-layer and per-iteration overheads) are fitted on whole iterations
+with these tables held fixed (:mod:`hwbench.engine_fit`).
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import math
+import platform
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import numpy as np
+
+from engine import backend
+from engine.kv.attention import paged_decode_attention
+from engine.kv.storage import KVLayout, KVStorage
+from hwbench.probes import time_op
+from sim.costmodel import Profile
+from sim.opcost import (
+    AttentionTable,
+    Curves,
+    GemmTable,
+    Grid3,
+    OpsProfile,
+    RooflineTerms,
+    TableOrigin,
+)
+
+__all__ = [
+    "OpGrid",
+    "cache_bytes",
+    "gemm_table",
+    "measure_ops",
+    "op_floor",
+    "origin",
+    "prefill_attention",
+    "with_op_tables",
+]
+
+BLOCK_TOKENS = 16  # the engine's KV block (engine.runtime.model.DecoderConfig.block_tokens)
+
+
+@dataclass(frozen=True)
+class OpGrid:
+    """Knots of the measured tables (all ascending, > 0) and how to time each point."""
+
+    m: tuple[int, ...]
+    n: tuple[int, ...]
+    k: tuple[int, ...]
+    #: (query heads, KV heads) layouts of the attention tables, head size ``head_dim``
+    layouts: tuple[tuple[int, int], ...]
+    head_dim: int
+    decode_batch: tuple[int, ...]
+    decode_context: tuple[int, ...]
+    prefill_batch: tuple[int, ...]
+    prefill_tokens: tuple[int, ...]
+    warmup: int = 2
+    repeats: int = 7
+
+    @classmethod
+    def quick(cls) -> OpGrid:
+        """``pdsim calibrate --quick``: GEMM dimensions 256-4096, 4 and 8 heads of 64."""
+        return cls(
+            m=(1, 2, 4, 8, 16, 32, 64, 128, 256, 512),
+            n=(256, 1024, 2048, 4096),
+            k=(256, 512, 1024, 2048),
+            layouts=((4, 4), (8, 8)),
+            head_dim=64,
+            decode_batch=(1, 2, 4, 8, 16),
+            decode_context=(16, 64, 128, 256, 512, 768),
+            prefill_batch=(1, 2, 4),
+            prefill_tokens=(16, 64, 128, 256, 512),
+            repeats=5,
+        )
+
+    @classmethod
+    def full(cls) -> OpGrid:
+        """More knots and repeats than :meth:`quick`."""
+        q = cls.quick()
+        return cls(
+            m=(1, 2, 4, 8, 16, 32, 48, 64, 96, 128, 192, 256, 384, 512, 1024),
+            n=(256, 512, 1024, 2048, 3072, 4096),
+            k=(256, 512, 1024, 1536, 2048, 4096),
+            layouts=q.layouts,
+            head_dim=q.head_dim,
+            decode_batch=(1, 2, 4, 8, 12, 16, 24),
+            decode_context=(16, 32, 64, 128, 256, 384, 512, 768, 1024),
+            prefill_batch=(1, 2, 4, 8),
+            prefill_tokens=(16, 32, 64, 128, 192, 256, 384, 512),
+            repeats=11,
+        )
+
+    @classmethod
+    def tiny(cls) -> OpGrid:
+        """A few seconds (tests): two knots per axis, one layout."""
+        return cls(
+            m=(1, 64),
+            n=(256, 1024),
+            k=(256, 1024),
+            layouts=((4, 4),),
+            head_dim=64,
+            decode_batch=(1, 4),
+            decode_context=(16, 128),
+            prefill_batch=(1, 2),
+            prefill_tokens=(16, 64),
+            warmup=1,
+            repeats=3,
+        )
+
+
+def _syncer(xp: ModuleType) -> Callable[[], None]:
+    if backend.is_gpu(xp):
+        runtime = xp.cuda.runtime
+        return lambda: runtime.deviceSynchronize()
+    return lambda: None
+
+
+def _median(fn: Callable[[], object], grid: OpGrid, sync: Callable[[], None]) -> float:
+    return float(np.median(time_op(fn, grid.warmup, grid.repeats, sync)))
+
+
+def origin(xp: ModuleType, when: _dt.datetime, what: str) -> TableOrigin:
+    """Where and when a table is measured: the device (CPU model or GPU name), the array
+    library and version, and the ``pdsim calibrate`` run."""
+    if backend.is_gpu(xp):
+        props = xp.cuda.runtime.getDeviceProperties(0)
+        raw = props.get("name", b"gpu")
+        device = raw.decode() if isinstance(raw, bytes) else str(raw)
+        framework = f"cupy {xp.__version__}"
+    else:
+        device = platform.processor() or platform.machine() or "cpu"
+        framework = f"numpy {np.__version__}"
+    return TableOrigin(
+        device=device,
+        framework=framework,
+        measured_at=when.date().isoformat(),
+        source=f"pdsim calibrate on {platform.node() or 'unknown'} ({what})",
+    )
+
+
+def op_floor(xp: ModuleType, grid: OpGrid) -> float:
+    """Seconds of one tiny elementwise op (64 floats): the floor every untabled op pays."""
+    a = xp.ones((1, 64), dtype=xp.float32)
+    b = xp.ones((1, 64), dtype=xp.float32)
+    return _median(lambda: a + b, grid, _syncer(xp))
+
+
+def cache_bytes(xp: ModuleType) -> int:
+    """The last-level cache the weights compete for, bytes: a GPU's L2 (CuPy), else the
+    CPU's largest cache level (Linux sysfs); 0 when unknown."""
+    if backend.is_gpu(xp):
+        return int(xp.cuda.runtime.getDeviceProperties(0).get("l2CacheSize", 0))
+    best = 0
+    for idx in Path("/sys/devices/system/cpu/cpu0/cache").glob("index*"):
+        try:
+            text = (idx / "size").read_text().strip()
+        except OSError:
+            continue
+        mult = {"K": 1024, "M": 1024**2, "G": 1024**3}.get(text[-1:].upper(), 1)
+        digits = text[:-1] if text[-1:].isalpha() else text
+        if digits.isdigit():
+            best = max(best, int(digits) * mult)
+    return best
+
+
+def gemm_table(
+    xp: ModuleType, grid: OpGrid, org: TableOrigin, resident_bytes: int = 0
+) -> GemmTable:
+    """``x @ w`` (float32) at every ``(m, n, k)`` knot of ``grid``, each timed call reading
+    the next copy of ``w`` from a pool: ``resident_bytes`` 0 -- a pool twice the last-level
+    cache (:func:`cache_bytes`), so the weights come from memory, as they do for a model
+    larger than that cache; > 0 -- a pool of half ``resident_bytes`` (at least one copy), so
+    the weights sit in that cache but not in the smaller ones, as a model's weights do when
+    they fit in it and the engine cycles through its layers."""
+    sync = _syncer(xp)
+    rng = np.random.default_rng(11)
+    big_m, big_n, big_k = max(grid.m), max(grid.n), max(grid.k)
+    x_all = xp.asarray(rng.standard_normal((big_m, big_k), dtype=np.float32))
+    w_all = xp.asarray(rng.standard_normal((big_k, big_n), dtype=np.float32))
+    pool_bytes = resident_bytes // 2 if resident_bytes else 2 * cache_bytes(xp)
+    secs = np.zeros((len(grid.m), len(grid.n), len(grid.k)))
+    for j, n in enumerate(grid.n):
+        for li, k in enumerate(grid.k):
+            copies = min(max(1, -(-pool_bytes // (4 * k * n))), 1024)
+            pool = [xp.ascontiguousarray(w_all[:k, :n]) for _ in range(copies)]
+            turn = [0]
+            for i, m in enumerate(grid.m):
+                # contiguous operands, as the engine's activations and weight views are
+                x = xp.ascontiguousarray(x_all[:m, :k])
+
+                def call(x: Any = x, pool: list[Any] = pool, turn: list[int] = turn) -> object:
+                    turn[0] = (turn[0] + 1) % len(pool)
+                    return x @ pool[turn[0]]
+
+                secs[i, j, li] = _median(call, grid, sync)
+            del pool
+    g = Grid3(m=list(grid.m), n=list(grid.n), k=list(grid.k), latency_s=secs.tolist())
+    kernel = f"{backend.name(xp)} matmul, weights " + (
+        f"resident in {resident_bytes} B of cache" if resident_bytes else "cold (from memory)"
+    )
+    return GemmTable(origin=org, dtype="fp32", kernel=kernel, resident_bytes=resident_bytes, grid=g)
+
+
+def prefill_attention(
+    xp: ModuleType,
+    q: Any,
+    k: Any,
+    v: Any,
+    lengths: list[int],
+    store: KVStorage,
+    tables: list[list[int]],
+) -> Any:
+    """Causal attention of prompts of ``lengths`` tokens packed in ``q`` ``[T, H, D]`` and
+    ``k``/``v`` ``[T, KV, D]``, one prompt at a time (the engine's
+    ``DecoderModel._block_prefill``): each prompt's K/V written into ``store`` at its block
+    table, scores ``q k^T / sqrt(D)`` masked above the diagonal, softmax, ``@ v``."""
+    heads, kv_heads, dim = q.shape[1], k.shape[1], q.shape[2]
+    g = heads // kv_heads
+    out = xp.empty_like(q)
+    scale = xp.float32(1.0 / math.sqrt(dim))
+    lo = 0
+    for table, n in zip(tables, lengths, strict=True):
+        ks, vs = k[lo : lo + n], v[lo : lo + n]
+        store.write_tokens(0, table, 0, ks, vs)
+        qs = q[lo : lo + n].reshape(n, kv_heads, g, dim).transpose(1, 2, 0, 3)
+        s = xp.matmul(qs, ks.transpose(1, 2, 0)[:, None]) * scale
+        s = s + xp.asarray(np.triu(np.full((n, n), -np.inf, dtype=np.float32), 1))
+        s = xp.exp(s - s.max(axis=-1, keepdims=True))
+        s /= s.sum(axis=-1, keepdims=True)
+        o = xp.matmul(s, vs.transpose(1, 0, 2)[:, None])
+        out[lo : lo + n] = o.transpose(2, 0, 1, 3).reshape(n, heads, dim)
+        lo += n
+    return out
+
+
+def _store(xp: ModuleType, kv_heads: int, dim: int, seqs: int, tokens: int) -> KVStorage:
+    per_seq = -(-tokens // BLOCK_TOKENS)
+    layout = KVLayout(1, BLOCK_TOKENS, kv_heads, dim, "fp32")
+    return KVStorage(layout, max(1, seqs * per_seq), xp)
+
+
+def attention_tables(xp: ModuleType, grid: OpGrid, org: TableOrigin) -> list[AttentionTable]:
+    """Decode and prefill attention tables for every head layout of ``grid``."""
+    sync = _syncer(xp)
+    rng = np.random.default_rng(12)
+    dim = grid.head_dim
+    out: list[AttentionTable] = []
+    for heads, kv_heads in grid.layouts:
+        dec: list[list[float]] = []
+        for batch in grid.decode_batch:
+            row: list[float] = []
+            for ctx in grid.decode_context:
+                store = _store(xp, kv_heads, dim, batch, ctx + 1)
+                per_seq = -(-(ctx + 1) // BLOCK_TOKENS)
+                tables = [list(range(s * per_seq, (s + 1) * per_seq)) for s in range(batch)]
+                q = xp.asarray(rng.standard_normal((batch, heads, dim), dtype=np.float32))
+                kn = xp.asarray(rng.standard_normal((batch, kv_heads, dim), dtype=np.float32))
+                blocks = xp.asarray(np.array([t[ctx // BLOCK_TOKENS] for t in tables]))
+                slots = xp.asarray(np.full(batch, ctx % BLOCK_TOKENS))
+                lens = [ctx + 1] * batch
+
+                def step(
+                    q: Any = q,
+                    kn: Any = kn,
+                    store: KVStorage = store,
+                    tables: Any = tables,
+                    blocks: Any = blocks,
+                    slots: Any = slots,
+                    lens: list[int] = lens,
+                ) -> object:
+                    kd, vd = store.raw(0)
+                    kd[blocks, slots] = kn
+                    vd[blocks, slots] = kn
+                    return paged_decode_attention(q, store, tables, lens, layer=0, xp=xp)
+
+                row.append(_median(step, grid, sync))
+            dec.append(row)
+        out.append(
+            AttentionTable(
+                origin=org,
+                phase="decode",
+                heads=heads,
+                kv_heads=kv_heads,
+                head_dim=dim,
+                kv_dtype="fp32",
+                kernel="engine.kv.attention.paged_decode_attention",
+                curves=Curves(
+                    batch=list(grid.decode_batch),
+                    x=[list(grid.decode_context)] * len(grid.decode_batch),
+                    latency_s=dec,
+                ),
+            )
+        )
+        pre: list[list[float]] = []
+        for batch in grid.prefill_batch:
+            row = []
+            for n in grid.prefill_tokens:
+                total = batch * n
+                store = _store(xp, kv_heads, dim, batch, n)
+                per_seq = -(-n // BLOCK_TOKENS)
+                tables = [list(range(s * per_seq, (s + 1) * per_seq)) for s in range(batch)]
+                q = xp.asarray(rng.standard_normal((total, heads, dim), dtype=np.float32))
+                kv = xp.asarray(rng.standard_normal((total, kv_heads, dim), dtype=np.float32))
+
+                def fill(
+                    q: Any = q,
+                    kv: Any = kv,
+                    store: KVStorage = store,
+                    tables: Any = tables,
+                    lens: list[int] = [n] * batch,  # bound per point, read only
+                ) -> object:
+                    return prefill_attention(xp, q, kv, kv, lens, store, tables)
+
+                row.append(_median(fill, grid, sync))
+            pre.append(row)
+        out.append(
+            AttentionTable(
+                origin=org,
+                phase="prefill",
+                heads=heads,
+                kv_heads=kv_heads,
+                head_dim=dim,
+                kv_dtype="fp32",
+                kernel="hwbench.opprobe.prefill_attention (the engine's causal attention)",
+                curves=Curves(
+                    batch=list(grid.prefill_batch),
+                    x=[list(grid.prefill_tokens)] * len(grid.prefill_batch),
+                    latency_s=pre,
+                ),
+            )
+        )
+    return out
+
+
+def measure_ops(
+    xp: ModuleType, grid: OpGrid, when: _dt.datetime | None = None
+) -> tuple[list[GemmTable], list[AttentionTable], float]:
+    """The GEMM tables (cold weights; and, where the last-level cache size is known,
+    weights resident in it), the attention tables and the op floor (seconds) on ``xp``."""
+    when = when or _dt.datetime.now(_dt.UTC)
+    org = origin(xp, when, f"{len(grid.m)}x{len(grid.n)}x{len(grid.k)} GEMM knots")
+    gemms = [gemm_table(xp, grid, org)]
+    llc = cache_bytes(xp)
+    if llc > 0:
+        gemms.append(gemm_table(xp, grid, org, resident_bytes=llc))
+    return gemms, attention_tables(xp, grid, org), op_floor(xp, grid)
+
+
+def with_op_tables(profile: Profile, xp: ModuleType, grid: OpGrid) -> Profile:
+    """``profile`` with an ``ops`` section measured on ``xp`` (:func:`measure_ops`): the
+    tables, and a roofline for the untabled elementwise ops at the profile's measured memory
+    bandwidth (``memory_efficiency`` 1) plus the measured op floor."""
+    gemms, attention, floor = measure_ops(xp, grid)
+    roof = RooflineTerms(memory_efficiency=1.0, op_floor_s=floor)
+    ops = OpsProfile(roofline=roof, gemm=gemms, attention=attention)
+    return profile.model_copy(update={"ops": ops})

@@ -1,0 +1,299 @@
+"""The engine's own terms: priced by the op cost model, fitted with the op tables fixed,
+impossible fits rejected; measured op tables against simple references."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from engine.kv.storage import KVLayout, KVStorage
+from hwbench.engine_fit import (
+    MAX_FIT_ERROR,
+    ImpossibleFit,
+    fit_engine_terms,
+    with_engine,
+)
+from hwbench.engine_probe import PassPoint, StreamProbe
+from hwbench.opprobe import OpGrid, gemm_table, origin, prefill_attention
+from hwbench.probes import Measurement
+from hwbench.profile import CEILINGS, check_profile
+from hwbench.validate import decoder_config, sim_catalogue
+from sim.costmodel import CostModel, Profile, load_profile
+from sim.opcost import EngineTerms, GemmTable, Grid3, OpCostModel, OpsProfile, TableOrigin
+
+SPEC = sim_catalogue(decoder_config())[decoder_config().name]
+ORIGIN = TableOrigin(device="cpu", framework="numpy", measured_at="2026-12-01", source="test")
+
+
+def base_profile() -> Profile:
+    """A datasheet profile with an (empty) ops section: every op priced by the roofline."""
+    return load_profile("a100-80gb").model_copy(update={"ops": OpsProfile()})
+
+
+def shapes() -> list[tuple[int, int, int, int, int]]:
+    """(prefill tokens, prompts, sq, decode batch, context) of calibration-like iterations."""
+    out = []
+    for tokens, prompts in ((0, 0), (64, 1), (256, 1), (256, 4), (512, 2)):
+        for batch, ctx in ((0, 0), (1, 100), (4, 900), (16, 3000)):
+            if tokens or batch:
+                sq = tokens * tokens // max(prompts, 1)
+                out.append((tokens, prompts, sq, batch, ctx))
+    return out
+
+
+def points(a: float, b: float, noise: float = 0.0) -> list[PassPoint]:
+    """Iterations whose times are the op model's with overheads ``a`` and ``b`` (and a
+    multiplicative ``noise`` alternating in sign)."""
+    prof = with_engine(base_profile(), EngineTerms(fused_iterations=False, layer_overhead_s=b), a)
+    cost = OpCostModel(prof, SPEC)
+    out = []
+    for i, (tok, pr, sq, batch, ctx) in enumerate(shapes()):
+        t = cost.iteration_time(tok, sq, pr, batch, float(ctx))
+        t *= 1.0 + noise * (-1) ** i
+        out.append(PassPoint(tok, batch, ctx, t, 3, prompts=max(pr, 1), sq_tokens=float(sq)))
+    return out
+
+
+def probe(rate: float) -> StreamProbe:
+    return StreamProbe(rate, ())
+
+
+def test_split_iteration_is_a_prefill_part_plus_a_decode_part() -> None:
+    """``fused_iterations: false``: a mixed iteration costs its prefill-only iteration plus
+    its decode-only one, the iteration overhead once; each part pays the per-layer overhead
+    on every layer (embedding and lm_head included)."""
+    terms = EngineTerms(fused_iterations=False, layer_overhead_s=1e-4)
+    cost = OpCostModel(with_engine(base_profile(), terms, 5e-4), SPEC)
+    pre = cost.iteration_time(128, 128 * 128, 1, 0, 0.0)
+    dec = cost.iteration_time(0, 0, 0, 4, 600.0)
+    assert cost.iteration_time(128, 128 * 128, 1, 4, 600.0) == pytest.approx(pre + dec - 5e-4)
+    ops = cost.iteration_ops(128, 128 * 128, 1, 4, 600.0)
+    assert ops["layer_overhead"] == pytest.approx(2 * SPEC.n_layers * 1e-4)
+    assert ops["iteration_overhead"] == pytest.approx(5e-4)
+    assert sum(ops.values()) == pytest.approx(cost.iteration_time(128, 128 * 128, 1, 4, 600.0))
+    fused = OpCostModel(with_engine(base_profile(), EngineTerms(), 5e-4), SPEC)
+    assert fused.iteration_time(128, 128 * 128, 1, 4, 600.0) < pre + dec
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    st.integers(0, 600), st.integers(0, 32), st.floats(0, 4000), st.floats(0, 1e-3),
+    st.floats(0, 1e-2),
+)  # fmt: skip
+def test_engine_overheads_add_linearly(
+    tokens: int, batch: int, ctx: float, layer_s: float, iter_s: float
+) -> None:
+    """Against a reference: the op sum without overheads, plus ``iter_s`` once and
+    ``layer_s`` per layer call of each part that runs."""
+    if tokens == 0 and batch == 0:
+        return
+    zero = OpCostModel(with_engine(base_profile(), EngineTerms(fused_iterations=False), 0.0), SPEC)
+    terms = EngineTerms(fused_iterations=False, layer_overhead_s=layer_s)
+    cost = OpCostModel(with_engine(base_profile(), terms, iter_s), SPEC)
+    parts = (tokens > 0) + (batch > 0)
+    ctx = ctx if batch else 0.0
+    want = zero.iteration_time(tokens, tokens * tokens, 1 if tokens else 0, batch, ctx)
+    want += iter_s + layer_s * SPEC.n_layers * parts
+    got = cost.iteration_time(tokens, tokens * tokens, 1 if tokens else 0, batch, ctx)
+    assert got == pytest.approx(want, rel=1e-9, abs=1e-15)
+
+
+def test_fit_recovers_known_overheads() -> None:
+    prof, report = fit_engine_terms(base_profile(), SPEC, points(4e-4, 1.5e-4), probe(1e9))
+    assert prof.ops is not None and prof.ops.engine is not None
+    assert prof.ops.roofline.iteration_overhead_s == pytest.approx(4e-4, rel=1e-6)
+    assert prof.ops.engine.layer_overhead_s == pytest.approx(1.5e-4, rel=1e-6)
+    assert not prof.ops.engine.fused_iterations
+    assert report["rms_rel_error"] < 1e-9
+    # measured hardware terms are inputs: the fit leaves them as they were
+    assert prof.gpu == base_profile().gpu and prof.links.nvme == base_profile().links.nvme
+
+
+def test_fit_rejects_a_negative_overhead() -> None:
+    """Iterations faster than the op tables say leave a negative overhead: impossible."""
+    with pytest.raises(ImpossibleFit, match=r"iteration_overhead_s .* negative or near zero"):
+        fit_engine_terms(base_profile(), SPEC, points(-2e-4, 1e-4), probe(1e9))
+
+
+def test_fit_rejects_a_fit_error_over_the_threshold() -> None:
+    noisy = points(4e-3, 1.5e-3, noise=2 * MAX_FIT_ERROR)
+    with pytest.raises(ImpossibleFit, match="fit error"):
+        fit_engine_terms(base_profile(), SPEC, noisy, probe(1e9))
+
+
+def test_copy_contention_and_a_copy_rate_above_the_link() -> None:
+    link = base_profile().links.pcie.bandwidth
+    prof, _ = fit_engine_terms(base_profile(), SPEC, points(4e-4, 1e-4), probe(link / 2.5))
+    assert prof.ops is not None and prof.ops.engine is not None
+    assert prof.ops.engine.copy_contention == pytest.approx(1.5)
+    with pytest.raises(ImpossibleFit, match="above the host->device link"):
+        fit_engine_terms(base_profile(), SPEC, points(4e-4, 1e-4), probe(link * 1.5))
+
+
+def test_simulator_runs_weight_copies_slower_by_the_contention(tmp_path: Path) -> None:
+    """The cluster's host->device link of a profile with ``copy_contention`` c carries
+    1 / (1 + c) of the link's bandwidth; without engine terms, all of it."""
+    from sim.cluster import build
+    from sim.scenario import validate as validate_scenario
+
+    sc = validate_scenario({"name": "t", "deployments": [{"model": "llama-2-7b"}]})
+    from sim.models import load_catalogue
+
+    cat = load_catalogue()
+    prof = load_profile(sc.profile)
+    plain = build(sc, 0, cat, prof, CostModel)
+    slow = with_engine(
+        prof.model_copy(update={"ops": OpsProfile()}), EngineTerms(copy_contention=1.5), 0.0
+    )
+    cl = build(sc, 0, cat, slow, CostModel)
+    bw0 = plain.ctx.nodes[0].ws.links["pcie"].bandwidth
+    assert cl.ctx.nodes[0].ws.links["pcie"].bandwidth == pytest.approx(bw0 / 2.5)
+
+
+def _meas(label: str, nbytes: float, secs: float) -> Measurement:
+    return Measurement("copy", label, {"bytes": nbytes}, nbytes, secs, secs, secs, secs, secs, 3)
+
+
+def test_check_profile_rejects_bandwidths_above_ceiling_or_probe_peak() -> None:
+    prof = base_profile()
+    names = {"object->ssd": "object_store", "ssd->host": "nvme", "host->host": "rdma"}
+    names |= {"host->device": "pcie", "device->device": "nvlink"}
+
+    def at(link: str, nbytes: float, factor: float = 1.0) -> Measurement:
+        lp = getattr(prof.links, names[link])
+        return _meas(link, nbytes, factor * (lp.latency + nbytes / lp.bandwidth))
+
+    # every probe copy took what the profile's link says: nothing above the peak (copies
+    # below a chunk do not count: 1 kB in 1 ns would be a peak of 1e12 B/s)
+    ok = [at(lk, 1e8) for lk in names] + [_meas(lk, 1e3, 1e-9) for lk in names]
+    assert check_profile(prof, ok, gpu=True) == []
+    # every host->device copy ran at half the fitted rate; NVMe above any SSD
+    ms = [m for m in ok if m.label != "host->device" or m.params["bytes"] < 1e8]
+    ms.append(at("host->device", 1e8, 2.0))
+    nvme = prof.links.model_copy(
+        update={"nvme": prof.links.nvme.model_copy(update={"bandwidth": 1e12})}
+    )
+    reasons = check_profile(prof.model_copy(update={"links": nvme}), ms, gpu=True)
+    assert len(reasons) == 2
+    assert any("links.pcie" in r and "fastest host->device copy" in r for r in reasons)
+    assert any("links.nvme" in r and "physical ceiling" in r for r in reasons)
+    # within the allowance: accepted
+    ms[-1] = at("host->device", 1e8, 1.4)
+    assert check_profile(prof, ms, gpu=True) == []
+    assert CEILINGS["cpu"]["host->device"] >= CEILINGS["gpu"]["host->device"]
+
+
+def test_gemm_table_picks_cache_resident_timings_only_for_models_that_fit() -> None:
+    """A model whose weights fit in a table's cache is priced from that table, a larger one
+    from the cold table (NumPy model: fp32)."""
+
+    def table(secs: float, resident: int) -> GemmTable:
+        grid = Grid3(m=[1, 64], n=[256, 4096], k=[256, 4096], latency_s=[[[secs] * 2] * 2] * 2)
+        return GemmTable(origin=ORIGIN, dtype="fp32", resident_bytes=resident, grid=grid)
+
+    weights = SPEC.param_bytes
+    for cache, want in ((2 * weights, 1e-5), (weights // 2, 3e-5)):
+        ops = OpsProfile(gemm=[table(3e-5, 0), table(1e-5, cache)])
+        cost = OpCostModel(base_profile().model_copy(update={"ops": ops}), SPEC)
+        assert cost.gemm_time(8, 512, 512) == (pytest.approx(want), "table")
+
+
+def reference_causal(q: np.ndarray, k: np.ndarray, v: np.ndarray) -> np.ndarray:
+    """Textbook causal attention of one prompt, head by head (GQA: heads share KV heads)."""
+    n, heads, dim = q.shape
+    g = heads // k.shape[1]
+    out = np.zeros_like(q, dtype=np.float64)
+    for h in range(heads):
+        for i in range(n):
+            s = np.array([q[i, h] @ k[j, h // g] for j in range(i + 1)]) / math.sqrt(dim)
+            w = np.exp(s - s.max())
+            out[i, h] = (w / w.sum()) @ v[: i + 1, h // g]
+    return out
+
+
+@settings(max_examples=15, deadline=None)
+@given(st.lists(st.integers(1, 20), min_size=1, max_size=3), st.sampled_from([(4, 4), (4, 2)]))
+def test_prefill_attention_is_causal_attention_and_writes_kv(
+    lengths: list[int], layout: tuple[int, int]
+) -> None:
+    heads, kvh = layout
+    dim, bt = 8, 16
+    rng = np.random.default_rng(sum(lengths))
+    total = sum(lengths)
+    q = rng.standard_normal((total, heads, dim), dtype=np.float32)
+    k = rng.standard_normal((total, kvh, dim), dtype=np.float32)
+    v = rng.standard_normal((total, kvh, dim), dtype=np.float32)
+    per = [-(-n // bt) for n in lengths]
+    starts = np.cumsum([0, *per])
+    tables = [list(range(int(starts[i]), int(starts[i + 1]))) for i in range(len(lengths))]
+    store = KVStorage(KVLayout(1, bt, kvh, dim, "fp32"), int(starts[-1]), np)
+    got = prefill_attention(np, q, k, v, lengths, store, tables)
+    lo = 0
+    kd, _ = store.raw(0)
+    for n, table in zip(lengths, tables, strict=True):
+        want = reference_causal(q[lo : lo + n], k[lo : lo + n], v[lo : lo + n])
+        np.testing.assert_allclose(got[lo : lo + n], want, rtol=2e-4, atol=2e-5)
+        np.testing.assert_array_equal(kd[table[0], 0], k[lo])  # K written at its slot
+        lo += n
+
+
+def test_gemm_table_times_every_knot_and_states_its_cache() -> None:
+    """Tiny grid on NumPy (the same code runs on CuPy): one positive time per knot, and the
+    table says how it was timed (no claim about the times: that would read the clock)."""
+    import datetime as dt
+
+    grid = OpGrid.tiny()
+    org = origin(np, dt.datetime(2026, 12, 1, tzinfo=dt.UTC), "test")
+    cold = gemm_table(np, grid, org)
+    warm = gemm_table(np, grid, org, resident_bytes=1 << 25)
+    for t in (cold, warm):
+        arr = np.array(t.grid.latency_s)
+        assert arr.shape == (len(grid.m), len(grid.n), len(grid.k)) and (arr > 0).all()
+    assert cold.resident_bytes == 0 and "cold" in cold.kernel
+    assert warm.resident_bytes == 1 << 25 and "resident" in warm.kernel
+    assert org.framework.startswith("numpy") and org.measured_at == "2026-12-01"
+
+
+def fake_cupy(calls: list[str]) -> Any:
+    """NumPy dressed as CuPy (module name ``cupy``, a ``cuda.runtime`` that records its
+    synchronisations and reports a device): the GPU branches of hwbench.opprobe run on it."""
+    import types
+
+    mod = types.ModuleType("cupy")
+    for key in ("float32", "ones", "asarray", "ascontiguousarray", "matmul", "empty_like"):
+        setattr(mod, key, getattr(np, key))
+    mod.__version__ = "0.0-standin"
+    runtime = types.SimpleNamespace(
+        deviceSynchronize=lambda: calls.append("sync"),
+        getDeviceProperties=lambda dev: {"name": b"Stand-in GPU", "l2CacheSize": 1 << 20},
+    )
+    mod.cuda = types.SimpleNamespace(runtime=runtime)  # type: ignore[attr-defined]
+    return mod
+
+
+def test_gpu_branch_of_the_op_probe_with_numpy_standing_in_for_cupy() -> None:
+    """On the CuPy backend every timed call ends with a device synchronisation, the table's
+    origin names the GPU and CuPy, and the cold pool is sized from the GPU's L2 cache."""
+    import datetime as dt
+
+    from hwbench.opprobe import cache_bytes, op_floor
+
+    calls: list[str] = []
+    xp = fake_cupy(calls)
+    grid = OpGrid.tiny()
+    assert cache_bytes(xp) == 1 << 20
+    org = origin(xp, dt.datetime(2026, 12, 1, tzinfo=dt.UTC), "stand-in")
+    assert org.device == "Stand-in GPU" and org.framework == "cupy 0.0-standin"
+    table = gemm_table(xp, grid, org)
+    knots = len(grid.m) * len(grid.n) * len(grid.k)
+    # each timed or warm-up call is followed by a sync (time_op syncs before timing, too)
+    assert len(calls) >= knots * (grid.warmup + grid.repeats)
+    assert table.resident_bytes == 0 and "cupy matmul" in table.kernel
+    calls.clear()
+    assert op_floor(xp, grid) > 0 and len(calls) >= grid.warmup + grid.repeats

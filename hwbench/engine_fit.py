@@ -194,22 +194,30 @@ def fit_engine_terms(
     return out.model_copy(update={"fitted": tables}), report
 
 
+def probe_engine(
+    xp: ModuleType, *, mode: str = "quick", workdir: Path | None = None
+) -> tuple[list[PassPoint], StreamProbe]:
+    """Serve the calibration workloads on the engine (backend ``xp``): the iteration points
+    and the streaming probe :func:`fit_engine_terms` fits. ``mode``: ``tiny`` (seconds;
+    tests), ``quick`` or ``full`` (more repeats and runs)."""
+    from hwbench.engine_probe import TINY_RUNS, engine_probe, fetch_probe
+
+    if mode == "tiny":
+        points = engine_probe(xp, runs=TINY_RUNS, repeats=1, mixed=0, workdir=workdir)
+        return points, fetch_probe(xp, requests=3, rate=1e9, seeds=1, workdir=workdir)
+    full = mode == "full"
+    points = engine_probe(xp, repeats=6 if full else 2, mixed=3 if full else 1, workdir=workdir)
+    return points, fetch_probe(xp, seeds=8 if full else 4, workdir=workdir)
+
+
 def calibrate_engine(
     profile: Profile, xp: ModuleType, *, mode: str = "quick", workdir: Path | None = None
 ) -> tuple[Profile, FitReport]:
-    """Serve the calibration workloads on the engine (backend ``xp``) and fit its terms
-    onto ``profile`` (which carries the measured op tables): :func:`fit_engine_terms`.
-    ``mode``: ``tiny`` (seconds; tests), ``quick`` or ``full`` (more repeats and runs)."""
-    from hwbench.engine_probe import TINY_RUNS, engine_probe, fetch_probe
+    """:func:`probe_engine`, then :func:`fit_engine_terms` onto ``profile`` (which carries the
+    measured op tables)."""
     from hwbench.validate import decoder_config, sim_catalogue
 
     cfg = decoder_config()
     spec = sim_catalogue(cfg)[cfg.name]
-    if mode == "tiny":
-        points = engine_probe(xp, runs=TINY_RUNS, repeats=1, mixed=0, workdir=workdir)
-        probe = fetch_probe(xp, requests=3, rate=1e9, seeds=1, workdir=workdir)
-    else:
-        full = mode == "full"
-        points = engine_probe(xp, repeats=6 if full else 2, mixed=3 if full else 1, workdir=workdir)
-        probe = fetch_probe(xp, seeds=8 if full else 4, workdir=workdir)
+    points, probe = probe_engine(xp, mode=mode, workdir=workdir)
     return fit_engine_terms(profile, spec, points, probe)

@@ -57,7 +57,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 
-from hwbench.engine_fit import calibrate_engine
+from hwbench.engine_fit import ImpossibleFit, fit_engine_terms, probe_engine
 from hwbench.opprobe import OpGrid, with_op_tables
 from hwbench.validate import decoder_config, sim_catalogue, validate_workload
 from hwbench.workloads import SUITE, get_workload
@@ -167,15 +167,30 @@ if "matmul_float32" in prof.fitted:
 # and per layer). A profile without them gets them here (like `pdsim calibrate`).
 
 # %%
+cfg = decoder_config()
+spec = sim_catalogue(cfg)[cfg.name]
 if prof.ops is not None and prof.ops.engine is not None:
     fitted = prof
     print("profile already has op tables and engine terms: using them")
+    points = None
 else:
-    fitted, _report = calibrate_engine(with_op_tables(prof, np, OpGrid.quick()), np)
-    (OUT / "profile-with-engine-fit.json").write_text(
-        fitted.model_dump_json(indent=2) + "\n", encoding="utf-8"
-    )
-assert fitted.ops is not None and fitted.ops.engine is not None
+    # what `pdsim calibrate --quick` does, step by step, so the measured iterations can be
+    # shown even when the fit is rejected
+    tables = with_op_tables(prof, np, OpGrid.quick())
+    points, probe = probe_engine(np, mode="quick")
+    try:
+        fitted, _report = fit_engine_terms(tables, spec, points, probe)
+    except ImpossibleFit as err:
+        # `pdsim calibrate` refuses such a fit and writes nothing (exit 1). Here the rest of
+        # the notebook runs on the measured op tables alone, without engine terms, so the
+        # validation errors below show what the engine's own overheads are worth.
+        print(f"engine fit REJECTED (as pdsim calibrate would): {err}")
+        fitted = tables
+    else:
+        (OUT / "profile-with-engine-fit.json").write_text(
+            fitted.model_dump_json(indent=2) + "\n", encoding="utf-8"
+        )
+assert fitted.ops is not None
 print(
     "engine terms:",
     fitted.ops.engine,
@@ -183,9 +198,12 @@ print(
     fitted.ops.roofline.iteration_overhead_s,
 )
 
-cfg = decoder_config()
-cost = OpCostModel(fitted, sim_catalogue(cfg)[cfg.name])
-passes = pd.DataFrame(fitted.fitted.get("engine_pass", []))
+cost = OpCostModel(fitted, spec)
+passes = (
+    pd.DataFrame([p.row() for p in points])
+    if points is not None
+    else pd.DataFrame(fitted.fitted.get("engine_pass", []))
+)
 if not passes.empty:
     passes["sim_s"] = [
         cost.iteration_time(

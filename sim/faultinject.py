@@ -83,6 +83,8 @@ class Control:
         self.applied: list[dict[str, Any]] = []
         self._base_bw: dict[str, float] = {}
         self._pause_was_up: dict[str, list[bool]] = {}
+        #: when the latest-reverting fault applied so far reverts (scheduled or hunted)
+        self._faults_end = 0.0
         self.replication_recovery: list[float] = []
         self.liveness = (
             LivenessChecker(self.env, self.meta.group, self.checkers.report, cfg.liveness)
@@ -180,6 +182,8 @@ class Control:
 
     def apply(self, f: FaultSpec) -> None:
         """Apply one fault now (see the module docstring)."""
+        if f.duration is not None:
+            self._faults_end = max(self._faults_end, self.env.now + f.duration)
         getattr(self, "_" + f.kind)(f)
 
     def _resolve(self, target: str | None) -> str | None:
@@ -429,13 +433,22 @@ class Control:
     def wind_down(self) -> None:
         """Let the fault window pass, heal everything (cuts, pauses, degradation, dead
         servers, nodes and replicas come back with their disks), scrub for corrupt copies,
-        then let the cluster settle for ``SETTLE_S`` so replicas catch up and repairs land."""
+        then let the cluster settle for ``SETTLE_S`` so replicas catch up and repairs land.
+
+        The fault window ends when the last scheduled fault reverts and, with leader
+        hunting on, when the hunt stops (``random.until``: it strikes only before) and its
+        last strike reverts -- so no fault lands after the final heal."""
         env = self.env
+        rnd = self.cfg.random
         last = max((f.at + (f.duration or 0.0) for f in self.schedule), default=0.0)
-        if env.now < last:
-            env.run(until=last)
-        while env.peek() <= last:  # events due exactly at `last` (run(until) stops before)
-            env.step()
+        if rnd.enabled and rnd.hunt > 0:
+            last = max(last, rnd.until)
+        for t in (last, 0.0):  # then the end of hunt strikes applied meanwhile
+            t = max(t, self._faults_end)
+            if env.now < t:
+                env.run(until=t)
+            while env.peek() <= t:  # events due exactly at `t` (run(until) stops before)
+                env.step()
         r = self.meta.reach
         r.cuts = set()
         r.cut_replicas = set()

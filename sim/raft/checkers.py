@@ -9,7 +9,8 @@ Properties and how each is checked:
 
 * Election Safety -- at most one leader per term: a ``term -> leader`` map; and a leader of
   term ``t`` was granted votes in ``t`` by a majority (counting itself): every granted vote
-  is reported by the voter (:meth:`SafetyChecker.on_grant`).
+  is reported by the voter (:meth:`SafetyChecker.on_grant`); and only that leader sends
+  AppendEntries of term ``t`` (:meth:`SafetyChecker.on_append_sent`).
 * Commit Rule (figure 8) -- a leader only advances its commit index to an entry of its
   current term (earlier-term entries commit with it, never by counting replicas; section
   5.4.2): checked on every commit by a leader.
@@ -90,6 +91,8 @@ class SafetyChecker:
     #: (term, candidate) -> voters that granted it their vote in that term
     grants: dict[tuple[int, int], set[int]] = field(default_factory=dict)
     _seen: dict[tuple[int, int], tuple[Command, int]] = field(default_factory=dict)
+    #: (term, node) of every on_leader call (two in one term are reported apart)
+    _led: set[tuple[int, int]] = field(default_factory=set)
 
     def _report(self, v: Violation) -> None:
         self.violations.append(v)
@@ -129,6 +132,7 @@ class SafetyChecker:
                 Violation(now, "Election Safety", "two leaders in one term", (other, node), (term,))
             )
         self.leaders.setdefault(term, node)
+        self._led.add((term, node))
         for i, t in enumerate(self.committed_terms, start=1):
             have = log.term_at(i) if i <= log.last_index else None
             if have != t:
@@ -143,6 +147,22 @@ class SafetyChecker:
                     )
                 )
                 break
+
+    def on_append_sent(self, now: float, node: int, peer: int, term: int) -> None:
+        """``node`` sends ``peer`` an AppendEntries of ``term``: only a replica that became
+        leader of ``term`` may (figure 2); anyone else would replicate its own log under
+        another leader's term."""
+        if (term, node) not in self._led:
+            self._report(
+                Violation(
+                    now,
+                    "Election Safety",
+                    f"replica {node} sent AppendEntries of term {term} to {peer} without "
+                    f"having become leader of term {term} (its leader: {self.leaders.get(term)})",
+                    (node, peer),
+                    (term,),
+                )
+            )
 
     def on_match_raise(
         self, now: float, node: int, term: int, peer: int, match: int, reply_term: int

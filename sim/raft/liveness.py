@@ -24,8 +24,9 @@ The same sampling checks one safety invariant that needs every replica's state a
 * ``Leader Match Index`` -- a leader's ``matchIndex[p]`` never claims more than replica ``p``
   holds: while ``p`` is in the leader's term (and not rebuilding after a diskless restart),
   ``p``'s log has an entry at ``matchIndex[p]`` with the leader's term there (by Log Matching,
-  the whole prefix then agrees). A leader that trusts a stale reply breaks it before it can
-  commit what no majority holds.
+  the whole prefix then agrees). A leader that trusts a stale reply, or a follower that
+  overwrites acknowledged entries on AppendEntries from a replica that is not its term's
+  leader, breaks it before the leader can commit what no majority holds.
 """
 
 from __future__ import annotations

@@ -207,6 +207,8 @@ class RaftNode:
         if isinstance(msg, RequestVoteReply) and msg.granted:
             self.last_contact = self.env.now
             self.checker.on_grant(self.id, dst, msg.term)
+        elif isinstance(msg, AppendEntries):
+            self.checker.on_append_sent(self.env.now, self.id, dst, msg.term)
         if self.buggify is None:
             self.transport.send(self.id, dst, msg)
         else:
@@ -248,7 +250,11 @@ class RaftNode:
                 self._on_timer()
             if self._flush:
                 self._flush = False
-                self._broadcast_append()
+                # a handler may have made it step down after it appended: only a leader
+                # of the current term replicates (else a follower would send
+                # AppendEntries in a term whose leader is another replica)
+                if self.role is Role.LEADER:
+                    self._broadcast_append()
             # invariant: a timer is pending at or before the deadline
             if self._timer_at is None or self._timer_at > self._deadline:
                 self._arm_timer(self._deadline)

@@ -92,12 +92,6 @@ def test_replay_until_dumps_the_state(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(
-    reason="seed 1269 of chaos-small trips the sampled Leader Match Index invariant (leader 1, "
-    "term 5, matchIndex[2] = 15 while replica 2 holds term 1 there) since BUGGIFY perturbation "
-    "is on by default; a real Raft bug or a checker false positive, not yet decided (issue 22)",
-    strict=False,
-)
 def test_2000_random_fault_seeds_have_no_violations() -> None:
     rows = run_chaos(small(), list(range(2000)), workers=2)
     assert not aggregate(rows)["failing_seeds"], _describe(rows)

@@ -49,12 +49,6 @@ def test_the_same_seeds_are_clean_without_the_bug() -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(
-    reason="clean raft-stress seed 527 misses the after-heal liveness bound (the probe write "
-    "is not committed within 1.5 s of the last heal); a slow election or a too-tight bound, "
-    "not yet decided (issue 22)",
-    strict=False,
-)
 def test_planted_bug_caught_repeatedly_and_clean_stress_seeds() -> None:
     bad = run_chaos(_stress("faults.raft.unsafe_commit_old_terms=true"), list(range(300)))
     assert len(aggregate(bad)["failing_seeds"]) >= 3

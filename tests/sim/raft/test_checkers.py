@@ -24,6 +24,21 @@ def test_election_safety() -> None:
     assert "t=2.000000 Election Safety" in str(v)
 
 
+def test_append_entries_only_from_the_leader_of_their_term() -> None:
+    c = SafetyChecker()
+    c.on_leader(1.0, 1, 5, RaftLog())
+    c.on_append_sent(1.1, 1, 2, 5)  # the leader of term 5
+    assert c.ok
+    c.on_append_sent(1.2, 0, 2, 5)  # replica 0 never became leader of term 5
+    c.on_append_sent(1.3, 1, 2, 6)  # nor did 1 of term 6 (no leader yet)
+    assert [(v.prop, v.nodes, v.terms) for v in c.violations] == [
+        ("Election Safety", (0, 2), (5,)),
+        ("Election Safety", (1, 2), (6,)),
+    ]
+    assert "its leader: 1" in c.violations[0].detail
+    assert "its leader: None" in c.violations[1].detail
+
+
 def test_leader_append_only_and_committed_truncation() -> None:
     c = SafetyChecker()
     c.on_truncate(1.0, 2, False, 4, 5, 3)  # follower drops uncommitted entries: fine

@@ -39,9 +39,9 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from engine.cache import TierCache
-from engine.errors import ObjectTooLargeError
 from engine.policy.base import Key
 from engine.tiers.base import Tier, TierMiss, as_host_bytes
+from engine.tiers.chain import TierChain
 from engine.tiers.device import DeviceTier
 from engine.tiers.host import HostTier
 from engine.tiers.ssd import SsdTier
@@ -127,11 +127,11 @@ class TierStack:
         self.retries = retries
         self.bytes_moved: dict[str, int] = {}
         self.corrupt_found: dict[str, int] = {}
-        self._now = 0.0
-        for i, lvl in enumerate(self.levels):
-            if lvl.cache.on_evict is not None:
-                raise ValueError(f"level {lvl.tier.name}: its cache already has an on_evict")
-            lvl.cache.on_evict = self._demoter(i)
+        # the decisions: the same chain of rules the simulator's weight store uses
+        self.chain = TierChain(
+            [lvl.cache for lvl in self.levels], on_move=self._move, on_drop=self._drop
+        )
+        self._backing_data: Any = None  # the bytes of the read being promoted (src == backing)
 
     # -- public --------------------------------------------------------------------------
     def read(
@@ -150,42 +150,34 @@ class TierStack:
         key is already resident. ``pin=True`` pins the copy in level 0 (if it was admitted
         there); release it with :meth:`unpin`.
         """
-        self._now = now
         name = self.name_of(key)
-        corrupt = 0
-        data: Any = None
-        served = len(self.levels)
-        for i, lvl in enumerate(self.levels):
-            cache = lvl.cache
-            if key in cache:
-                got = self._read_level(lvl, key, name)
-                if got is None:  # bad or vanished copy: drop it, the lookup below misses
-                    corrupt += 1
-                    cache.remove(key, now)
-                else:
-                    if count:
-                        cache.lookup(key, now, size, color)
-                    data, served = got, i
-                    break
-            if count:
-                cache.lookup(key, now, size, color)
-        if data is None:
+        found: list[Any] = []
+        dropped = [0]  # bad or vanished level copies (the chain removes them from the cache)
+
+        def usable(i: int) -> bool:
+            got = self._read_level(self.levels[i], key, name)
+            if got is None:
+                dropped[0] += 1
+                return False
+            found.append(got)
+            return True
+
+        served = self.chain.locate(key, now, size=size, color=color, count=count, usable=usable)
+        corrupt = dropped[0]
+        if served < len(self.levels):
+            data = found[-1]
+        else:
             data, bad = self._read_backing(key, name)
             corrupt += bad
         if int(data.size) != size:
             raise ValueError(f"object {name!r}: {int(data.size)} bytes read, expected {size}")
-        # Admit top-down (the level next to compute decides first, so its victims are
-        # demoted before the lower levels choose theirs), then move the bytes bottom-up
-        # along the physical path. Invariant between the two loops: a level's cache may hold
-        # `key` before its tier does, and no eviction touches an admitted level again.
-        admitted = [self._admit(self.levels[j], key, size, now, color) for j in range(served)]
-        src = self._source_name(served)
-        for j in range(served - 1, -1, -1):
-            lvl = self.levels[j]
-            if admitted[j] and key in lvl.cache:
-                self._count_move(src, lvl.tier.name, size)
-                lvl.tier.put(name, data)
-                data, src = lvl.tier.get(name), lvl.tier.name
+        self._backing_data = data
+        try:
+            held = self.chain.promote(key, size, served, now, color)
+        finally:
+            self._backing_data = None
+        if held:
+            data = self.levels[held[0]].tier.get(name)
         if pin and self.levels and key in self.levels[0].cache:
             self.levels[0].cache.pin(key)
         return ReadResult(data, served, self._source_name(served), corrupt)
@@ -196,7 +188,7 @@ class TierStack:
 
     def invalidate(self, key: Key, now: float) -> None:
         """Drop ``key`` from every cache level (e.g. a new version replaced it)."""
-        self._now = now
+        self.chain.now = now
         name = self.name_of(key)
         for lvl in self.levels:
             if lvl.cache.remove(key, now):
@@ -204,7 +196,7 @@ class TierStack:
 
     def where(self, key: Key) -> list[str]:
         """Names of the cache levels that hold ``key``, top first."""
-        return [lvl.tier.name for lvl in self.levels if key in lvl.cache]
+        return [self.levels[i].tier.name for i in self.chain.where(key)]
 
     def check(self) -> None:
         """Assert the module invariants (tests call this after every step)."""
@@ -217,9 +209,16 @@ class TierStack:
     def _source_name(self, i: int) -> str:
         return self.levels[i].tier.name if i < len(self.levels) else self.backing.name
 
-    def _count_move(self, src: str, dst: str, size: int) -> None:
-        link = f"{src}->{dst}"
+    def _move(self, src: int, dst: int, key: Key, size: int) -> None:
+        """The chain decided a copy from level ``src`` (or the backing read) into ``dst``."""
+        name = self.name_of(key)
+        data = self._backing_data if src == len(self.levels) else self.levels[src].tier.get(name)
+        self.levels[dst].tier.put(name, data)
+        link = f"{self._source_name(src)}->{self.levels[dst].tier.name}"
         self.bytes_moved[link] = self.bytes_moved.get(link, 0) + size
+
+    def _drop(self, i: int, key: Key, size: int, color: str | None) -> None:
+        self.levels[i].tier.delete(self.name_of(key))
 
     def _verified(self, key: Key, tier: Tier, data: Any) -> bool:
         if self.validator is None:
@@ -258,27 +257,6 @@ class TierStack:
         if bad:
             raise ObjectCorrupt(key, name, bad)
         raise ObjectMissing(key, name, [lvl.tier.name for lvl in self.levels] + missing)
-
-    def _admit(self, lvl: Level, key: Key, size: int, now: float, color: str | None) -> bool:
-        try:
-            return lvl.cache.admit(key, size, now, color)
-        except ObjectTooLargeError:
-            return False
-
-    def _demoter(self, i: int) -> Callable[[Key, int, str | None], None]:
-        def on_evict(key: Key, size: int, color: str | None) -> None:
-            lvl = self.levels[i]
-            name = self.name_of(key)
-            if i + 1 < len(self.levels):
-                nxt = self.levels[i + 1]
-                if key not in nxt.cache:
-                    data = lvl.tier.get(name)
-                    if self._admit(nxt, key, size, self._now, color):
-                        nxt.tier.put(name, data)
-                        self._count_move(lvl.tier.name, nxt.tier.name, size)
-            lvl.tier.delete(name)
-
-        return on_evict
 
 
 def make_stack(

@@ -149,13 +149,23 @@ class TierChain:
 
 
 class TouchReplay:
-    """Recorded uses of resident objects, replayed before the next admission (module doc)."""
+    """Recorded uses of resident objects, replayed before the next admission (module doc).
+
+    Groups (a model each) register the function that lists their keys, in replay order; one
+    instance serves every group that shares a cache, so uses of all of them are replayed in
+    one time-ordered pass.
+    """
 
     def __init__(self, history: int = TOUCH_HISTORY) -> None:
         if history < 1:
             raise ValueError(f"touch history must be >= 1, got {history}")
         self.history = history
         self._pending: dict[int, list[float]] = {}
+        self._keys: dict[int, Callable[[], Iterable[Key]]] = {}
+
+    def register(self, group: int, keys: Callable[[], Iterable[Key]]) -> None:
+        """``keys()`` lists ``group``'s keys in the order their lookups are replayed."""
+        self._keys[group] = keys
 
     def record(self, group: int, now: float) -> None:
         """Every resident key of ``group`` was used at ``now`` (keeps the last ``history``)."""
@@ -174,9 +184,10 @@ class TouchReplay:
     def __bool__(self) -> bool:
         return bool(self._pending)
 
-    def replay(self, cache: TierCache, keys_of: Callable[[int], Iterable[Key]]) -> int:
-        """Look up, in time order (ties: lower group first), every key of ``keys_of(group)``
-        resident in ``cache`` once per recorded use; clears the record. Returns the lookups."""
+    def replay(self, cache: TierCache) -> int:
+        """Look up, in time order (ties: lower group first), every registered key of each
+        group resident in ``cache`` once per recorded use; clears the record. Returns the
+        number of lookups."""
         if not self._pending:
             return 0
         items = sorted((t, g) for g, times in self._pending.items() for t in times)
@@ -184,7 +195,7 @@ class TouchReplay:
         lookup = cache.lookup
         n = 0
         for t, g in items:
-            for key in keys_of(g):
+            for key in self._keys[g]():
                 if key in cache:
                     lookup(key, t)
                     n += 1

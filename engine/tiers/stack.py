@@ -131,7 +131,9 @@ class TierStack:
         self.chain = TierChain(
             [lvl.cache for lvl in self.levels], on_move=self._move, on_drop=self._drop
         )
-        self._backing_data: Any = None  # the bytes of the read being promoted (src == backing)
+        # (key, served level, bytes) of the read being promoted: its first copy comes from
+        # these bytes, read when the key was located, whatever its level holds since
+        self._in_flight: tuple[Key, int, Any] | None = None
 
     # -- public --------------------------------------------------------------------------
     def read(
@@ -150,37 +152,42 @@ class TierStack:
         key is already resident. ``pin=True`` pins the copy in level 0 (if it was admitted
         there); release it with :meth:`unpin`.
         """
-        name = self.name_of(key)
-        found: list[Any] = []
-        dropped = [0]  # bad or vanished level copies (the chain removes them from the cache)
-
-        def usable(i: int) -> bool:
-            got = self._read_level(self.levels[i], key, name)
-            if got is None:
-                dropped[0] += 1
-                return False
-            found.append(got)
-            return True
-
-        served = self.chain.locate(key, now, size=size, color=color, count=count, usable=usable)
-        corrupt = dropped[0]
-        if served < len(self.levels):
-            data = found[-1]
-        else:
-            data, bad = self._read_backing(key, name)
-            corrupt += bad
-        if int(data.size) != size:
-            raise ValueError(f"object {name!r}: {int(data.size)} bytes read, expected {size}")
-        self._backing_data = data
-        try:
-            held = self.chain.promote(key, size, served, now, color)
-        finally:
-            self._backing_data = None
-        if held:
-            data = self.levels[held[0]].tier.get(name)
         if pin and self.levels and key in self.levels[0].cache:
-            self.levels[0].cache.pin(key)
-        return ReadResult(data, served, self._source_name(served), corrupt)
+            self.levels[0].cache.pin(key)  # resident: pinned before the read, so it stays
+            return self.read_many([(key, size)], now, color, count=count)[0]
+        return self.read_many([(key, size)], now, color, count=count, pin=pin)[0]
+
+    def read_many(
+        self,
+        items: Sequence[tuple[Key, int]],
+        now: float,
+        color: str | None = None,
+        *,
+        count: bool = True,
+        before_promote: Callable[[], object] | None = None,
+        pin: bool = False,
+    ) -> list[ReadResult]:
+        """Read several objects as one transfer does: every ``(key, size)`` is located (and
+        its bytes taken from the level that serves it) first, then ``before_promote()`` runs,
+        then each is promoted in order and, with ``pin``, pinned in level 0 as it lands (so a
+        later one cannot evict it). A copy evicted from its level between the two phases is
+        still promoted from the bytes already read (they were in flight)."""
+        located = [(key, size, *self._locate(key, size, now, color, count)) for key, size in items]
+        if before_promote is not None:
+            before_promote()
+        out: list[ReadResult] = []
+        for key, size, served, data, corrupt in located:
+            self._in_flight = (key, served, data)
+            try:
+                held = self.chain.promote(key, size, served, now, color)
+            finally:
+                self._in_flight = None
+            if held:
+                data = self.levels[held[0]].tier.get(self.name_of(key))
+                if pin and held[0] == 0:
+                    self.levels[0].cache.pin(key)
+            out.append(ReadResult(data, served, self._source_name(served), corrupt))
+        return out
 
     def unpin(self, key: Key) -> None:
         """Release one pin of ``key`` in level 0."""
@@ -206,13 +213,44 @@ class TierStack:
             assert cached == stored, f"{lvl.tier.name}: cache {cached} != tier {stored}"
 
     # -- internals -----------------------------------------------------------------------
+    def _locate(
+        self, key: Key, size: int, now: float, color: str | None, count: bool
+    ) -> tuple[int, Any, int]:
+        """(serving level, its bytes, bad copies dropped on the way) for one read."""
+        name = self.name_of(key)
+        found: list[Any] = []
+        dropped = 0
+
+        def usable(i: int) -> bool:
+            nonlocal dropped
+            got = self._read_level(self.levels[i], key, name)
+            if got is None:
+                dropped += 1
+                return False
+            found.append(got)
+            return True
+
+        served = self.chain.locate(key, now, size=size, color=color, count=count, usable=usable)
+        if served < len(self.levels):
+            data = found[-1]
+        else:
+            data, bad = self._read_backing(key, name)
+            dropped += bad
+        if int(data.size) != size:
+            raise ValueError(f"object {name!r}: {int(data.size)} bytes read, expected {size}")
+        return served, data, dropped
+
     def _source_name(self, i: int) -> str:
         return self.levels[i].tier.name if i < len(self.levels) else self.backing.name
 
     def _move(self, src: int, dst: int, key: Key, size: int) -> None:
         """The chain decided a copy from level ``src`` (or the backing read) into ``dst``."""
         name = self.name_of(key)
-        data = self._backing_data if src == len(self.levels) else self.levels[src].tier.get(name)
+        fl = self._in_flight
+        if fl is not None and fl[0] == key and fl[1] == src:
+            data = fl[2]
+        else:
+            data = self.levels[src].tier.get(name)
         self.levels[dst].tier.put(name, data)
         link = f"{self._source_name(src)}->{self.levels[dst].tier.name}"
         self.bytes_moved[link] = self.bytes_moved.get(link, 0) + size

@@ -32,6 +32,7 @@ import simpy
 
 from engine.cache import TierCache
 from engine.tiers.chain import TierChain, TouchReplay
+from engine.tiers.stack import level_caches
 from sim.context import SimContext
 from sim.metrics import EV_FETCH
 
@@ -56,37 +57,14 @@ class WeightStore:
         self.idx = node_idx
         self.name = name
         self.links = links
-        c = ctx.sc.cache
-        self.hbm = TierCache(
-            hbm_bytes,
-            policy=c.hbm_policy,
-            policy_params=dict(c.params),
-            high_watermark=c.high_watermark,
-            low_watermark=min(c.low_watermark, c.high_watermark),
-            name=f"{name}.hbm",
+        hbm, host, nvme = level_caches(
+            ctx.sc.cache,
+            (hbm_bytes, host_bytes, nvme_bytes),
+            (f"{name}.hbm", f"{name}.host", f"{name}.nvme"),
         )
-        self.host = (
-            TierCache(
-                host_bytes,
-                policy=c.host_policy,
-                high_watermark=1.0,
-                low_watermark=1.0,
-                name=f"{name}.host",
-            )
-            if host_bytes > 0
-            else None
-        )
-        self.nvme = (
-            TierCache(
-                nvme_bytes,
-                policy=c.nvme_policy,
-                high_watermark=1.0,
-                low_watermark=1.0,
-                name=f"{name}.nvme",
-            )
-            if nvme_bytes > 0
-            else None
-        )
+        self.hbm: TierCache = hbm
+        self.host: TierCache | None = host if host_bytes > 0 else None
+        self.nvme: TierCache | None = nvme if nvme_bytes > 0 else None
         levels = [(HBM, self.hbm), (HOST, self.host), (NVME, self.nvme)]
         #: the tier code (HBM, HOST, NVME) of each level of the chain, top first
         self.level_tier = [t for t, c in levels if c is not None]

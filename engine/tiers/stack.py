@@ -39,6 +39,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from engine.cache import TierCache
+from engine.config import CacheCfg
 from engine.policy.base import Key
 from engine.tiers.base import Tier, TierMiss, as_host_bytes
 from engine.tiers.chain import TierChain
@@ -55,6 +56,7 @@ __all__ = [
     "ReadResult",
     "TierStack",
     "default_name",
+    "level_caches",
     "make_stack",
 ]
 
@@ -310,26 +312,61 @@ def make_stack(
     replicas: Sequence[Tier] = (),
     high_watermark: float = 1.0,
     low_watermark: float = 1.0,
+    cache: CacheCfg | None = None,
 ) -> TierStack:
     """The usual stack: device, host and SSD levels (each omitted when its capacity is 0)
     over ``backing``, every level a TierCache with ``policy``. The SSD level is verified.
-    Watermarks default to 1.0 (evict only to make room), as in pure policy comparisons."""
-    levels = []
-    specs: list[tuple[str, int, Tier | None, bool]] = [
-        ("device", device_bytes, DeviceTier(xp=xp) if device_bytes else None, False),
-        ("host", host_bytes, HostTier(xp=xp) if host_bytes else None, False),
-        ("ssd", ssd_bytes, SsdTier(ssd_dir) if ssd_bytes and ssd_dir is not None else None, True),
+    Watermarks default to 1.0 (evict only to make room), as in pure policy comparisons.
+
+    ``cache``: the simulator's config section (:class:`engine.config.CacheCfg`); when given,
+    the levels take its policies (``hbm_policy`` with ``params`` and the watermarks for the
+    device, ``host_policy``, ``nvme_policy`` with watermarks 1.0 below), as the simulator's
+    node tiers do, and ``policy``/``policy_params``/watermarks must be left at their defaults.
+    """
+    sizes = (device_bytes, host_bytes, ssd_bytes)
+    if cache is not None:
+        if (policy, policy_params, high_watermark, low_watermark) != ("lru", None, 1.0, 1.0):
+            raise ValueError("give either cache (a CacheCfg) or policy/params/watermarks")
+        caches = level_caches(cache, sizes, ("device", "host", "ssd"))
+    else:
+        caches = [
+            TierCache(
+                capacity,
+                policy,
+                dict(policy_params or {}),
+                high_watermark=high_watermark,
+                low_watermark=low_watermark,
+                name=name,
+            )
+            for capacity, name in zip(sizes, ("device", "host", "ssd"), strict=True)
+        ]
+    tiers: list[tuple[Tier | None, bool]] = [
+        (DeviceTier(xp=xp) if device_bytes else None, False),
+        (HostTier(xp=xp) if host_bytes else None, False),
+        (SsdTier(ssd_dir) if ssd_bytes and ssd_dir is not None else None, True),
     ]
-    for name, capacity, tier, verify in specs:
-        if tier is None:
-            continue
-        cache = TierCache(
-            capacity,
-            policy,
-            dict(policy_params or {}),
-            high_watermark=high_watermark,
-            low_watermark=low_watermark,
-            name=name,
-        )
-        levels.append(Level(tier, cache, verify))
+    levels = [
+        Level(tier, tc, verify)
+        for (tier, verify), tc in zip(tiers, caches, strict=True)
+        if tier is not None
+    ]
     return TierStack(levels, backing, replicas=replicas)
+
+
+def level_caches(
+    cache: CacheCfg, sizes: tuple[int, int, int], names: tuple[str, str, str]
+) -> list[TierCache]:
+    """The HBM (device), host and NVMe (SSD) caches ``cache`` describes, of ``sizes`` bytes:
+    ``hbm_policy`` with ``params`` and the watermarks (the low one capped at the high one) on
+    top, ``host_policy`` and ``nvme_policy`` below with watermarks 1.0 (evict only to make
+    room). The engine's stack and the simulator's weight store both build their levels here."""
+    low = min(cache.low_watermark, cache.high_watermark)
+    rules = [
+        (cache.hbm_policy, dict(cache.params), cache.high_watermark, low),
+        (cache.host_policy, {}, 1.0, 1.0),
+        (cache.nvme_policy, {}, 1.0, 1.0),
+    ]
+    return [
+        TierCache(size, pol, params, high_watermark=high, low_watermark=lw, name=name)
+        for size, name, (pol, params, high, lw) in zip(sizes, names, rules, strict=True)
+    ]

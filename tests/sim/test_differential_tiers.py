@@ -24,8 +24,9 @@ import simpy
 from engine.cache import TierCache
 from engine.chunks import MIN_CHUNK_BYTES
 from engine.chunkstore import ChunkStore, write_model
+from engine.config import CacheCfg
 from engine.runtime.weights import TieredWeights
-from engine.tiers import DeviceTier, HostTier, Level, ObjectStoreTier, SsdTier, TierStack
+from engine.tiers import ObjectStoreTier, make_stack
 from engine.tiers.chain import TouchReplay
 from sim.weights import OBJECT, WeightStore
 
@@ -70,14 +71,8 @@ def _record(cache: TierCache, level: int, log: Log, key_of: Any) -> None:
     cache.on_evict = rec_evict
 
 
-def _caches(caps: tuple[int, int, int], policy: tuple[str, dict[str, Any]]) -> list[TierCache]:
-    hbm, host, nvme = caps
-    mk = TierCache
-    return [
-        mk(hbm, policy[0], dict(policy[1]), high_watermark=1.0, low_watermark=1.0, name="hbm"),
-        mk(host, "lru", high_watermark=1.0, low_watermark=1.0, name="host"),
-        mk(nvme, "lru", high_watermark=1.0, low_watermark=1.0, name="nvme"),
-    ]
+def _config(policy: tuple[str, dict[str, Any]]) -> CacheCfg:
+    return CacheCfg(hbm_policy=policy[0], params=dict(policy[1]))
 
 
 class Engine:
@@ -91,13 +86,17 @@ class Engine:
         policy: tuple[str, dict[str, Any]],
     ) -> None:
         store = ObjectStoreTier(root / "objects")
-        hbm, host, nvme = _caches(caps, policy)
-        levels = [
-            Level(DeviceTier(), hbm),
-            Level(HostTier(), host),
-            Level(SsdTier(root / "ssd"), nvme, verify=True),
-        ]
-        self.stack = TierStack(levels, store)
+        # the same config object the simulator's weight store reads (its scenario section)
+        self.stack = make_stack(
+            store,
+            device_bytes=caps[0],
+            host_bytes=caps[1],
+            ssd_dir=root / "ssd",
+            ssd_bytes=caps[2],
+            cache=_config(policy),
+        )
+        levels = self.stack.levels
+        assert [lvl.verify for lvl in levels] == [False, False, True]
         touches = TouchReplay()
         self.weights = []
         for g, (name, layer_bytes) in enumerate(models):
@@ -162,14 +161,7 @@ class Simulator:
         def transfer(path: Any, nbytes: int, priority: int) -> simpy.Event:
             return env.event().succeed(nbytes)
 
-        cache = SimpleNamespace(
-            hbm_policy=policy[0],
-            params=dict(policy[1]),
-            high_watermark=1.0,
-            low_watermark=1.0,
-            host_policy="lru",
-            nvme_policy="lru",
-        )
+        cache = _config(policy)
         ctx = SimpleNamespace(
             env=env,
             sc=SimpleNamespace(cache=cache, metrics=SimpleNamespace(check_invariants=False)),

@@ -62,9 +62,11 @@ class WeightStore:
             (hbm_bytes, host_bytes, nvme_bytes),
             (f"{name}.hbm", f"{name}.host", f"{name}.nvme"),
         )
+        if hbm is None:
+            raise ValueError(f"{name}: the HBM weight cache needs a capacity > 0 bytes")
         self.hbm: TierCache = hbm
-        self.host: TierCache | None = host if host_bytes > 0 else None
-        self.nvme: TierCache | None = nvme if nvme_bytes > 0 else None
+        self.host: TierCache | None = host
+        self.nvme: TierCache | None = nvme
         levels = [(HBM, self.hbm), (HOST, self.host), (NVME, self.nvme)]
         #: the tier code (HBM, HOST, NVME) of each level of the chain, top first
         self.level_tier = [t for t, c in levels if c is not None]

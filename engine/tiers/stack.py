@@ -330,7 +330,9 @@ def make_stack(
         caches = level_caches(cache, sizes, ("device", "host", "ssd"))
     else:
         caches = [
-            TierCache(
+            None
+            if capacity <= 0
+            else TierCache(
                 capacity,
                 policy,
                 dict(policy_params or {}),
@@ -348,18 +350,19 @@ def make_stack(
     levels = [
         Level(tier, tc, verify)
         for (tier, verify), tc in zip(tiers, caches, strict=True)
-        if tier is not None
+        if tier is not None and tc is not None
     ]
     return TierStack(levels, backing, replicas=replicas)
 
 
 def level_caches(
     cache: CacheCfg, sizes: tuple[int, int, int], names: tuple[str, str, str]
-) -> list[TierCache]:
-    """The HBM (device), host and NVMe (SSD) caches ``cache`` describes, of ``sizes`` bytes:
-    ``hbm_policy`` with ``params`` and the watermarks (the low one capped at the high one) on
-    top, ``host_policy`` and ``nvme_policy`` below with watermarks 1.0 (evict only to make
-    room). The engine's stack and the simulator's weight store both build their levels here."""
+) -> list[TierCache | None]:
+    """The HBM (device), host and NVMe (SSD) caches ``cache`` describes, of ``sizes`` bytes
+    (``None`` for a level of size 0): ``hbm_policy`` with ``params`` and the watermarks (the
+    low one capped at the high one) on top, ``host_policy`` and ``nvme_policy`` below with
+    watermarks 1.0 (evict only to make room). The engine's stack and the simulator's weight
+    store both build their levels here."""
     low = min(cache.low_watermark, cache.high_watermark)
     rules = [
         (cache.hbm_policy, dict(cache.params), cache.high_watermark, low),
@@ -368,5 +371,7 @@ def level_caches(
     ]
     return [
         TierCache(size, pol, params, high_watermark=high, low_watermark=lw, name=name)
+        if size > 0
+        else None
         for size, name, (pol, params, high, lw) in zip(sizes, names, rules, strict=True)
     ]

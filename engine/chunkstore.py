@@ -244,13 +244,33 @@ def write_model(
     return manifest
 
 
+class _Models:
+    """Chunk names and validation for every model version sharing one stack (by model)."""
+
+    def __init__(self) -> None:
+        self.stores: dict[str, ChunkStore] = {}
+
+    def name_of(self, key: Key) -> str:
+        model, cid = cast(tuple[str, int], key)
+        return chunk_name(model, self.stores[model].manifest.version, cid)
+
+    def valid(self, key: Key, data: np.ndarray) -> bool:
+        model, cid = cast(tuple[str, int], key)
+        rec = self.stores[model]._records[cid]
+        if int(data.size) != rec.size:
+            return False
+        return chunk_checksums(np.ascontiguousarray(data).data) == (rec.crc32c, rec.sha256)
+
+
 class ChunkStore:
     """Verified chunk reads of one model version through a :class:`TierStack`.
 
     Chunk keys in the stack's caches are ``(model, chunk_id)`` -- the keys of
     :meth:`engine.chunks.ChunkTable.keys`, so the engine's cache decisions are made on the same
-    keys as the simulator's. The constructor installs the stack's ``validator`` and
-    ``name_of`` (the stack must serve this one model version) and does no I/O.
+    keys as the simulator's; the colour of each read is the model name (``color-lru``). Several
+    models (one version each) may share a stack, as they share a node's tiers in the simulator:
+    the constructor installs (or extends) the stack's ``validator`` and ``name_of`` and does no
+    I/O.
     """
 
     def __init__(self, manifest: Manifest, stack: TierStack) -> None:
@@ -265,50 +285,77 @@ class ChunkStore:
                 where="chunks",
             )
         self._records = manifest.chunks
-        stack.validator = self._valid
-        stack.name_of = self._name_of
+        models = getattr(stack.name_of, "__self__", None)
+        if not isinstance(models, _Models):
+            models = _Models()
+            stack.validator = models.valid
+            stack.name_of = models.name_of
+        if manifest.model in models.stores:
+            raise InputError(
+                f"model {manifest.model!r} already has a chunk store on this stack; "
+                "allowed: one version of each model per stack",
+                where="model",
+            )
+        models.stores[manifest.model] = self
 
     # -- keys ------------------------------------------------------------------------------
     def key(self, chunk_id: int) -> tuple[str, int]:
         """Cache key of chunk ``chunk_id``."""
         return (self.manifest.model, chunk_id)
 
-    def _name_of(self, key: Key) -> str:
-        model, cid = cast(tuple[str, int], key)
-        return chunk_name(model, self.manifest.version, cid)
-
-    def _valid(self, key: Key, data: np.ndarray) -> bool:
-        rec = self._records[key[1]]  # type: ignore[index]
-        if int(data.size) != rec.size:
-            return False
-        return chunk_checksums(np.ascontiguousarray(data).data) == (rec.crc32c, rec.sha256)
-
     # -- reads -----------------------------------------------------------------------------
     def read_chunk(
         self, chunk_id: int, now: float, *, count: bool = True, pin: bool = False
     ) -> ReadResult:
         """Bytes of chunk ``chunk_id`` (verified), promoted up the stack; see TierStack.read."""
-        if not 0 <= chunk_id < len(self._records):
-            raise InputError(
-                f"chunk {chunk_id} not allowed; allowed: 0..{len(self._records) - 1}",
-                source=self.manifest.model,
-                where="chunk id",
-            )
-        rec = self._records[chunk_id]
+        levels = self.stack.levels
+        if pin and levels and self.key(chunk_id) in levels[0].cache:
+            levels[0].cache.pin(self.key(chunk_id))  # resident: pinned first, so it stays
+            return self.read_chunks([chunk_id], now, count=count)[0]
+        return self.read_chunks([chunk_id], now, count=count, pin=pin)[0]
+
+    def read_chunks(
+        self,
+        chunk_ids: Sequence[int],
+        now: float,
+        *,
+        count: bool = True,
+        before_promote: Any = None,
+        pin: bool = False,
+    ) -> list[ReadResult]:
+        """Chunks ``chunk_ids`` read as one transfer (see :meth:`TierStack.read_many`)."""
+        for chunk_id in chunk_ids:
+            if not 0 <= chunk_id < len(self._records):
+                raise InputError(
+                    f"chunk {chunk_id} not allowed; allowed: 0..{len(self._records) - 1}",
+                    source=self.manifest.model,
+                    where="chunk id",
+                )
+        items = [(self.key(c), self._records[c].size) for c in chunk_ids]
         try:
-            return self.stack.read(self.key(chunk_id), rec.size, now, count=count, pin=pin)
+            return self.stack.read_many(
+                items,
+                now,
+                self.manifest.model,
+                count=count,
+                before_promote=before_promote,
+                pin=pin,
+            )
         except ObjectMissing as err:
+            cid = cast(tuple[str, int], err.key)[1]
+            rec = self._records[cid]
             raise ChunkMissing(
-                f"chunk {chunk_id} (layer {rec.layer}, {rec.size} bytes) of model "
+                f"chunk {cid} (layer {rec.layer}, {rec.size} bytes) of model "
                 f"{self.manifest.model!r} version {self.manifest.version} is missing: "
                 f"{err.name!r} not found in {', '.join(err.searched)}",
                 source=f"{self.stack.backing.name}:{err.name}",
             ) from None
         except ObjectCorrupt as err:
+            cid = cast(tuple[str, int], err.key)[1]
             raise ChunkCorrupt(
-                f"chunk {chunk_id} (layer {rec.layer}) of model {self.manifest.model!r} "
-                f"version {self.manifest.version}: every copy failed CRC32C/SHA-256 "
-                f"verification ({', '.join(err.bad)}); nothing was served"
+                f"chunk {cid} (layer {self._records[cid].layer}) of model "
+                f"{self.manifest.model!r} version {self.manifest.version}: every copy failed "
+                f"CRC32C/SHA-256 verification ({', '.join(err.bad)}); nothing was served"
             ) from None
 
     def read_layer(self, layer: int, now: float, *, count: bool = True) -> list[Any]:

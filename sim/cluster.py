@@ -21,6 +21,7 @@ import simpy
 from engine.chunks import chunk_model
 from engine.errors import InputError
 from engine.kv.chunks import AttentionMemoryModel
+from engine.kv.prefix import num_blocks
 from engine.policy.registry import policy_class
 from sim.context import ModelRt, SimContext
 from sim.memory import plan_memory
@@ -240,7 +241,7 @@ class Cluster:
         max_ctx = np.array(limit, dtype=np.int64)[wl.model]
         tokens = wl.inp.astype(np.int64) + wl.out.astype(np.int64)
         bt = kv.block_tokens
-        need = -(-tokens // bt) * bt * bpt
+        need = num_blocks(tokens, bt) * bt * bpt
         return np.asarray((tokens > max_ctx) | (need > kv.capacity), dtype=bool)
 
     def _reject_or_dispatch(self, rid: int) -> None:

@@ -770,8 +770,11 @@ class ComputeNode:
                 # prefetch, so the prefetch overlaps the compute only; else plan first
                 early = self._window and not self.hold_pins
                 pf = self._prefetch(m, layer, charge) if early else []
-                while not ws.layer_resident(m, layer):
-                    ev = ws.fetch(m, layer, ws.missing(m, layer), 0, charge)
+                # the engine's rule: resident chunks pinned first, demand chunks as they land
+                held: list[int] = []
+                ws.pin_resident(m, layer, held)
+                while len(held) < nch:
+                    ev = ws.fetch(m, layer, ws.missing(m, layer), 0, charge, pin_into=held)
                     if ev is None:  # cannot happen: a missing chunk is in HBM or in flight
                         raise AssertionError(
                             f"layer {layer} of model {m} neither resident nor in flight"
@@ -782,6 +785,7 @@ class ComputeNode:
                         met.fetch_retries += 1
                         yield env.timeout(FETCH_RETRY_S)
                     wait += env.now - t0
+                    ws.pin_resident(m, layer, held)  # chunks an earlier prefetch brought
                 if log is not None:
                     arrived = max(
                         (
@@ -796,7 +800,6 @@ class ComputeNode:
                 if self._window:
                     lo, hi = int(mr.layer_start[layer]), int(mr.layer_start[layer + 1])
                     self._heat.record([mr.base | c for c in range(lo, hi)], env.now)
-                ws.pin_layer(m, layer, True)
                 if self._window and self.hold_pins:
                     pf = self._prefetch(m, layer, charge)
                 yield env.timeout(dt)
@@ -804,7 +807,7 @@ class ComputeNode:
                     t0 = env.now
                     yield simpy.AllOf(env, pf)
                     wait += env.now - t0
-                ws.pin_layer(m, layer, False)
+                ws.unpin(held)
             elif dt > 0:
                 yield env.timeout(dt)
         ws.touch(m, env.now)

@@ -137,4 +137,4 @@ def drop_model(
         for tier in tiers:
             tier.remove(key, now)
     if hbm:
-        ws.pending_touch.pop(m, None)
+        ws.touches.forget(m)

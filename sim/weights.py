@@ -1,39 +1,42 @@
 """A compute node's parameter store: HBM / pinned host / NVMe tiers and the fetch path.
 
 Each tier is an :class:`engine.cache.TierCache` over the configured eviction policy (colour =
-model name, for ``color-lru``). An HBM eviction demotes the chunk to host memory, a host
-eviction to NVMe (inclusive staging: a chunk fetched from host stays there too).
+model name, for ``color-lru``), and the three are one :class:`engine.tiers.chain.TierChain`:
+the engine's tier stack decides through the same rules. A fetch looks the chunk up from HBM
+down (a miss counted in each level above the one that serves it); when its transfer lands the
+chunk is promoted into every level above the one that served it (inclusive caching); an
+eviction demotes the chunk one level down.
 
 Invariants kept here:
 
 * ``counts[m][l]`` == number of chunks of layer ``l`` of model ``m`` resident in HBM, and
   ``full[m]`` == number of non-empty layers with every chunk resident, so "is model ``m``
-  fully resident" is O(1) (updated on every admission and eviction callback);
+  fully resident" is O(1) (updated on every HBM admission and on the chain's drop callback);
 * a chunk is in ``inflight_keys`` exactly while a transfer carrying it to this node runs.
 
 Recency approximation: iterations do not touch a model's chunks one by one (that would cost
-O(chunks) per step). The node records the times of the model's last ``TOUCH_HISTORY`` uses in
-``pending_touch``; right before the next HBM admission (the only moment an eviction decision
-can be made) the store replays, in time order, one touch per resident chunk per recorded use.
-Policies thus see the correct last two uses of every resident chunk, but not the uses before
-them (LRU-K with K <= 2 sees its exact K-distance; frequency counts are truncated).
+O(chunks) per step). Uses are recorded per model in a :class:`engine.tiers.chain.TouchReplay`
+and replayed right before the next HBM admission (the only moment an eviction decision can be
+made), as the engine does: policies see the last two uses of every resident chunk, but not the
+uses before them (LRU-K with K <= 2 sees its exact K-distance; frequency counts are truncated).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 import numpy as np
 import simpy
 
 from engine.cache import TierCache
+from engine.tiers.chain import TierChain, TouchReplay
+from engine.tiers.stack import level_caches
 from sim.context import SimContext
 from sim.metrics import EV_FETCH
 
-HOST, NVME, REMOTE, OBJECT = 1, 2, 3, 4
-#: uses replayed per model and flush: enough for LRU-K with K <= 2 to see its K-distance
-TOUCH_HISTORY = 2
+HBM, HOST, NVME, REMOTE, OBJECT = 0, 1, 2, 3, 4
 
 
 class WeightStore:
@@ -54,39 +57,20 @@ class WeightStore:
         self.idx = node_idx
         self.name = name
         self.links = links
-        c = ctx.sc.cache
-        self.hbm = TierCache(
-            hbm_bytes,
-            policy=c.hbm_policy,
-            policy_params=dict(c.params),
-            high_watermark=c.high_watermark,
-            low_watermark=min(c.low_watermark, c.high_watermark),
-            on_evict=self._hbm_evicted,
-            name=f"{name}.hbm",
+        hbm, host, nvme = level_caches(
+            ctx.sc.cache,
+            (hbm_bytes, host_bytes, nvme_bytes),
+            (f"{name}.hbm", f"{name}.host", f"{name}.nvme"),
         )
-        self.host = (
-            TierCache(
-                host_bytes,
-                policy=c.host_policy,
-                high_watermark=1.0,
-                low_watermark=1.0,
-                on_evict=self._host_evicted,
-                name=f"{name}.host",
-            )
-            if host_bytes > 0
-            else None
-        )
-        self.nvme = (
-            TierCache(
-                nvme_bytes,
-                policy=c.nvme_policy,
-                high_watermark=1.0,
-                low_watermark=1.0,
-                name=f"{name}.nvme",
-            )
-            if nvme_bytes > 0
-            else None
-        )
+        if hbm is None:
+            raise ValueError(f"{name}: the HBM weight cache needs a capacity > 0 bytes")
+        self.hbm: TierCache = hbm
+        self.host: TierCache | None = host
+        self.nvme: TierCache | None = nvme
+        levels = [(HBM, self.hbm), (HOST, self.host), (NVME, self.nvme)]
+        #: the tier code (HBM, HOST, NVME) of each level of the chain, top first
+        self.level_tier = [t for t, c in levels if c is not None]
+        self.chain = TierChain([c for _, c in levels if c is not None], on_drop=self._dropped)
         n = len(ctx.models)
         self.counts: list[list[int]] = [[0] * m.n_layers for m in ctx.models]
         self.full: list[int] = [0] * n
@@ -102,7 +86,9 @@ class WeightStore:
         self._nchunks: list[int] = [m.n_chunks for m in ctx.models]
         self.inflight: dict[tuple[int, int], list[simpy.Event]] = {}
         self.inflight_keys: set[int] = set()
-        self.pending_touch: dict[int, list[float]] = {}
+        self.touches = TouchReplay()
+        for m in range(n):
+            self.touches.register(m, partial(self._keys, m))
         self.track_arrival = ctx.sc.metrics.check_invariants
         self.arrived_at: dict[int, float] = {}
         self.fetches_after_warmup = 0
@@ -120,49 +106,41 @@ class WeightStore:
         return self.resident_bytes[m] / max(self.ctx.models[m].total_bytes, 1)
 
     def preload(self, m: int, now: float) -> bool:
-        """Make every chunk of model ``m`` resident (warm-up / coupled mode; no traffic
-        counted). Returns False if HBM ran out of room."""
+        """Read every chunk of model ``m`` from the backing store, in id order, as the engine's
+        cold-start warm-up does (warm-up / coupled mode; no traffic or lookups counted): each
+        is promoted into every level. Returns False if HBM ran out of room."""
         sizes = self._size[m]
         base = self._base[m]
-        if not self.resident_bytes[m]:  # nothing of it resident yet: one bulk admission
+        if len(self.chain.levels) == 1 and not self.resident_bytes[m]:
+            # HBM alone and nothing of the model in it: the same admissions, in one pass
             items = [(base | cid, sizes[cid]) for cid in range(self._nchunks[m])]
-            total = sum(sizes)
             if self.hbm.admit_many(items, now, self._colors[m]):
                 self.counts[m] = list(self._lchunks[m])
                 self.full[m] = self.ctx.models[m].nonempty_layers
-                self.resident_bytes[m] = total
+                self.resident_bytes[m] = sum(sizes)
                 return True
-        return all(self._admit(m, cid, sizes[cid], now) for cid in range(self._nchunks[m]))
+        backing = self.chain.backing
+        # every chunk is read, as the engine's warm-up reads them all, even after a refusal
+        ok = [self._promote(m, cid, sizes[cid], backing, now) for cid in range(self._nchunks[m])]
+        return all(ok)
 
     def touch(self, m: int, now: float) -> None:
         """Model ``m``'s resident chunks were used at ``now`` (see the recency note)."""
-        times = self.pending_touch.get(m)
-        if times is None:
-            self.pending_touch[m] = [now]
-        elif times[-1] != now:
-            times.append(now)
-            if len(times) > TOUCH_HISTORY:
-                del times[0]
+        self.touches.record(m, now)
 
-    def _flush_touches(self) -> None:
-        if not self.pending_touch:
-            return
-        items = sorted((t, m) for m, times in self.pending_touch.items() for t in times)
-        self.pending_touch.clear()
-        hbm = self.hbm
-        lookup = hbm.lookup
-        for t, m in items:
-            base = self._base[m]
-            for key in range(base, base + self._nchunks[m]):  # == base | cid, cid ascending
-                if key in hbm:
-                    lookup(key, t)
+    def _keys(self, m: int) -> range:
+        base = self._base[m]
+        return range(base, base + self._nchunks[m])  # == base | cid, cid ascending
 
-    def _admit(self, m: int, cid: int, size: int, now: float) -> bool:
+    def _promote(self, m: int, cid: int, size: int, served: int, now: float) -> bool:
+        """Promote chunk ``cid`` (served by chain level ``served``) into every level above;
+        keeps the HBM residency counters. True if it is resident in HBM afterwards."""
         key = self._base[m] | cid
         hbm = self.hbm
         if key in hbm:
             return True
-        if not hbm.admit(key, size, now, color=self._colors[m]):
+        self.chain.promote(key, size, served, now, self._colors[m])
+        if key not in hbm:
             return False
         layer = self._layer_of[m][cid]
         c = self.counts[m]
@@ -172,7 +150,10 @@ class WeightStore:
             self.full[m] += 1
         return True
 
-    def _hbm_evicted(self, key: Any, size: int, color: str | None) -> None:
+    def _dropped(self, level: int, key: Any, size: int, color: str | None) -> None:
+        """The chain evicted ``key`` from ``level`` (after demoting it); HBM keeps counters."""
+        if level != 0:
+            return
         m, cid = key >> 32, key & 0xFFFFFFFF
         layer = self._layer_of[m][cid]
         c = self.counts[m]
@@ -180,12 +161,6 @@ class WeightStore:
             self.full[m] -= 1
         c[layer] -= 1
         self.resident_bytes[m] -= size
-        if self.host is not None and key not in self.host:
-            self.host.admit(key, size, self.env.now, color=color)
-
-    def _host_evicted(self, key: Any, size: int, color: str | None) -> None:
-        if self.nvme is not None and key not in self.nvme and size <= self.nvme.capacity:
-            self.nvme.admit(key, size, self.env.now, color=color)
 
     # -- fetching ----------------------------------------------------------------------------
     def missing(self, m: int, layer: int) -> list[int]:
@@ -205,10 +180,13 @@ class WeightStore:
         cids: list[int],
         priority: int,
         charge: Callable[[int, int, int], None],
+        pin_into: list[int] | None = None,
     ) -> simpy.Event | None:
         """Start ONE aggregated transfer per source for chunks ``cids`` of ``layer`` (R21/R27:
         ``priority`` 0 = needed now). ``charge(tier, chunks, bytes)`` accounts the traffic.
-        Returns the event that fires when all of them are resident, or ``None`` if none."""
+        With ``pin_into`` (a demand fetch) each chunk is pinned in HBM as it lands and its key
+        appended there. Returns the event that fires when all of them have landed, or
+        ``None`` if none."""
         if not cids:
             pending = self.inflight.get((m, layer))
             return pending[-1] if pending else None
@@ -216,18 +194,24 @@ class WeightStore:
         groups: dict[tuple[int, int, int], int] = {}
         counts = [0] * 5
         nbytes = [0] * 5
-        host, nvme = self.host, self.nvme
-        base, sizes = self._base[m], self._size[m]
+        locate, level_tier, backing = self.chain.locate, self.level_tier, self.chain.backing
+        base, sizes, color = self._base[m], self._size[m], self._colors[m]
         serve = self.ctx.directory.serve
         inflight_add = self.inflight_keys.add
         idx = self.idx
+        todo: list[int] = []
+        served: list[int] = []
         for cid in cids:
             key = base | cid
             size = sizes[cid]
-            if host is not None and host.lookup(key, now):
-                g, tier = (HOST, 0, 0), HOST
-            elif nvme is not None and nvme.lookup(key, now):
-                g, tier = (NVME, 0, 0), NVME
+            if key in self.hbm:  # resident after all (a stale plan): nothing to move
+                continue
+            level = locate(key, now, size=size, color=color)
+            todo.append(cid)
+            served.append(level)
+            if level < backing:
+                tier = level_tier[level]
+                g = (tier, 0, 0)
             else:
                 ps, ps_tier = serve(m, cid, key, size, now, idx)
                 tier = OBJECT if ps_tier == OBJECT else REMOTE
@@ -236,6 +220,9 @@ class WeightStore:
             counts[tier] += 1
             nbytes[tier] += size
             inflight_add(key)
+        if not todo:
+            pending = self.inflight.get((m, layer))
+            return pending[-1] if pending else None
         for tier in range(1, 5):
             if counts[tier]:
                 charge(tier, counts[tier], nbytes[tier])
@@ -248,7 +235,7 @@ class WeightStore:
         self.inflight.setdefault((m, layer), []).append(done)
         self.fetches_after_warmup += 1
         self.ctx.trace.rec(now, EV_FETCH, self.idx, (m << 20) | layer)
-        ev.callbacks.append(lambda e: self._arrived(e, m, layer, cids, now, done))
+        ev.callbacks.append(lambda e: self._arrived(e, m, layer, todo, served, now, done, pin_into))
         return done
 
     def _path(self, g: tuple[int, int, int]) -> list[Any]:
@@ -263,7 +250,15 @@ class WeightStore:
         return [*self.ctx.servers[ps].path_out(g[2]), lk["nic"], lk["pcie"]]
 
     def _arrived(
-        self, ev: simpy.Event, m: int, layer: int, cids: list[int], t0: float, done: simpy.Event
+        self,
+        ev: simpy.Event,
+        m: int,
+        layer: int,
+        cids: list[int],
+        served: list[int],
+        t0: float,
+        done: simpy.Event,
+        pin_into: list[int] | None,
     ) -> None:
         now = self.env.now
         base = self._base[m]
@@ -279,19 +274,31 @@ class WeightStore:
             ev.defused = True
             done.succeed(False)
             return
-        self._flush_touches()
+        self.touches.replay(self.hbm)
         self.ctx.metrics.fetch_lat.append(now - t0)
-        sizes, admit = self._size[m], self._admit
+        sizes, promote = self._size[m], self._promote
         track, arrived_at = self.track_arrival, self.arrived_at
-        for cid in cids:
-            admit(m, cid, sizes[cid], now)
+        hbm = self.hbm
+        for cid, level in zip(cids, served, strict=True):
+            if promote(m, cid, sizes[cid], level, now) and pin_into is not None:
+                key = base | cid
+                if key not in pin_into:
+                    hbm.pin(key)
+                    pin_into.append(key)
             if track:
                 arrived_at[base | cid] = now
         done.succeed(True)
 
-    def pin_layer(self, m: int, layer: int, pin: bool) -> None:
-        """Pin (or unpin) every chunk of a fully resident layer while it computes."""
-        base, ls = self._base[m], self._lstart[m]
-        f = self.hbm.pin if pin else self.hbm.unpin
+    def pin_resident(self, m: int, layer: int, held: list[int]) -> None:
+        """Pin each chunk of ``layer`` resident in HBM and not yet in ``held`` (keys), in
+        chunk order, and append it to ``held``."""
+        base, ls, hbm = self._base[m], self._lstart[m], self.hbm
         for key in range(base + ls[layer], base + ls[layer + 1]):  # == base | cid
-            f(key)
+            if key in hbm and key not in held:
+                hbm.pin(key)
+                held.append(key)
+
+    def unpin(self, keys: list[int]) -> None:
+        """Release one pin of each of ``keys``."""
+        for key in keys:
+            self.hbm.unpin(key)

@@ -30,6 +30,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from engine import backend
+from engine.config import PrefetchCfg
 from engine.runtime.clock import RunClock
 from engine.runtime.model import DecoderModel, DenseModel, unpack
 from engine.runtime.prefetcher import Prefetcher
@@ -136,6 +137,9 @@ class Engine:
     planned at its start have landed (deterministic victims whatever the threads' timing;
     else they land when the copy thread gets to them). ``exclude_cpu_wait``: the run's clock
     leaves out time the engine thread waited for a CPU (:class:`~engine.runtime.clock.RunClock`).
+    ``prefetch``: the simulator's config section (:class:`engine.config.PrefetchCfg`); when
+    given it sets ``window`` (``window_batches``, 0 when disabled), ``hold_pins`` (order
+    ``after-pin``) and the heat map's half-life, and ``window``/``hold_pins`` must be left out.
     """
 
     def __init__(
@@ -149,7 +153,15 @@ class Engine:
         sleep: Callable[[float], None] = time.sleep,
         hold_pins: bool = False,
         exclude_cpu_wait: bool = False,
+        prefetch: PrefetchCfg | None = None,
     ) -> None:
+        self.heat_half_life = PrefetchCfg().heat_half_life
+        if prefetch is not None:
+            if window or hold_pins:
+                raise ValueError("give either prefetch (a PrefetchCfg) or window/hold_pins")
+            window = prefetch.window_batches if prefetch.enabled else 0
+            hold_pins = prefetch.order == "after-pin"
+            self.heat_half_life = prefetch.heat_half_life
         self.model = model
         self.weights = weights
         self.sched = scheduler
@@ -197,7 +209,11 @@ class Engine:
         tw = self.weights if isinstance(self.weights, TieredWeights) else None
         if tw is not None:
             tw.on_charge = self._charge
-        pf = Prefetcher(tw, self.window, clock) if tw is not None and self.window > 0 else None
+        pf = (
+            Prefetcher(tw, self.window, clock, half_life=self.heat_half_life)
+            if tw is not None and self.window > 0
+            else None
+        )
         self.prefetcher = pf
         if pf is not None:
             pf.start()

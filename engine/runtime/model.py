@@ -32,6 +32,7 @@ import numpy as np
 from engine.errors import InputError
 from engine.kv.allocator import KVBlockAllocator
 from engine.kv.attention import paged_decode_attention
+from engine.kv.prefix import num_blocks
 from engine.kv.storage import KVLayout, KVStorage
 
 __all__ = [
@@ -187,7 +188,7 @@ class DecoderModel:
         self.cfg = cfg
         self.xp = xp
         bt = cfg.block_tokens
-        n_blocks = max(1, -(-kv_tokens // bt))
+        n_blocks = max(1, num_blocks(kv_tokens, bt))
         self.kv = KVBlockAllocator(
             block_tokens=bt,
             bytes_per_token=cfg.kv_bytes_per_token,

@@ -30,11 +30,15 @@ __all__ = ["Prefetcher"]
 class Prefetcher:
     """Plans and runs layer prefetches; ``start()`` before use, ``stop()`` after."""
 
-    def __init__(self, weights: TieredWeights, window: int, clock: Any) -> None:
+    def __init__(
+        self, weights: TieredWeights, window: int, clock: Any, *, half_life: float = 10.0
+    ) -> None:
+        """``half_life``: the heat map's, seconds (the scenario's ``prefetch.heat_half_life``,
+        passed on by :class:`~engine.runtime.Engine`)."""
         self.weights = weights
         self.window = window
         self.clock = clock
-        self.planner = PrefetchPlanner(max(window, 1), HeatMap(half_life=10.0))
+        self.planner = PrefetchPlanner(max(window, 1), HeatMap(half_life=half_life))
         self._q: queue.Queue[list[int] | None] = queue.Queue()
         self._queued: set[tuple[str, int]] = set()  # membership only; never iterated
         self._qlock = threading.Lock()

@@ -19,6 +19,8 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 
+from engine.kv.prefix import num_blocks
+
 __all__ = ["BatchScheduler"]
 
 
@@ -39,7 +41,7 @@ class BatchScheduler:
     def kv_need(self, tokens: int) -> int:
         """Bytes reserved for a ``tokens``-token sequence (whole blocks)."""
         bt = self.block_tokens
-        return -(-tokens // bt) * bt * self.kv_bytes_per_token
+        return num_blocks(tokens, bt) * bt * self.kv_bytes_per_token
 
     def fits_alone(self, tokens: int) -> bool:
         """Whether a sequence of ``tokens`` could ever be admitted (else reject it)."""

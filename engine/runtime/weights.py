@@ -33,13 +33,13 @@ from typing import Any, Protocol
 import numpy as np
 
 from engine.chunkstore import ChunkStore, layer_weights
+from engine.tiers.chain import TouchReplay
 
 __all__ = ["TIER_NAMES", "ResidentWeights", "TieredWeights", "WeightSource"]
 
 #: per-tier counters, in the simulator's order (``remote`` is never used by one engine node)
 TIER_NAMES: tuple[str, ...] = ("hbm", "host", "nvme", "remote", "object")
 _LEVEL_TIER = {"device": 0, "host": 1, "ssd": 2, "object": 4}
-TOUCH_HISTORY = 2  # iteration ends remembered between admissions (= sim.weights.TOUCH_HISTORY)
 
 
 class WeightSource(Protocol):
@@ -85,7 +85,16 @@ class ResidentWeights:
 class TieredWeights:
     """Chunks through a :class:`ChunkStore`'s tier stack; see the module docstring."""
 
-    def __init__(self, store: ChunkStore, xp: ModuleType = np) -> None:
+    def __init__(
+        self,
+        store: ChunkStore,
+        xp: ModuleType = np,
+        *,
+        touches: TouchReplay | None = None,
+        group: int = 0,
+    ) -> None:
+        """``touches``: the replay record shared by every model on ``store``'s stack (a new one
+        when this is the only model); ``group``: this model's index in it."""
         self.store = store
         self.xp = xp
         self.table = store.table
@@ -101,7 +110,10 @@ class TieredWeights:
         self._parts: dict[int, list[Any]] = {}  # the chunk arrays that buffer was built from
         self.fetch_s = 0.0  # wall seconds spent in fetch() reads, and the bytes they moved
         self.fetch_bytes = 0
-        self._touches: list[float] = []  # pending iteration ends (see touch)
+        self._touches = touches if touches is not None else TouchReplay()  # see touch
+        self._group = group
+        keys = [store.key(c) for c in range(self.table.n_chunks)]
+        self._touches.register(group, lambda: keys)
         self._now = 0.0  # latest time handed to the caches: never decreases (two threads)
 
     def _clock(self, now: float) -> float:
@@ -124,16 +136,18 @@ class TieredWeights:
 
     # -- fetching -------------------------------------------------------------------------------
     def fetch(self, cids: list[int], now: float) -> None:
-        """Bring chunks ``cids`` into the device level (prefetch or demand), charging sources."""
-        for cid in cids:
-            with self.lock:
-                key = self.store.key(cid)
-                if key in self.device:
-                    continue
-                self._flush_touches()
-                t0 = time.perf_counter()
-                res = self.store.read_chunk(cid, self._clock(now), count=True)
-                self.fetch_s += time.perf_counter() - t0
+        """Bring chunks ``cids`` into the device level (prefetch or demand) as one transfer,
+        charging sources (the simulator's rule: locate all, replay touches, promote all)."""
+        with self.lock:
+            todo = [c for c in cids if self.store.key(c) not in self.device]
+            if not todo:
+                return
+            t0 = time.perf_counter()
+            results = self.store.read_chunks(
+                todo, self._clock(now), count=True, before_promote=self._flush_touches
+            )
+            self.fetch_s += time.perf_counter() - t0
+            for cid, res in zip(todo, results, strict=True):
                 self.fetch_bytes += int(self.table.size[cid])
                 self._charge(self._tier_of(res.level), 1, int(self.table.size[cid]))
 
@@ -149,24 +163,35 @@ class TieredWeights:
         layer's chunks stay pinned until :meth:`release`. Fetch and pin happen under one
         lock hold, so no prefetch can evict a chunk between its fetch and its pin."""
         with self.lock:
-            parts = []
-            pins = []
             t = self._clock(now)
-            hits = 0
-            for cid in self._ids[layer]:
-                key = self.store.key(cid)
-                if key not in self.device:
-                    self._flush_touches()
-                    res = self.store.read_chunk(cid, t, count=True)
+            ids = self._ids[layer]
+            keys = [self.store.key(c) for c in ids]
+            device = self.device
+            # The simulator's rule (sim.node): resident chunks are pinned first (each access
+            # once, a hit), then the missing ones come in one transfer per round, each pinned
+            # as it lands; a round repeats only for chunks a concurrent eviction took.
+            missing = [c for c, k in zip(ids, keys, strict=True) if k not in device]
+            pinned = [k for k in keys if k in device]
+            for k in pinned:
+                device.pin(k)
+            self._charge(0, len(pinned), 0)
+            while missing:
+                results = self.store.read_chunks(
+                    missing, t, count=True, before_promote=self._flush_touches, pin=True
+                )
+                for cid, res in zip(missing, results, strict=True):
                     self._charge(self._tier_of(res.level), 1, int(self.table.size[cid]))
-                else:
-                    hits += 1
-                self.device.pin(key)
-                pins.append(key)
-            self._charge(0, hits, 0)  # each chunk accessed once: resident now = an hbm hit
-            for key in pins:
-                parts.append(self.store.stack.levels[0].tier.get(self.store.stack.name_of(key)))
-            self._pinned[layer] = pins
+                landed = [self.store.key(c) for c in missing if self.store.key(c) in device]
+                if not landed:
+                    raise RuntimeError(
+                        f"layer {layer}: the device level ({device.capacity} B, {device.used} B "
+                        "in use) has no unpinned room for its missing chunks"
+                    )
+                pinned += landed
+                missing = [c for c in missing if self.store.key(c) not in device]
+            name_of, tier = self.store.stack.name_of, self.store.stack.levels[0].tier
+            parts = [tier.get(name_of(key)) for key in keys]  # in chunk order
+            self._pinned[layer] = pinned
         return self._assemble(layer, parts).view(self.xp.float32)
 
     def _assemble(self, layer: int, parts: list[Any]) -> Any:
@@ -198,14 +223,11 @@ class TieredWeights:
     # -- recency of resident chunks (the simulator's rule, sim.weights) -----------------------
     def touch(self, now: float) -> None:
         """Every resident chunk was used by the iteration that ended at ``now``. As in the
-        simulator, uses are not looked up one by one: the last ``TOUCH_HISTORY`` iteration
-        ends are replayed (one lookup per resident chunk, in id order) right before the next
-        device admission, so both caches see the same calls."""
+        simulator (one :class:`engine.tiers.chain.TouchReplay` rule), uses are not looked up
+        one by one: the last iteration ends are replayed (one lookup per resident chunk, in id
+        order) right before the next device admission, so both caches see the same calls."""
         with self.lock:
-            times = self._touches
-            if not times or times[-1] != now:
-                times.append(now)
-                del times[:-TOUCH_HISTORY]
+            self._touches.record(self._group, now)
 
     def last_time(self) -> float:
         """The latest ``now`` handed to the caches."""
@@ -214,14 +236,7 @@ class TieredWeights:
 
     def _flush_touches(self) -> None:
         """Replay the pending touches (call with the lock held, before an admission)."""
-        if not self._touches:
-            return
-        times, self._touches = self._touches, []
-        for t in times:
-            for cid in range(self.table.n_chunks):
-                key = self.store.key(cid)
-                if key in self.device:
-                    self.device.lookup(key, t)
+        self._touches.replay(self.device)
 
     def _tier_of(self, level: int) -> int:
         levels = self.store.stack.levels

@@ -12,6 +12,7 @@ from engine.tiers.stack import (
     ReadResult,
     TierStack,
     default_name,
+    level_caches,
     make_stack,
 )
 
@@ -31,5 +32,6 @@ __all__ = [
     "as_host_bytes",
     "check_name",
     "default_name",
+    "level_caches",
     "make_stack",
 ]

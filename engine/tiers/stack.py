@@ -39,9 +39,10 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from engine.cache import TierCache
-from engine.errors import ObjectTooLargeError
+from engine.config import CacheCfg
 from engine.policy.base import Key
 from engine.tiers.base import Tier, TierMiss, as_host_bytes
+from engine.tiers.chain import TierChain
 from engine.tiers.device import DeviceTier
 from engine.tiers.host import HostTier
 from engine.tiers.ssd import SsdTier
@@ -55,6 +56,7 @@ __all__ = [
     "ReadResult",
     "TierStack",
     "default_name",
+    "level_caches",
     "make_stack",
 ]
 
@@ -127,11 +129,13 @@ class TierStack:
         self.retries = retries
         self.bytes_moved: dict[str, int] = {}
         self.corrupt_found: dict[str, int] = {}
-        self._now = 0.0
-        for i, lvl in enumerate(self.levels):
-            if lvl.cache.on_evict is not None:
-                raise ValueError(f"level {lvl.tier.name}: its cache already has an on_evict")
-            lvl.cache.on_evict = self._demoter(i)
+        # the decisions: the same chain of rules the simulator's weight store uses
+        self.chain = TierChain(
+            [lvl.cache for lvl in self.levels], on_move=self._move, on_drop=self._drop
+        )
+        # (key, served level, bytes) of the read being promoted: its first copy comes from
+        # these bytes, read when the key was located, whatever its level holds since
+        self._in_flight: tuple[Key, int, Any] | None = None
 
     # -- public --------------------------------------------------------------------------
     def read(
@@ -150,45 +154,42 @@ class TierStack:
         key is already resident. ``pin=True`` pins the copy in level 0 (if it was admitted
         there); release it with :meth:`unpin`.
         """
-        self._now = now
-        name = self.name_of(key)
-        corrupt = 0
-        data: Any = None
-        served = len(self.levels)
-        for i, lvl in enumerate(self.levels):
-            cache = lvl.cache
-            if key in cache:
-                got = self._read_level(lvl, key, name)
-                if got is None:  # bad or vanished copy: drop it, the lookup below misses
-                    corrupt += 1
-                    cache.remove(key, now)
-                else:
-                    if count:
-                        cache.lookup(key, now, size, color)
-                    data, served = got, i
-                    break
-            if count:
-                cache.lookup(key, now, size, color)
-        if data is None:
-            data, bad = self._read_backing(key, name)
-            corrupt += bad
-        if int(data.size) != size:
-            raise ValueError(f"object {name!r}: {int(data.size)} bytes read, expected {size}")
-        # Admit top-down (the level next to compute decides first, so its victims are
-        # demoted before the lower levels choose theirs), then move the bytes bottom-up
-        # along the physical path. Invariant between the two loops: a level's cache may hold
-        # `key` before its tier does, and no eviction touches an admitted level again.
-        admitted = [self._admit(self.levels[j], key, size, now, color) for j in range(served)]
-        src = self._source_name(served)
-        for j in range(served - 1, -1, -1):
-            lvl = self.levels[j]
-            if admitted[j] and key in lvl.cache:
-                self._count_move(src, lvl.tier.name, size)
-                lvl.tier.put(name, data)
-                data, src = lvl.tier.get(name), lvl.tier.name
         if pin and self.levels and key in self.levels[0].cache:
-            self.levels[0].cache.pin(key)
-        return ReadResult(data, served, self._source_name(served), corrupt)
+            self.levels[0].cache.pin(key)  # resident: pinned before the read, so it stays
+            return self.read_many([(key, size)], now, color, count=count)[0]
+        return self.read_many([(key, size)], now, color, count=count, pin=pin)[0]
+
+    def read_many(
+        self,
+        items: Sequence[tuple[Key, int]],
+        now: float,
+        color: str | None = None,
+        *,
+        count: bool = True,
+        before_promote: Callable[[], object] | None = None,
+        pin: bool = False,
+    ) -> list[ReadResult]:
+        """Read several objects as one transfer does: every ``(key, size)`` is located (and
+        its bytes taken from the level that serves it) first, then ``before_promote()`` runs,
+        then each is promoted in order and, with ``pin``, pinned in level 0 as it lands (so a
+        later one cannot evict it). A copy evicted from its level between the two phases is
+        still promoted from the bytes already read (they were in flight)."""
+        located = [(key, size, *self._locate(key, size, now, color, count)) for key, size in items]
+        if before_promote is not None:
+            before_promote()
+        out: list[ReadResult] = []
+        for key, size, served, data, corrupt in located:
+            self._in_flight = (key, served, data)
+            try:
+                held = self.chain.promote(key, size, served, now, color)
+            finally:
+                self._in_flight = None
+            if held:
+                data = self.levels[held[0]].tier.get(self.name_of(key))
+                if pin and held[0] == 0:
+                    self.levels[0].cache.pin(key)
+            out.append(ReadResult(data, served, self._source_name(served), corrupt))
+        return out
 
     def unpin(self, key: Key) -> None:
         """Release one pin of ``key`` in level 0."""
@@ -196,7 +197,7 @@ class TierStack:
 
     def invalidate(self, key: Key, now: float) -> None:
         """Drop ``key`` from every cache level (e.g. a new version replaced it)."""
-        self._now = now
+        self.chain.now = now
         name = self.name_of(key)
         for lvl in self.levels:
             if lvl.cache.remove(key, now):
@@ -204,7 +205,7 @@ class TierStack:
 
     def where(self, key: Key) -> list[str]:
         """Names of the cache levels that hold ``key``, top first."""
-        return [lvl.tier.name for lvl in self.levels if key in lvl.cache]
+        return [self.levels[i].tier.name for i in self.chain.where(key)]
 
     def check(self) -> None:
         """Assert the module invariants (tests call this after every step)."""
@@ -214,12 +215,50 @@ class TierStack:
             assert cached == stored, f"{lvl.tier.name}: cache {cached} != tier {stored}"
 
     # -- internals -----------------------------------------------------------------------
+    def _locate(
+        self, key: Key, size: int, now: float, color: str | None, count: bool
+    ) -> tuple[int, Any, int]:
+        """(serving level, its bytes, bad copies dropped on the way) for one read."""
+        name = self.name_of(key)
+        found: list[Any] = []
+        dropped = 0
+
+        def usable(i: int) -> bool:
+            nonlocal dropped
+            got = self._read_level(self.levels[i], key, name)
+            if got is None:
+                dropped += 1
+                return False
+            found.append(got)
+            return True
+
+        served = self.chain.locate(key, now, size=size, color=color, count=count, usable=usable)
+        if served < len(self.levels):
+            data = found[-1]
+        else:
+            data, bad = self._read_backing(key, name)
+            dropped += bad
+        if int(data.size) != size:
+            raise ValueError(f"object {name!r}: {int(data.size)} bytes read, expected {size}")
+        return served, data, dropped
+
     def _source_name(self, i: int) -> str:
         return self.levels[i].tier.name if i < len(self.levels) else self.backing.name
 
-    def _count_move(self, src: str, dst: str, size: int) -> None:
-        link = f"{src}->{dst}"
+    def _move(self, src: int, dst: int, key: Key, size: int) -> None:
+        """The chain decided a copy from level ``src`` (or the backing read) into ``dst``."""
+        name = self.name_of(key)
+        fl = self._in_flight
+        if fl is not None and fl[0] == key and fl[1] == src:
+            data = fl[2]
+        else:
+            data = self.levels[src].tier.get(name)
+        self.levels[dst].tier.put(name, data)
+        link = f"{self._source_name(src)}->{self.levels[dst].tier.name}"
         self.bytes_moved[link] = self.bytes_moved.get(link, 0) + size
+
+    def _drop(self, i: int, key: Key, size: int, color: str | None) -> None:
+        self.levels[i].tier.delete(self.name_of(key))
 
     def _verified(self, key: Key, tier: Tier, data: Any) -> bool:
         if self.validator is None:
@@ -259,27 +298,6 @@ class TierStack:
             raise ObjectCorrupt(key, name, bad)
         raise ObjectMissing(key, name, [lvl.tier.name for lvl in self.levels] + missing)
 
-    def _admit(self, lvl: Level, key: Key, size: int, now: float, color: str | None) -> bool:
-        try:
-            return lvl.cache.admit(key, size, now, color)
-        except ObjectTooLargeError:
-            return False
-
-    def _demoter(self, i: int) -> Callable[[Key, int, str | None], None]:
-        def on_evict(key: Key, size: int, color: str | None) -> None:
-            lvl = self.levels[i]
-            name = self.name_of(key)
-            if i + 1 < len(self.levels):
-                nxt = self.levels[i + 1]
-                if key not in nxt.cache:
-                    data = lvl.tier.get(name)
-                    if self._admit(nxt, key, size, self._now, color):
-                        nxt.tier.put(name, data)
-                        self._count_move(lvl.tier.name, nxt.tier.name, size)
-            lvl.tier.delete(name)
-
-        return on_evict
-
 
 def make_stack(
     backing: Tier,
@@ -294,26 +312,66 @@ def make_stack(
     replicas: Sequence[Tier] = (),
     high_watermark: float = 1.0,
     low_watermark: float = 1.0,
+    cache: CacheCfg | None = None,
 ) -> TierStack:
     """The usual stack: device, host and SSD levels (each omitted when its capacity is 0)
     over ``backing``, every level a TierCache with ``policy``. The SSD level is verified.
-    Watermarks default to 1.0 (evict only to make room), as in pure policy comparisons."""
-    levels = []
-    specs: list[tuple[str, int, Tier | None, bool]] = [
-        ("device", device_bytes, DeviceTier(xp=xp) if device_bytes else None, False),
-        ("host", host_bytes, HostTier(xp=xp) if host_bytes else None, False),
-        ("ssd", ssd_bytes, SsdTier(ssd_dir) if ssd_bytes and ssd_dir is not None else None, True),
+    Watermarks default to 1.0 (evict only to make room), as in pure policy comparisons.
+
+    ``cache``: the simulator's config section (:class:`engine.config.CacheCfg`); when given,
+    the levels take its policies (``hbm_policy`` with ``params`` and the watermarks for the
+    device, ``host_policy``, ``nvme_policy`` with watermarks 1.0 below), as the simulator's
+    node tiers do, and ``policy``/``policy_params``/watermarks must be left at their defaults.
+    """
+    sizes = (device_bytes, host_bytes, ssd_bytes)
+    if cache is not None:
+        if (policy, policy_params, high_watermark, low_watermark) != ("lru", None, 1.0, 1.0):
+            raise ValueError("give either cache (a CacheCfg) or policy/params/watermarks")
+        caches = level_caches(cache, sizes, ("device", "host", "ssd"))
+    else:
+        caches = [
+            None
+            if capacity <= 0
+            else TierCache(
+                capacity,
+                policy,
+                dict(policy_params or {}),
+                high_watermark=high_watermark,
+                low_watermark=low_watermark,
+                name=name,
+            )
+            for capacity, name in zip(sizes, ("device", "host", "ssd"), strict=True)
+        ]
+    tiers: list[tuple[Tier | None, bool]] = [
+        (DeviceTier(xp=xp) if device_bytes else None, False),
+        (HostTier(xp=xp) if host_bytes else None, False),
+        (SsdTier(ssd_dir) if ssd_bytes and ssd_dir is not None else None, True),
     ]
-    for name, capacity, tier, verify in specs:
-        if tier is None:
-            continue
-        cache = TierCache(
-            capacity,
-            policy,
-            dict(policy_params or {}),
-            high_watermark=high_watermark,
-            low_watermark=low_watermark,
-            name=name,
-        )
-        levels.append(Level(tier, cache, verify))
+    levels = [
+        Level(tier, tc, verify)
+        for (tier, verify), tc in zip(tiers, caches, strict=True)
+        if tier is not None and tc is not None
+    ]
     return TierStack(levels, backing, replicas=replicas)
+
+
+def level_caches(
+    cache: CacheCfg, sizes: tuple[int, int, int], names: tuple[str, str, str]
+) -> list[TierCache | None]:
+    """The HBM (device), host and NVMe (SSD) caches ``cache`` describes, of ``sizes`` bytes
+    (``None`` for a level of size 0): ``hbm_policy`` with ``params`` and the watermarks (the
+    low one capped at the high one) on top, ``host_policy`` and ``nvme_policy`` below with
+    watermarks 1.0 (evict only to make room). The engine's stack and the simulator's weight
+    store both build their levels here."""
+    low = min(cache.low_watermark, cache.high_watermark)
+    rules = [
+        (cache.hbm_policy, dict(cache.params), cache.high_watermark, low),
+        (cache.host_policy, {}, 1.0, 1.0),
+        (cache.nvme_policy, {}, 1.0, 1.0),
+    ]
+    return [
+        TierCache(size, pol, params, high_watermark=high, low_watermark=lw, name=name)
+        if size > 0
+        else None
+        for size, name, (pol, params, high, lw) in zip(sizes, names, rules, strict=True)
+    ]

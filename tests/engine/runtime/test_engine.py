@@ -128,3 +128,30 @@ def test_dense_model_serves_one_output_per_request(tmp_path: Path) -> None:
     res = Engine(DenseModel(cfg), tw, BatchScheduler(8, 64, 1, 0, 16)).run(wl)
     assert res.iterations == 1 and (res.status == 1).all()
     assert all(len(t) == 1 for t in res.tokens)
+
+
+def test_prefetch_knobs_come_from_the_scenarios_config_object(tmp_path: Path) -> None:
+    """The engine reads the simulator's `prefetch` section: window, pin holding and the heat
+    map's half-life, which reaches the prefetcher's planner."""
+    import pytest
+
+    from engine.config import PrefetchCfg
+
+    tw = tiered(tmp_path, CFG, device_bytes=sum(CFG.layer_bytes()) // 2)
+    tw.warm()
+    cfg = PrefetchCfg(window_batches=2, heat_half_life="250ms", order="after-pin")
+    eng = Engine(DecoderModel(CFG, 2048), tw, sched(CFG.kv_bytes_per_token), prefetch=cfg)
+    assert (eng.window, eng.hold_pins, eng.heat_half_life) == (2, True, 0.25)
+    res = eng.run(workload(3, gap=0.01))
+    assert (res.status == 1).all()
+    assert eng.prefetcher is not None
+    assert eng.prefetcher.planner.heat.half_life == 0.25
+    off = Engine(
+        DecoderModel(CFG, 2048),
+        tw,
+        sched(CFG.kv_bytes_per_token),
+        prefetch=PrefetchCfg(enabled=False),
+    )
+    assert off.window == 0
+    with pytest.raises(ValueError, match="either prefetch"):
+        Engine(DecoderModel(CFG, 2048), tw, sched(CFG.kv_bytes_per_token), window=1, prefetch=cfg)

@@ -29,12 +29,22 @@ def payload(i: int, size: int = SIZE) -> np.ndarray:
     return np.random.default_rng(i).integers(0, 256, size=size, dtype=np.uint8)
 
 
-def cache(name: str, n_objects: int, policy: str = "lru") -> TierCache:
-    return TierCache(n_objects * SIZE, policy, high_watermark=1.0, low_watermark=1.0, name=name)
+def cache(
+    name: str, n_objects: int, policy: str = "lru", params: dict[str, int] | None = None
+) -> TierCache:
+    return TierCache(
+        n_objects * SIZE, policy, params or {}, high_watermark=1.0, low_watermark=1.0, name=name
+    )
 
 
 def build(
-    root: Path, dev: int = 2, host: int = 3, ssd: int = 4, n: int = 10, replicas: int = 0
+    root: Path,
+    dev: int = 2,
+    host: int = 3,
+    ssd: int = 4,
+    n: int = 10,
+    replicas: int = 0,
+    dev_policy: tuple[str, dict[str, int]] = ("lru", {}),
 ) -> tuple[TierStack, dict[int, str]]:
     """A 3-level stack over an object store holding objects 0..n-1; returns it and the
     SHA-256 of each object (what the validator checks against)."""
@@ -53,7 +63,7 @@ def build(
         return hashlib.sha256(data).hexdigest() == digests[key]
 
     levels = [
-        Level(DeviceTier(), cache("device", dev)),
+        Level(DeviceTier(), cache("device", dev, *dev_policy)),
         Level(HostTier(), cache("host", host)),
         Level(SsdTier(root / "ssd"), cache("ssd", ssd), verify=True),
     ]
@@ -117,12 +127,8 @@ def test_demotion_into_lower_tier_that_lacks_the_object(tmp_path: Path) -> None:
 def test_top_level_decisions_equal_a_plain_tier_cache(tmp_path: Path) -> None:
     """The stack's device cache makes the same hit/miss/eviction decisions as a TierCache
     driven by `access` with the same keys and `now` values (the simulator's view)."""
-    stack, _ = build(tmp_path, dev=3, host=5, ssd=8, n=12)
+    stack, _ = build(tmp_path, dev=3, host=5, ssd=8, n=12, dev_policy=("lru-k", {"k": 2}))
     ref = TierCache(3 * SIZE, "lru-k", {"k": 2}, high_watermark=1.0, low_watermark=1.0)
-    stack.levels[0].cache = TierCache(
-        3 * SIZE, "lru-k", {"k": 2}, high_watermark=1.0, low_watermark=1.0, name="device"
-    )
-    stack.levels[0].cache.on_evict = stack._demoter(0)
     ref_evicted: list[object] = []
     ref.on_evict = lambda k, s, c: ref_evicted.append(k)
     seq = np.random.default_rng(7).zipf(1.3, size=300) % 12

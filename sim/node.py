@@ -200,6 +200,9 @@ class ComputeNode:
             ]
         self.kv = KvAccount(kv_bytes, sc.kv.block_tokens, allocs)
         self.wake: simpy.Event | None = None
+        #: called with this node whenever its load (queued + running) falls (a completion, an
+        #: abort); the least-loaded placement's heap listens here
+        self.on_unload: Callable[[Any], None] | None = None
         self.seg_model = -1
         self._up_watchers: list[Callable[[], None]] = []
         self._up = True
@@ -333,6 +336,8 @@ class ComputeNode:
         self._carry = 0.0
         self._quantum = 0
         self._cur = -1
+        if self.on_unload is not None:
+            self.on_unload(self)
         return held
 
     # -- the process ------------------------------------------------------------------------
@@ -759,6 +764,8 @@ class ComputeNode:
         row += self.cum[m]
         met.finish(rid, DONE)
         ctx.trace.rec(now, EV_DONE, rid, self.idx)
+        if self.on_unload is not None:
+            self.on_unload(self)
         if ctx.on_complete is not None:
             ctx.on_complete(rid)
 

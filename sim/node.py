@@ -448,7 +448,8 @@ class ComputeNode:
                 self._life[rid] = self._seqno
                 if bpt:
                     self.kv.take(rid, m, self._kv_tokens(rid), bpt)
-                if np.isnan(met.start[rid]):
+                v = met.start[rid]
+                if v != v:  # NaN: never started before (a float test, no numpy call)
                     met.start[rid] = now
                 row = met.acc[rid]  # a view: subtract in place
                 row -= cum
@@ -553,11 +554,16 @@ class ComputeNode:
         if hi <= lo or not self.ctx.models[m].kv_bytes_per_token:
             return
         res, bt = self._res[m], self.kv.block_tokens
-        for s in range(lo, min(hi, lo + bt)):
-            bucket = res[s % bt]
-            if bucket:
-                # the crossings of this residue in [lo, hi): steps s, s + bt, ...
-                self._take_blocks(m, [(rid, t) for t in range(s, hi, bt) for rid in bucket])
+        # residue s's crossings in [lo, hi): steps s, s + bt, ...
+        items = [
+            (rid, t)
+            for s in range(lo, min(hi, lo + bt))
+            if (bucket := res[s % bt])
+            for t in range(s, hi, bt)
+            for rid in bucket
+        ]
+        if items:
+            self._take_blocks(m, items)
 
     def _take_blocks(self, m: int, items: list[tuple[int, int]]) -> None:
         """Give each ``(rid, step)`` the one block its context crosses into at that step
@@ -689,7 +695,8 @@ class ComputeNode:
             for ent in ends:
                 rid = ent[0]
                 pf.remove(ent)
-                if np.isnan(first[rid]):
+                v = first[rid]
+                if v != v:  # NaN: no first token yet
                     first[rid] = now
                 # the prefill samples one token (a CNN: its first pass; it then runs one pass
                 # per step for its remaining `output_tokens`, as the model has always charged)

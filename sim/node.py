@@ -19,8 +19,11 @@ interrupts it, the step in progress finishes and the replica re-plans.
 **KV** (:class:`KvAccount` over :class:`engine.kv.allocator.KVBlockAllocator`, the engine's
 allocator): admission reserves the blocks of the prompt only (never the unknown output
 length) and leaves ``admission_watermark`` of the blocks free; a decoding sequence takes a
-new block when its context crosses a block boundary (a min-heap of those steps, so a segment
-of ``k`` steps takes its blocks up front). When blocks run out, the most recently admitted
+new block when its context crosses a block boundary, i.e. once every ``block_tokens`` steps,
+at the steps of one residue: sequences are bucketed by that residue, so a step's blocks are
+one bucket, taken in one bulk allocator call. A multi-step segment is checked to fit before
+it starts and takes the blocks of the steps that ran when it ends (an arrival may cut it
+short). When blocks run out, the most recently admitted
 sequence of the model is **preempted**: ``recompute`` frees its blocks and re-queues it at the
 front (it prefills prompt + generated tokens again), ``swap`` copies its KV to host swap space
 over PCIe (charged to the iteration) and back when it resumes. Nothing is lost.
@@ -158,8 +161,13 @@ class ComputeNode:
         self.b_off = [0] * nm
         self.b_base = [0.0] * nm
         self.b_heap: list[list[tuple[int, int, int]]] = [[] for _ in range(nm)]
-        #: KV block boundaries per model: (step that needs the next block, rid, seqno)
-        self._grow: list[list[tuple[int, int, int]]] = [[] for _ in range(nm)]
+        #: KV growth per model: decoding rids by the residue (mod block_tokens) of the steps at
+        #: which each needs a new block (``(1 - base) % block_tokens``: its context crosses a
+        #: block boundary then), and rids owing a block for a step already granted to the rest
+        #: (a swap-in): (rid, seqno, step)
+        bt = sc.kv.block_tokens
+        self._res: list[list[dict[int, None]]] = [[{} for _ in range(bt)] for _ in range(nm)]
+        self._lag: list[list[tuple[int, int, int]]] = [[] for _ in range(nm)]
         #: prefilling sequences per model, in admission order: [rid, tokens left, tokens done]
         self.pf: list[list[list[int]]] = [[] for _ in range(nm)]
         #: running sequences per model in admission order (preemption takes the last)
@@ -192,6 +200,9 @@ class ComputeNode:
             ]
         self.kv = KvAccount(kv_bytes, sc.kv.block_tokens, allocs)
         self.wake: simpy.Event | None = None
+        #: called with this node whenever its load (queued + running) falls (a completion, an
+        #: abort); the least-loaded placement's heap listens here
+        self.on_unload: Callable[[Any], None] | None = None
         self.seg_model = -1
         self._up_watchers: list[Callable[[], None]] = []
         self._up = True
@@ -307,7 +318,9 @@ class ComputeNode:
                 held.append(rid)
             order.clear()
             self.b_heap[m].clear()
-            self._grow[m].clear()
+            for d in self._res[m]:
+                d.clear()
+            self._lag[m].clear()
             self.pf[m].clear()
             self.b_n[m] = self.b_off[m] = 0
             self.b_base[m] = 0.0
@@ -323,6 +336,8 @@ class ComputeNode:
         self._carry = 0.0
         self._quantum = 0
         self._cur = -1
+        if self.on_unload is not None:
+            self.on_unload(self)
         return held
 
     # -- the process ------------------------------------------------------------------------
@@ -433,7 +448,8 @@ class ComputeNode:
                 self._life[rid] = self._seqno
                 if bpt:
                     self.kv.take(rid, m, self._kv_tokens(rid), bpt)
-                if np.isnan(met.start[rid]):
+                v = met.start[rid]
+                if v != v:  # NaN: never started before (a float test, no numpy call)
                     met.start[rid] = now
                 row = met.acc[rid]  # a view: subtract in place
                 row -= cum
@@ -470,6 +486,7 @@ class ComputeNode:
             base = self._base_of.pop(rid)
             self.b_n[m] -= 1
             self.b_base[m] -= base
+            self._res[m][(1 - base) % self.kv.block_tokens].pop(rid, None)
             gen = base + off - self._inp[rid]  # tokens generated so far
             kv_tok = base + off - 1  # KV written so far (the allocator may lag behind)
             nbytes = kv_tok * bpt
@@ -491,43 +508,91 @@ class ComputeNode:
             self.b_base[m] = 0.0
         return cost
 
-    def _grow_kv(self, m: int, off: int, k: int) -> int:
-        """Take the KV blocks the decoding sequences need for steps ``off .. off + k - 1``,
-        nearest first; returns how many of those steps are covered (``k`` unless blocks ran
-        out; 0: the next step itself needs a block that is not there)."""
-        heap = self._grow[m]
-        if not heap or heap[0][0] > off + k - 1:
-            return k
+    def _grow_step(self, m: int, off: int) -> bool:
+        """Take the KV blocks the decoding sequences need for step ``off`` (those owing one
+        for an earlier step first), all or none; False when they do not fit."""
+        bucket = self._res[m][off % self.kv.block_tokens]
+        lag = self._lag[m]
+        if not bucket and not lag:
+            return True
+        kv = self.kv
         bpt = self.ctx.models[m].kv_bytes_per_token
-        kv, life, bt = self.kv, self._life, self.kv.block_tokens
-        block = bt * bpt
-        last = off + k - 1
-        seqs, base_of = kv.seqs, self._base_of
-        alloc = kv.allocators[m] if kv.allocators is not None else None
-        pop, push = heapq.heappop, heapq.heappush
-        while heap and heap[0][0] <= last:
-            s, rid, seq = heap[0]
-            if life.get(rid) != seq:
-                pop(heap)
-                continue
-            if kv.reserved + block > kv.capacity:
+        block = kv.block_tokens * bpt
+        if lag:
+            life = self._life
+            lag[:] = [e for e in lag if life.get(e[0]) == e[1]]
+        if kv.reserved + (len(bucket) + len(lag)) * block > kv.capacity:
+            return False
+        if lag:
+            self._take_blocks(m, [(rid, s) for rid, _, s in lag])
+            lag.clear()
+        if bucket:
+            self._take_blocks(m, [(rid, off) for rid in bucket])
+        return True
+
+    def _fit_steps(self, m: int, off: int, k: int) -> int:
+        """How many of steps ``off .. off + k - 1`` (step ``off``'s blocks already taken) the
+        free KV blocks cover; reads only. Every decoding sequence needs one block per
+        ``block_tokens`` steps, at the steps of its residue."""
+        kv = self.kv
+        bt = kv.block_tokens
+        block = bt * self.ctx.models[m].kv_bytes_per_token
+        if block == 0 or k <= 1:
+            return k
+        room = (kv.capacity - kv.reserved) // block
+        if self.b_n[m] * (-(-(k - 1) // bt)) <= room:  # an upper bound fits: no walk
+            return k
+        res = self._res[m]
+        for s in range(off + 1, off + k):
+            room -= len(res[s % bt])
+            if room < 0:
                 return s - off
-            pop(heap)
-            # grow rid by the one block step s needs (KvAccount's invariant kept here)
-            tokens = base_of[rid] + s  # context written in step s -> s + 1
-            st = seqs[rid]
-            if alloc is not None:
-                alloc.append(rid, tokens - st[1])
-            kv.reserved += block
-            kv.needed += (tokens - st[1]) * bpt
-            st[1] = tokens
-            st[2] += 1
-            push(heap, (s + bt, rid, seq))
         return k
 
-    def _start_decoding(self, m: int, rid: int, off: int, kv_tokens: int, gen: int) -> None:
+    def _grow_steps(self, m: int, lo: int, hi: int) -> None:
+        """Take the blocks of steps ``lo .. hi - 1`` (checked by :meth:`_fit_steps`)."""
+        if hi <= lo or not self.ctx.models[m].kv_bytes_per_token:
+            return
+        res, bt = self._res[m], self.kv.block_tokens
+        # residue s's crossings in [lo, hi): steps s, s + bt, ...
+        items = [
+            (rid, t)
+            for s in range(lo, min(hi, lo + bt))
+            if (bucket := res[s % bt])
+            for t in range(s, hi, bt)
+            for rid in bucket
+        ]
+        if items:
+            self._take_blocks(m, items)
+
+    def _take_blocks(self, m: int, items: list[tuple[int, int]]) -> None:
+        """Give each ``(rid, step)`` the one block its context crosses into at that step
+        (KvAccount's invariant kept here; the engine allocator in one bulk call)."""
+        kv = self.kv
+        bpt = self.ctx.models[m].kv_bytes_per_token
+        seqs, base_of = kv.seqs, self._base_of
+        grown: list[tuple[int, int]] = []
+        needed = 0
+        for rid, s in items:
+            tokens = base_of[rid] + s  # context written in step s -> s + 1
+            st = seqs[rid]
+            d = tokens - st[1]
+            grown.append((rid, d))
+            needed += d
+            st[1] = tokens
+            st[2] += 1
+        kv.reserved += len(items) * kv.block_tokens * bpt
+        kv.needed += needed * bpt
+        alloc = kv.allocators[m] if kv.allocators is not None else None
+        if alloc is not None:
+            alloc.append_many(grown)
+
+    def _start_decoding(
+        self, m: int, rid: int, off: int, kv_tokens: int, gen: int, granted: bool = False
+    ) -> None:
         """``rid`` (holding ``kv_tokens`` of KV, ``gen`` tokens generated) decodes from step
-        ``off`` on; it finishes after ``out - gen`` more steps."""
+        ``off`` on; it finishes after ``out - gen`` more steps. ``granted``: step ``off``'s
+        blocks were already taken for the others (it then owes its own until the next turn)."""
         base = kv_tokens + 1 - off
         self._base_of[rid] = base
         self.b_base[m] += base
@@ -536,9 +601,12 @@ class ComputeNode:
         heapq.heappush(self.b_heap[m], (off + self._out[rid] - gen, rid, seq))
         bt = self.kv.block_tokens
         if self.ctx.models[m].kv_bytes_per_token:
-            # the first step whose context needs a block beyond those held
-            step = num_blocks(kv_tokens, bt) * bt + 1 - base
-            heapq.heappush(self._grow[m], (max(step, off), rid, seq))
+            # its blocks are exact (num_blocks(kv_tokens)), so its first new block is due at
+            # the first step >= off of its residue
+            q = (1 - base) % bt
+            self._res[m][q][rid] = None
+            if granted and off % bt == q:
+                self._lag[m].append((rid, seq, off))
 
     # -- one turn -------------------------------------------------------------------------------
     def _turn(self, m: int) -> Generator[simpy.Event, Any, None]:
@@ -546,7 +614,7 @@ class ComputeNode:
         off = self.b_off[m]
         extra = 0.0
         # 1. the decoding sequences' next block (preempting the newest while none is free)
-        while self.b_n[m] and self._grow_kv(m, off, 1) == 0:
+        while self.b_n[m] and not self._grow_step(m, off):
             extra += self._preempt(m, off)
         n = self.b_n[m]
         # 2. prefill chunks of running prompts, then newly admitted ones, within the budget
@@ -558,7 +626,7 @@ class ComputeNode:
             self.swap_moved += kv_tok * mr.kv_bytes_per_token
             bw = ws.links["pcie"].bandwidth
             extra += kv_tok * mr.kv_bytes_per_token / bw
-            self._start_decoding(m, rid, off, kv_tok, gen)
+            self._start_decoding(m, rid, off, kv_tok, gen, granted=True)
         n = self.b_n[m]
         self.admitted = len(new)
         woke, self._woke = self._woke, False
@@ -627,7 +695,8 @@ class ComputeNode:
             for ent in ends:
                 rid = ent[0]
                 pf.remove(ent)
-                if np.isnan(first[rid]):
+                v = first[rid]
+                if v != v:  # NaN: no first token yet
                     first[rid] = now
                 # the prefill samples one token (a CNN: its first pass; it then runs one pass
                 # per step for its remaining `output_tokens`, as the model has always charged)
@@ -643,7 +712,7 @@ class ComputeNode:
             k = self.b_heap[m][0][0] - off
             if self.qlen or self._others_running(m):
                 k = min(k, max(self.max_steps - self._quantum, 1))
-            k = self._grow_kv(m, off, k)
+            k = self._fit_steps(m, off, k)
             t_step, fl, by = mr.iter_cost(0, 0.0, 0, n, self.b_base[m] + n * (off + (k - 1) / 2.0))
             if mr.warm_on:  # spread over the k steps (an interrupted segment pays its share)
                 t_step += (mr.rewarm(self._since, k) + (mr.wake(t_step) if woke else 0.0)) / k
@@ -665,6 +734,7 @@ class ComputeNode:
                 else:  # nothing completes: the next iteration starts after `rest` (one event)
                     self._carry = rest
             self.seg_model = -1
+            self._grow_steps(m, off + 1, off + steps)  # the blocks of the steps that ran
             if mr.warm_on:
                 self._since += steps
             self._quantum += steps
@@ -701,6 +771,8 @@ class ComputeNode:
         row += self.cum[m]
         met.finish(rid, DONE)
         ctx.trace.rec(now, EV_DONE, rid, self.idx)
+        if self.on_unload is not None:
+            self.on_unload(self)
         if ctx.on_complete is not None:
             ctx.on_complete(rid)
 
@@ -710,12 +782,15 @@ class ComputeNode:
             return
         now = self.env.now
         life = self._life
+        res, bt = self._res[m], self.kv.block_tokens
         while heap and heap[0][0] <= off:
             _, rid, seq = heapq.heappop(heap)
             if life.get(rid) != seq:
                 continue  # preempted since: an entry of an older life
             self.b_n[m] -= 1
-            self.b_base[m] -= self._base_of.pop(rid)
+            base = self._base_of.pop(rid)
+            self.b_base[m] -= base
+            res[(1 - base) % bt].pop(rid, None)
             self._finish(m, rid, now)
         if self.b_n[m] == 0:
             self.b_base[m] = 0.0

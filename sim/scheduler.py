@@ -18,6 +18,7 @@ queued. So the protected class is never shed, and never shed before another clas
 
 from __future__ import annotations
 
+import heapq
 from collections import deque
 from collections.abc import Callable
 from typing import Any
@@ -72,14 +73,53 @@ class RoundRobin(Placement):
 
 @register("least-loaded")
 class LeastLoaded(Placement):
+    """Fewest queued + running requests; ties: the earliest node of ``nodes``.
+
+    O(log n) per choice: a min-heap of ``(load, position in nodes)`` entries, built for one
+    ``nodes`` list (rebuilt when the scheduler hands a different list, i.e. when a node goes
+    up or down). A node's load rises only by a submit and falls only by a completion or an
+    abort, which the node reports through its ``on_unload`` hook (a push). Invariant: every
+    node has an entry whose load is <= its current load; so the top entry, once it matches
+    its node's current load (a lower, stale one is re-pushed with the current load), is the
+    least-loaded node -- the same choice as scanning ``nodes`` in order.
+    """
+
+    def __init__(self, ctx: SimContext, rng: np.random.Generator) -> None:
+        super().__init__(ctx, rng)
+        self._for: list[Any] | None = None
+        self._heap: list[tuple[int, int]] = []
+
+    def _rebuild(self, nodes: list[Any]) -> None:
+        if self._for is not nodes:
+            if self._for is not None:
+                for n in self._for:
+                    n.on_unload = None
+            for pos, n in enumerate(nodes):
+                n.on_unload = self._hook(pos)
+        self._for = nodes
+        self._heap = [(n.qlen + n.running, pos) for pos, n in enumerate(nodes)]
+        heapq.heapify(self._heap)
+
+    def _hook(self, pos: int) -> Callable[[Any], None]:
+        heap = self  # the heap list is replaced on rebuild: look it up at call time
+
+        def unloaded(node: Any) -> None:
+            heapq.heappush(heap._heap, (node.qlen + node.running, pos))
+
+        return unloaded
+
     def choose(self, model: int, nodes: list[Any], now: float) -> Any:
-        best = nodes[0]
-        bl = best.qlen + best.running
-        for n in nodes:
-            load = n.qlen + n.running
-            if load < bl:
-                best, bl = n, load
-        return best
+        heap = self._heap
+        if nodes is not self._for or len(heap) > 4 * len(nodes) + 64:
+            self._rebuild(nodes)
+            heap = self._heap
+        while True:
+            load, pos = heap[0]
+            n = nodes[pos]
+            cur = n.qlen + n.running
+            if load == cur:
+                return n
+            heapq.heapreplace(heap, (cur, pos))
 
 
 @register("score")

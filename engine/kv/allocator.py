@@ -451,6 +451,35 @@ class KVBlockAllocator:
         self._ntok[seq_id] = new
         return tuple(preempted)
 
+    def append_many(
+        self, items: Sequence[tuple[SeqId, int]], now: float = 0.0
+    ) -> tuple[SeqId, ...]:
+        """``append(seq_id, n_tokens, now)`` for each ``(seq_id, n_tokens)`` of ``items``, in
+        order, as one call; returns the sequences preempted (in order).
+
+        The same state as those calls in every case (a :class:`KVOutOfBlocks` leaves the items
+        before the failing one appended). Fast path while no block has a content key (so no
+        copy-on-write) and the free list holds each item's new blocks: no per-item call.
+        """
+        if self._kblock:
+            return tuple(p for s, n in items for p in self.append(s, n, now))
+        tables, ntok, free, ref = self._tables, self._ntok, self._free, self._ref
+        bt = self.block_tokens
+        for i, (seq_id, n_tokens) in enumerate(items):
+            if n_tokens < 0:
+                raise ValueError(f"sequence {seq_id!r}: cannot append {n_tokens} tokens")
+            table = tables[seq_id]
+            new = ntok[seq_id] + n_tokens
+            grow_by = -(-new // bt) - len(table)
+            if grow_by > len(free):  # pool growth, eviction or preemption: the general path
+                return tuple(p for s, n in items[i:] for p in self.append(s, n, now))
+            for _ in range(grow_by):
+                b = free.pop()
+                ref[b] = 1
+                table.append(b)
+            ntok[seq_id] = new
+        return ()
+
     def free(self, seq_id: SeqId, now: float = 0.0) -> None:
         """Release ``seq_id``'s blocks: keyed ones whose last holder this was become cached."""
         table = self._tables.pop(seq_id, None)

@@ -138,6 +138,8 @@ class OpCostModel:
         self._gemm_cache: dict[int, dict[str, tuple[float, str]]] = {}
         # (tokens, logits rows) -> seconds of every op but attention
         self._fixed_cache: dict[tuple[int, int], float] = {}
+        self._pre_cache: dict[int, float] = {}  # by token count: the ops before lm_head
+        self._tail_cache: dict[int, tuple[float, float]] = {}  # by sampled rows: lm_head, overhead
 
     # -- single ops ------------------------------------------------------------------------------
     def _roofline(self, flops: float, nbytes: float, eff: float) -> float:
@@ -376,15 +378,29 @@ class OpCostModel:
                 prefill_tokens, prefill_sq, n_prompts, n_decode, decode_ctx
             )  # raises on negative arguments; 0 for an empty iteration
             return float(sum(op.seconds for op in ops))
-        fixed = self._fixed_cache.get((t, n_prompts + n_decode))
+        sampled = n_prompts + n_decode
+        fixed = self._fixed_cache.get((t, sampled))
         if fixed is None:
-            fixed = sum(
-                op.seconds
-                for op in self.iteration_breakdown(t, t, n_prompts + n_decode, 0, 0.0)
-                if op.name not in ("attention_prefill", "attention_decode")
-            )
+            # the ops before lm_head depend on t only, lm_head and the overhead on `sampled`
+            # only: memoised apart, added in the breakdown's order (bit-identical to its sum)
+            pre = self._pre_cache.get(t)
+            tail = self._tail_cache.get(sampled)
+            if pre is None or tail is None:
+                pre, lm, over = 0.0, 0.0, 0.0
+                for op in self.iteration_breakdown(t, t, sampled, 0, 0.0):
+                    if op.name == "lm_head":
+                        lm = op.seconds
+                    elif op.name == "iteration_overhead":
+                        over = op.seconds
+                    elif op.name not in ("attention_prefill", "attention_decode"):
+                        pre += op.seconds
+                tail = (lm, over)
+                if len(self._pre_cache) < 65536:
+                    self._pre_cache[t] = pre
+                    self._tail_cache[sampled] = tail
+            fixed = pre + tail[0] + tail[1]
             if len(self._fixed_cache) < 65536:
-                self._fixed_cache[(t, n_prompts + n_decode)] = fixed
+                self._fixed_cache[(t, sampled)] = fixed
         layers = self.shape.n_layers
         attn = self.prefill_attention_time(prefill_tokens, prefill_sq, n_prompts)[0]
         attn += self.decode_attention_time(n_decode, decode_ctx)[0]

@@ -24,6 +24,10 @@ of ``k`` steps takes its blocks up front). When blocks run out, the most recentl
 sequence of the model is **preempted**: ``recompute`` frees its blocks and re-queues it at the
 front (it prefills prompt + generated tokens again), ``swap`` copies its KV to host swap space
 over PCIe (charged to the iteration) and back when it resumes. Nothing is lost.
+With prefix caching (``kv.prefix_caching`` and a trace with block hash ids) a
+:class:`sim.prefix.PrefixCache` does ``KvAccount``'s take/give with shared prompt blocks and
+admission starts a prompt's prefill after its reused prefix; its hooks here are marked
+``[prefix caching]`` and are skipped when the replica has none.
 
 Weights: an iteration whose model is not fully resident runs layer by layer
 (:meth:`ComputeNode._layers`): a layer computes only once all its chunks are in HBM (pinned

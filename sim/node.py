@@ -54,7 +54,7 @@ from engine.kv.prefix import num_blocks
 from engine.prefetch import HeatMap, PrefetchPlanner
 from sim.context import SimContext
 from sim.metrics import DONE, EV_ADMIT, EV_DONE, EV_PREEMPT, N_ACC, TIERS
-from sim.prefix import make_prefix_cache
+from sim.prefix import PrefixCache, make_prefix_cache
 from sim.weights import WeightStore
 
 _NT = len(TIERS)
@@ -84,7 +84,7 @@ class KvAccount:
         #: per live sequence: [model, tokens, blocks]
         self.seqs: dict[int, list[int]] = {}
         #: prefix caching (sim/prefix.py) when on: it does take/give with shared blocks
-        self.prefix: Any = None
+        self.prefix: PrefixCache | None = None
 
     def size(self, tokens: int, bytes_per_token: int) -> tuple[int, int]:
         """(bytes in whole blocks, exact bytes) of a ``tokens``-token sequence."""
@@ -101,7 +101,7 @@ class KvAccount:
         """Give new sequence ``rid`` (model ``m``) the blocks of ``tokens`` tokens; returns the
         prompt tokens a cached prefix saves from prefill (0 without prefix caching)."""
         if self.prefix is not None:  # [prefix caching] shared blocks: sim/prefix.py
-            return int(self.prefix.take(rid, m, tokens, bytes_per_token, prefill))
+            return self.prefix.take(rid, m, tokens, bytes_per_token, prefill)
         blocks = num_blocks(tokens, self.block_tokens)
         allocs = self.allocators
         if allocs is not None and (a := allocs[m]) is not None:
@@ -114,7 +114,7 @@ class KvAccount:
     def give(self, rid: int, bytes_per_token: int) -> int:
         """Release ``rid``'s blocks; returns its exact KV bytes."""
         if self.prefix is not None:  # [prefix caching] shared blocks: sim/prefix.py
-            return int(self.prefix.give(rid, bytes_per_token))
+            return self.prefix.give(rid, bytes_per_token)
         m, tokens, blocks = self.seqs.pop(rid)
         allocs = self.allocators
         if allocs is not None and (a := allocs[m]) is not None:

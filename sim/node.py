@@ -27,6 +27,10 @@ short). When blocks run out, the most recently admitted
 sequence of the model is **preempted**: ``recompute`` frees its blocks and re-queues it at the
 front (it prefills prompt + generated tokens again), ``swap`` copies its KV to host swap space
 over PCIe (charged to the iteration) and back when it resumes. Nothing is lost.
+With prefix caching (``kv.prefix_caching`` and a trace with block hash ids) a
+:class:`sim.prefix.PrefixCache` does ``KvAccount``'s take/give with shared prompt blocks and
+admission starts a prompt's prefill after its reused prefix; its hooks here are marked
+``[prefix caching]`` and are skipped when the replica has none.
 
 Weights: an iteration whose model is not fully resident runs layer by layer
 (:meth:`ComputeNode._layers`): a layer computes only once all its chunks are in HBM (pinned
@@ -53,6 +57,7 @@ from engine.kv.prefix import num_blocks
 from engine.prefetch import HeatMap, PrefetchPlanner
 from sim.context import SimContext
 from sim.metrics import DONE, EV_ADMIT, EV_DONE, EV_PREEMPT, N_ACC, TIERS
+from sim.prefix import PrefixCache, make_prefix_cache
 from sim.weights import WeightStore
 
 _NT = len(TIERS)
@@ -81,6 +86,8 @@ class KvAccount:
         self.allocators = allocators
         #: per live sequence: [model, tokens, blocks]
         self.seqs: dict[int, list[int]] = {}
+        #: prefix caching (sim/prefix.py) when on: it does take/give with shared blocks
+        self.prefix: PrefixCache | None = None
 
     def size(self, tokens: int, bytes_per_token: int) -> tuple[int, int]:
         """(bytes in whole blocks, exact bytes) of a ``tokens``-token sequence."""
@@ -91,8 +98,13 @@ class KvAccount:
     def can(self, nbytes: int) -> bool:
         return self.reserved + nbytes <= self.capacity
 
-    def take(self, rid: int, m: int, tokens: int, bytes_per_token: int) -> None:
-        """Give new sequence ``rid`` (model ``m``) the blocks of ``tokens`` tokens."""
+    def take(
+        self, rid: int, m: int, tokens: int, bytes_per_token: int, prefill: bool = True
+    ) -> int:
+        """Give new sequence ``rid`` (model ``m``) the blocks of ``tokens`` tokens; returns the
+        prompt tokens a cached prefix saves from prefill (0 without prefix caching)."""
+        if self.prefix is not None:  # [prefix caching] shared blocks: sim/prefix.py
+            return self.prefix.take(rid, m, tokens, bytes_per_token, prefill)
         blocks = num_blocks(tokens, self.block_tokens)
         allocs = self.allocators
         if allocs is not None and (a := allocs[m]) is not None:
@@ -100,9 +112,12 @@ class KvAccount:
         self.seqs[rid] = [m, tokens, blocks]
         self.reserved += blocks * self.block_tokens * bytes_per_token
         self.needed += tokens * bytes_per_token
+        return 0
 
     def give(self, rid: int, bytes_per_token: int) -> int:
         """Release ``rid``'s blocks; returns its exact KV bytes."""
+        if self.prefix is not None:  # [prefix caching] shared blocks: sim/prefix.py
+            return self.prefix.give(rid, bytes_per_token)
         m, tokens, blocks = self.seqs.pop(rid)
         allocs = self.allocators
         if allocs is not None and (a := allocs[m]) is not None:
@@ -239,6 +254,8 @@ class ComputeNode:
         self._out: list[int] = tokens[1]  # per request: output tokens
         self._cls: list[int] = tokens[2]  # per request: class index
         self._model = wl.model
+        # [prefix caching] None unless on and the trace names its blocks (sim/prefix.py)
+        self.prefix = self.kv.prefix = make_prefix_cache(sc, wl, self.kv, self._inp)
 
     # -- control ------------------------------------------------------------------------------
     def start(self) -> None:
@@ -407,7 +424,10 @@ class ComputeNode:
         if bpt == 0:
             return True
         kv = self.kv
-        need = kv.size(self._kv_tokens(rid), bpt)[0]
+        if self.prefix is None:
+            need = kv.size(self._kv_tokens(rid), bpt)[0]
+        else:  # [prefix caching] blocks running sequences already hold cost nothing
+            need = self.prefix.need(rid, m, self._kv_tokens(rid), bpt)
         spare = kv.capacity * self.watermark if self.running else 0.0
         return kv.reserved + need + spare <= kv.capacity
 
@@ -446,8 +466,7 @@ class ComputeNode:
                 order[rid] = None
                 self._seqno += 1
                 self._life[rid] = self._seqno
-                if bpt:
-                    self.kv.take(rid, m, self._kv_tokens(rid), bpt)
+                skip = self.kv.take(rid, m, self._kv_tokens(rid), bpt, sw is None) if bpt else 0
                 v = met.start[rid]
                 if v != v:  # NaN: never started before (a float test, no numpy call)
                     met.start[rid] = now
@@ -457,8 +476,8 @@ class ComputeNode:
                 if sw is not None:
                     swapped.append(rid)
                     continue
-                tokens = self._kv_tokens(rid)
-                pf.append([rid, tokens, 0])
+                tokens = self._kv_tokens(rid) - skip  # skip: a reused cached prefix
+                pf.append([rid, tokens, skip])
                 new.append(rid)
                 budget -= tokens
                 first_prompt = False
@@ -692,6 +711,8 @@ class ComputeNode:
             for ent, c in chunks:
                 ent[1] -= c
                 ent[2] += c
+            if self.prefix is not None and chunks:  # [prefix caching] computed blocks
+                self.prefix.computed(m, chunks)
             for ent in ends:
                 rid = ent[0]
                 pf.remove(ent)

@@ -25,6 +25,7 @@ from sim.cluster import Cluster, build, check_feasible
 from sim.costmodel import CostModel, load_profile
 from sim.metrics import TIERS, requests_frame, summarize
 from sim.models import load_catalogue
+from sim.prefix import prefix_summary
 from sim.scenario import Scenario, resolved_dict, variant
 
 Progress = Callable[[float, str], None]
@@ -154,6 +155,7 @@ def _extra(cl: Cluster, end: float) -> dict[str, Any]:
         "kv_bytes_per_replica": int(nodes[0].kv.capacity),
         "fetches_after_warmup": int(sum(n.ws.fetches_after_warmup for n in nodes)),
         "kv_fragmentation": float(np.mean(frag)),
+        "kv": prefix_summary([getattr(n, "prefix", None) for n in nodes]),
         # the busiest NIC of any replica or parameter server, over the whole run (0..1)
         "max_nic_utilisation": float(max(nic + ps_nic)) if nic else 0.0,
         "recovery_time_s": None,  # set by fault scenarios

@@ -274,6 +274,19 @@ class KvCfg(_M):
     """`swap`: host swap space per GPU (vLLM's default 4 GiB); a full swap space recomputes."""
     admission_watermark: float = Field(default=0.01, ge=0, lt=1)
     """Share of KV blocks a new prompt must leave free for running sequences to grow (0.01)."""
+    prefix_caching: bool = True
+    """Reuse the KV blocks of a cached prompt prefix (vLLM's default: on) when the trace names its
+    prompt blocks (Mooncake `hash_ids`); needs `allocator: engine`. See docs/serving-model.md."""
+
+    @model_validator(mode="after")
+    def _prefix_caching_needs_block_tables(self) -> KvCfg:
+        explicit = "prefix_caching" in self.model_fields_set
+        if self.prefix_caching and explicit and self.allocator == "count":
+            raise ValueError(
+                "prefix_caching: true needs allocator: engine (block tables); "
+                "allowed with allocator: count: prefix_caching: false"
+            )
+        return self
 
 
 class TokenDist(_M):

@@ -1,7 +1,9 @@
 """Request workloads: arrival times and per-request attributes, generated vectorised.
 
 A :class:`Workload` is a set of numpy arrays indexed by request id (ids are arrival order):
-``arrival`` (s), ``model`` (deployment index), ``cls`` (class index), ``inp``/``out`` (tokens).
+``arrival`` (s), ``model`` (deployment index), ``cls`` (class index), ``inp``/``out`` (tokens),
+and, for traces that name their prompt blocks (Mooncake ``hash_ids``, one id per block of
+``hash_block_tokens`` = 512 tokens), those ids in CSR form (:meth:`Workload.block_hash_ids`).
 Open-loop kinds (poisson, step, diurnal, trace) fix every arrival up front; ``closed-loop``
 fixes only the attributes and the think times: the cluster issues request ``i + clients``
 when a client's previous request completes (see :mod:`sim.cluster`).
@@ -26,6 +28,10 @@ from sim.scenario import TokenDist, WorkloadCfg
 
 F64 = npt.NDArray[np.float64]
 I32 = npt.NDArray[np.int32]
+I64 = npt.NDArray[np.int64]
+
+#: tokens per hash id in the Mooncake trace format
+MOONCAKE_BLOCK_TOKENS = 512
 
 
 @dataclass
@@ -40,10 +46,27 @@ class Workload:
     closed_loop: bool = False
     clients: int = 0
     think: F64 | None = None
+    #: all requests' prompt block hash ids, concatenated in request order (None: no ids)
+    hash_flat: I64 | None = None
+    #: request ``i``'s ids are ``hash_flat[hash_start[i]:hash_start[i + 1]]`` (length n + 1)
+    hash_start: I64 | None = None
+    #: prompt tokens named by one hash id
+    hash_block_tokens: int = MOONCAKE_BLOCK_TOKENS
 
     @property
     def n(self) -> int:
         return int(self.arrival.shape[0])
+
+    @property
+    def has_block_hashes(self) -> bool:
+        """Whether any request carries block hash ids."""
+        return self.hash_flat is not None and self.hash_flat.size > 0
+
+    def block_hash_ids(self, i: int) -> I64:
+        """Request ``i``'s prompt block hash ids (empty when the workload has none)."""
+        if self.hash_flat is None or self.hash_start is None:
+            return np.zeros(0, dtype=np.int64)
+        return self.hash_flat[self.hash_start[i] : self.hash_start[i + 1]]
 
 
 def draw_tokens(dist: TokenDist, n: int, rng: np.random.Generator) -> I32:
@@ -120,9 +143,21 @@ def bounded_arrivals(cfg: WorkloadCfg, rng: np.random.Generator) -> F64:
 def read_mooncake(path: Path, limit: int) -> tuple[F64, I32, I32]:
     """(arrival s, input, output) of the first ``limit`` records of a Mooncake JSONL trace
     (``timestamp`` in ms). ``InputError`` names the line of a bad record."""
+    ts, ins, outs, _, _ = read_mooncake_records(path, limit)
+    return ts, ins, outs
+
+
+def read_mooncake_records(path: Path, limit: int) -> tuple[F64, I32, I32, I64, I64]:
+    """(arrival s, input, output, hash ids flat, hash id offsets) of the first ``limit``
+    records of a Mooncake JSONL trace. ``hash_ids`` is optional per record; when given it is a
+    list of ints, at most one per 512-token block of ``input_length``. ``InputError`` names the
+    line of a bad record."""
     ts: list[float] = []
     ins: list[int] = []
     outs: list[int] = []
+    flat: list[int] = []
+    start = [0]
+    tb = MOONCAKE_BLOCK_TOKENS
     with path.open(encoding="utf-8") as fh:
         for lineno, line in enumerate(fh, 1):
             if len(ts) >= limit:
@@ -131,16 +166,55 @@ def read_mooncake(path: Path, limit: int) -> tuple[F64, I32, I32]:
                 continue
             try:
                 rec = json.loads(line)
-                ts.append(float(rec["timestamp"]) / 1000.0)
-                ins.append(int(rec["input_length"]))
-                outs.append(int(rec["output_length"]))
-            except (ValueError, KeyError, TypeError) as err:
+                t = float(rec["timestamp"]) / 1000.0
+                n_in = int(rec["input_length"])
+                n_out = int(rec["output_length"])
+                hids = rec.get("hash_ids", [])
+            except (ValueError, KeyError, TypeError, AttributeError) as err:
                 raise InputError(
                     f"bad Mooncake record ({err}); need timestamp, input_length, output_length",
                     source=str(path),
                     where=f"line {lineno}",
                 ) from None
-    return np.asarray(ts), np.asarray(ins, dtype=np.int32), np.asarray(outs, dtype=np.int32)
+            if not isinstance(hids, list) or not all(
+                type(h) is int and -(2**63) <= h < 2**63 for h in hids
+            ):
+                raise InputError(
+                    "hash_ids is not a list of integers; allowed: a list of 64-bit ints, one "
+                    f"per {tb}-token block of the prompt",
+                    source=str(path),
+                    where=f"line {lineno}: hash_ids",
+                )
+            if len(hids) > -(-max(n_in, 0) // tb):
+                raise InputError(
+                    f"{len(hids)} hash ids for input_length {n_in}; allowed: at most one per "
+                    f"{tb}-token block ({-(-max(n_in, 0) // tb)})",
+                    source=str(path),
+                    where=f"line {lineno}: hash_ids",
+                )
+            ts.append(t)
+            ins.append(n_in)
+            outs.append(n_out)
+            flat.extend(hids)
+            start.append(len(flat))
+    return (
+        np.asarray(ts),
+        np.asarray(ins, dtype=np.int32),
+        np.asarray(outs, dtype=np.int32),
+        np.asarray(flat, dtype=np.int64),
+        np.asarray(start, dtype=np.int64),
+    )
+
+
+def _reorder_csr(flat: I64, start: I64, order: npt.NDArray[np.intp]) -> tuple[I64, I64]:
+    """The CSR lists ``(flat, start)`` with their rows taken in ``order``."""
+    lens = np.diff(start)[order]
+    new_start = np.zeros(len(order) + 1, dtype=np.int64)
+    np.cumsum(lens, out=new_start[1:])
+    idx = np.repeat(start[:-1][order] - new_start[:-1], lens) + np.arange(
+        new_start[-1], dtype=np.int64
+    )
+    return flat[idx], new_start
 
 
 def read_request_csv(path: Path, limit: int) -> tuple[F64, I32, I32]:
@@ -185,6 +259,8 @@ def make_workload(
     ``model_classes[i]`` (a class index or ``None``) pins the class of model ``i``'s requests."""
     n = cfg.requests
     think = None
+    hash_flat: I64 | None = None
+    hash_start: I64 | None = None
     bounded = cfg.duration > 0
     if bounded and cfg.kind == "closed-loop":
         raise InputError(
@@ -199,16 +275,24 @@ def make_workload(
             p = base_dir / p
         if not p.is_file():
             raise InputError(f"no such trace file: {cfg.trace}", where="workload.trace")
-        reader = read_mooncake if cfg.trace_format == "mooncake" else read_request_csv
-        arrival, inp, out = reader(p, (1 << 62) if bounded else n)
+        limit = (1 << 62) if bounded else n
+        if cfg.trace_format == "mooncake":
+            arrival, inp, out, hash_flat, hash_start = read_mooncake_records(p, limit)
+        else:
+            arrival, inp, out = read_request_csv(p, limit)
         if arrival.size == 0:
             raise InputError("trace has no records", source=str(p))
         order = np.argsort(arrival, kind="stable")
         arrival = (arrival[order] - arrival[order][0]) * cfg.trace_time_scale
         inp, out = np.maximum(inp[order], 1), np.maximum(out[order], 1)
+        if hash_flat is not None and hash_start is not None:
+            hash_flat, hash_start = _reorder_csr(hash_flat, hash_start, order)
         if bounded:
-            keep = arrival < cfg.duration
+            keep = arrival < cfg.duration  # a prefix: arrivals are sorted
             arrival, inp, out = arrival[keep], inp[keep], out[keep]
+            if hash_flat is not None and hash_start is not None:
+                hash_start = hash_start[: int(keep.sum()) + 1]
+                hash_flat = hash_flat[: int(hash_start[-1])]
         n = int(arrival.size)
     else:
         if bounded:
@@ -239,4 +323,6 @@ def make_workload(
         closed_loop=cfg.kind == "closed-loop",
         clients=cfg.clients if cfg.kind == "closed-loop" else 0,
         think=think,
+        hash_flat=hash_flat,
+        hash_start=hash_start,
     )

@@ -17,7 +17,14 @@ from engine.kv.chunks import (
 )
 from engine.kv.offload import OffloadChain, make_offload_tiers
 from engine.kv.pool import UNBOUNDED, BlockPool, growth_sequence, next_pool_size
-from engine.kv.prefix import ROOT, id_block_keys, num_blocks, token_block_keys
+from engine.kv.prefix import (
+    ROOT,
+    id_block_keys,
+    num_blocks,
+    shared_prefix,
+    token_block_keys,
+    trace_block_keys,
+)
 from engine.kv.quant import FORMATS, GROUP_SIZES, KVFormat
 from engine.kv.storage import KVLayout, KVStorage
 
@@ -46,7 +53,9 @@ __all__ = [
     "next_pool_size",
     "num_blocks",
     "paged_decode_attention",
+    "shared_prefix",
     "split_chunks",
     "token_block_keys",
+    "trace_block_keys",
     "validate_chunk_tokens",
 ]

@@ -15,6 +15,16 @@ token up to the end of the block, so keys are **chained**:
   A partial last block (``n`` not a multiple of ``B``) gets the key ``(id_key, tokens_in_block)``
   so that it can only match a block covering the same number of tokens.
 
+* from a trace's block ids for a pool of *another* block size (:func:`trace_block_keys`): the
+  trace names blocks of ``T`` tokens (Mooncake: 512), the pool has blocks of ``B`` tokens. A
+  full pool block ``k`` ends at token ``e = (k+1)*B``; the trace block holding its last token is
+  ``t = (e-1) // T`` and its key is ``(hash_ids[t], e - t*T)``: the id of that trace block and
+  how far into it the pool block reaches. Because Mooncake ids are prefix-unique, the pair fixes
+  the first ``e`` tokens, so two prompts get equal keys for block ``k`` exactly when their trace
+  ids say the first ``e`` tokens are equal. This works for ``B < T`` (``T/B`` pool blocks per
+  trace block), ``B == T`` and ``B > T`` alike. Only *full* pool blocks inside the ids' span get
+  keys (a partial last block is never shared), as vLLM caches full blocks only.
+
 Never Python's ``hash()``: keys must be equal in the simulator, the engine and across runs.
 """
 
@@ -22,10 +32,14 @@ from __future__ import annotations
 
 from collections.abc import Hashable, Sequence
 from hashlib import blake2b
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from engine.errors import InputError
+
+if TYPE_CHECKING:
+    from engine.kv.allocator import KVBlockAllocator
 
 BlockKey = Hashable
 
@@ -86,3 +100,51 @@ def id_block_keys(
             key = (key, covered)
         keys.append(key)
     return keys
+
+
+def trace_block_keys(
+    hash_ids: Sequence[int] | np.ndarray,
+    num_tokens: int,
+    block_tokens: int,
+    trace_block_tokens: int,
+    source: str | None = None,
+) -> list[tuple[int, int]]:
+    """Keys of the full ``block_tokens`` blocks of a ``num_tokens``-token prompt whose trace
+    names its blocks of ``trace_block_tokens`` with ``hash_ids`` (see the module docstring).
+
+    Returns one ``(hash id, tokens into that trace block)`` key per full pool block that ends
+    inside the span the ids cover (``min(num_tokens, len(hash_ids) * trace_block_tokens)``
+    tokens). More ids than trace blocks of the prompt is an ``InputError`` naming ``source``.
+    """
+    tb = trace_block_tokens
+    if block_tokens < 1 or tb < 1:
+        raise ValueError(f"block sizes must be >= 1, got {block_tokens} and {tb}")
+    nids = len(hash_ids)
+    if nids > num_blocks(num_tokens, tb):
+        raise InputError(
+            f"{nids} hash ids for {num_tokens} tokens, but {num_tokens} tokens fill only "
+            f"{num_blocks(num_tokens, tb)} trace block(s) of {tb}; allowed: at most one hash id "
+            "per trace block",
+            source=source,
+            where="hash_ids",
+        )
+    covered = min(num_tokens, nids * tb)
+    ids = [int(h) for h in hash_ids]
+    keys: list[tuple[int, int]] = []
+    for end in range(block_tokens, covered + 1, block_tokens):
+        t = (end - 1) // tb
+        keys.append((ids[t], end - t * tb))
+    return keys
+
+
+def shared_prefix(a: KVBlockAllocator, num_tokens: int, hash_ids: Sequence[Hashable]) -> list[int]:
+    """Pool blocks that ``a.allocate(seq, num_tokens, hash_ids=hash_ids)`` would share now (the
+    longest prefix of the prompt's keys held by used or cached blocks), without changing ``a``.
+    Prefix blocks held only by an offload tier end the list (they would be loaded, not shared).
+    """
+    keys = id_block_keys(hash_ids, num_tokens, a.block_tokens, a.chain_hash_ids)
+    plan, _ = a._plan(keys)  # the allocator's own matching rule, read-only
+    for i, b in enumerate(plan):
+        if b < 0:
+            return plan[:i]
+    return plan

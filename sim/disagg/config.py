@@ -11,9 +11,10 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator
 
 from engine.configfile import no_bool_numbers
+from engine.policy import policy_names
 from engine.units import parse_duration, parse_rate, parse_size
 
 _Size = Annotated[int, BeforeValidator(parse_size), Field(ge=0)]
@@ -66,6 +67,15 @@ class StoreCfg(_D):
     """Read bandwidth from the SSD tier; null: profile `nvme`."""
     remote_bandwidth: _Rate | None = None
     """Read bandwidth from the remote tier; null: profile RDMA x tp."""
+
+    @field_validator("policy")
+    @classmethod
+    def _known_policy(cls, name: str) -> str:
+        """A registered eviction policy that needs no future knowledge (not `opt`)."""
+        allowed = [n for n in policy_names() if n != "opt"]
+        if name not in allowed:
+            raise ValueError(f"unknown store policy {name!r}; allowed: {', '.join(allowed)}")
+        return name
 
 
 class DisaggCfg(_D):

@@ -20,9 +20,11 @@ Life of a request (docs/disaggregation.md has the figures):
 4. **Decode.** The KV lands; the decode replica admits the request like a swapped-in sequence
    (blocks taken, no prefill) and generates the rest (TPOT).
 
-Faults: a transfer a dropped link fails is re-sent after ``retry`` (to a live decode replica,
-re-chosen); a decode replica that died before its KV landed is replaced by another; with no
-live decode replica the transfer waits. Requests a killed replica held go back to the prefill
+Faults: a transfer a dropped link fails, or whose two hosts a partition separates when it
+starts or when it would land (the control plane's reachability, ``faults`` on), is re-sent
+after ``retry`` to a live decode replica the prefill replica reaches, re-chosen; a decode
+replica that died before its KV landed is replaced by another; with none live and reachable
+the transfer waits. Requests a killed replica held go back to the prefill
 hop (:class:`sim.degrade.Degrader`), starting over. No request is dropped silently.
 """
 
@@ -70,6 +72,7 @@ class Disagg:
         self.bytes_moved = np.zeros(n)
         self.skipped = np.zeros(n, dtype=np.int64)
         self.wait = np.full(n, np.nan)
+        self.handoff = np.full(n, np.nan)  # when the prefill replica handed it over
         self.router_p = make_router(cfg.prefill_routing)
         self.router_d = make_router(cfg.decode_routing)
         bt = cfg.store.block_tokens
@@ -82,6 +85,8 @@ class Disagg:
         self.incoming: dict[int, int] = {d.idx: 0 for d in decode}
         self._early: dict[int, tuple[Any, simpy.Event, int]] = {}
         self.transfers = self.retries = self.rerouted = self.nvlink = self.rdma = 0
+        #: transfers that waited for a live decode replica the prefill replica reaches
+        self.blocked = 0
         for node in prefill:
             node.role = "prefill"
             node.on_prefilled = self.on_prefilled
@@ -115,8 +120,13 @@ class Disagg:
     def choose_prefill(self, nodes: Sequence[Any]) -> Any:
         return self.router_p.choose(nodes, self._prefill_load, lambda n: 0.0)
 
-    def choose_decode(self, m: int, rid: int) -> Any:
-        live = [d for d in self.decode if d.up]
+    def _reach(self, src: Any, dst: Any) -> bool:
+        """Whether ``src`` and ``dst`` reach each other (no partition between them)."""
+        reach = getattr(getattr(self.ctx.directory, "meta", None), "reach", None)
+        return reach is None or (reach.ok(src.name, dst.name) and reach.ok(dst.name, src.name))
+
+    def choose_decode(self, m: int, rid: int, src: Any) -> Any:
+        live = [d for d in self.decode if d.up and self._reach(src, d)]
         if not live:
             return None
         return self.router_d.choose(
@@ -162,7 +172,7 @@ class Disagg:
         every layer but the last as it computes (one flow each)."""
         for rid in rids:
             m = int(node._model[rid])
-            dst = self.choose_decode(m, rid)
+            dst = self.choose_decode(m, rid, node)
             if dst is None:
                 continue
             kv_tok = self.inp[rid] + node._gen.get(rid, 0)
@@ -195,7 +205,8 @@ class Disagg:
         self, src: Any, m: int, rid: int, kv_tokens: int, gen: int, t0: float
     ) -> Generator[simpy.Event, Any, None]:
         env, net = self.env, self.ctx.network
-        dst, sent = None, 0
+        dst, sent, blocked = None, 0, False
+        self.handoff[rid] = t0
         early = self._early.pop(rid, None)
         if early is not None:
             dst, ev, nb = early
@@ -210,12 +221,15 @@ class Disagg:
                 self.retries += 1
             self.incoming[dst.idx] -= 1
         while True:
-            if dst is None or not dst.up:
+            if dst is None or not dst.up or not self._reach(src, dst):
                 if dst is not None:
                     self.rerouted += 1
                     sent = 0
-                dst = self.choose_decode(m, rid)
+                dst = self.choose_decode(m, rid, src)
                 if dst is None:  # no live decode replica: wait for one
+                    if not blocked:
+                        blocked = True
+                        self.blocked += 1
                     yield env.timeout(self.cfg.retry)
                     continue
             total = self._bytes(dst, m, rid, kv_tokens)
@@ -226,6 +240,7 @@ class Disagg:
             except LinkDown:
                 ok = False
             self.incoming[dst.idx] -= 1
+            ok = ok and self._reach(src, dst)  # a partition cut the flow before it landed
             if ok and dst.up:
                 break
             if not ok:
@@ -274,6 +289,7 @@ class Disagg:
             "rdma_transfers": self.rdma,
             "transfer_retries": self.retries,
             "rerouted": self.rerouted,
+            "blocked": self.blocked,
             "prefill_tokens_skipped": int(self.skipped.sum()),
             "skipped_share": float(self.skipped.sum()) / prompt if prompt else 0.0,
         }

@@ -5,8 +5,9 @@ A block is one trace ``hash_ids`` entry: ``block_tokens`` tokens of one model's 
 block_tokens * kv_bytes_per_token`` bytes, keyed ``model << 40 | hash_id``. New blocks enter
 the top tier; a tier's victim moves one tier down (the last tier drops it). A lookup walks a
 request's blocks in order and stops at the first block no tier holds (a prefix: KV after a
-missing block was computed from it and cannot be reused). Each block looked up counts as one
-access of the store; a hit counts for the tier that held it.
+missing block was computed from it and cannot be reused). Every block of a looked-up prompt
+counts as one access of the store; a block of the found prefix counts as a hit of the tier
+that held it (so a tier's hit rate is the share of prompt blocks it served).
 
 Invariants: a key lives in at most one tier; ``sum(hits.values()) <= accesses``.
 """
@@ -61,11 +62,11 @@ class KvStore:
 
     def lookup(self, model: int, blocks: Sequence[int], now: float) -> list[int]:
         """Blocks of ``blocks`` found as a prefix, per tier (a list in ``names`` order). Every
-        block up to and including the first missing one counts as an access."""
+        block counts as an access."""
         found = [0] * len(self.tiers)
+        self.accesses += len(blocks)
         for h in blocks:
             k = self.key(model, h)
-            self.accesses += 1
             for i, tier in enumerate(self.tiers):
                 if k in tier:
                     tier.lookup(k, now)

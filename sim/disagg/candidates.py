@@ -4,7 +4,8 @@ A candidate is one aggregated deployment (``tp``, ``servers``: ``servers x gpus_
 tp`` replicas) or one disaggregated one (prefill replicas x ``tp``, decode replicas x
 ``tp``). Before anything runs, each gets an **analytic capacity bound** in requests/s from
 the cost model at the workload's mean prompt ``P`` and output ``O`` tokens, with full batches
-(so the bound is optimistic, and a candidate below the load cannot meet it):
+(optimistic about batching; but prefill and decode are costed apart, so an iteration that
+fuses both can beat it, hence the compare plan's ``bound_margin``):
 
 * prefill work per request: ``t_p = prefill_time(min(P, budget)) x P / min(P, budget)``;
 * a decode step at the largest batch the KV allows, ``B = min(max_num_seqs, KV / ((P + O) x
@@ -13,7 +14,8 @@ the cost model at the workload's mean prompt ``P`` and output ``O`` tokens, with
   t_p, decode replicas x B / (O x t_s))``;
 
 and a **TPOT floor**: one sequence's decode step, ``decode_step_time(1, P)``. A candidate whose
-bound is below the load, or whose floor is above a TPOT limit, is not run.
+estimate is below ``bound_margin`` x the load, or whose floor is above a TPOT limit, is not
+run.
 """
 
 from __future__ import annotations

@@ -4,8 +4,9 @@ a ``compare`` section; the plan's first ``qps`` is the load, its ``slo`` the obj
 Search, per family, over the candidates of :mod:`sim.disagg.candidates` within
 ``gpu_budget`` GPUs:
 
-1. **Analytic bounds first.** Candidates that do not fit memory, whose capacity bound is
-   below the load or whose TPOT floor is above a TPOT limit are dropped without a run.
+1. **Analytic bounds first.** Candidates that do not fit memory, whose capacity estimate is
+   below ``bound_margin`` x the load, or whose TPOT floor is above a TPOT limit are dropped
+   without a run.
 2. **Bisection over GPU counts.** The distinct GPU counts left form a ladder; at each rung
    the candidate with the highest bound (the analytic best split) represents it. Assuming
    more GPUs never hurt, bisect for the smallest passing rung (top of the ladder first: if it
@@ -54,6 +55,9 @@ class CompareCfg(BaseModel):
     """`disaggregation.placement` of the disaggregated candidates (`packed` or `split`)."""
     extra_per_rung: int = Field(2, ge=0, le=16)
     """Other candidates run at the smallest passing GPU count, best bounds first."""
+    bound_margin: float = Field(0.5, gt=0, le=1)
+    """A candidate runs only when its analytic capacity estimate is at least this x the load,
+    in (0, 1]: the estimate costs prefill and decode apart, so a fused iteration can beat it."""
 
 
 def _tpot_limits(slo: Any) -> list[float]:
@@ -183,7 +187,8 @@ def candidates(spec: Any, sc: Any) -> tuple[dict[str, list[Candidate]], list[Can
     dropped: list[Candidate] = []
     for c in raw:
         bounds.apply(c)
-        if c.infeasible or c.bound_rps < qps or (tpot and c.tpot_floor_s > min(tpot)):
+        low = c.bound_rps < cfg.bound_margin * qps
+        if c.infeasible or low or (tpot and c.tpot_floor_s > min(tpot)):
             dropped.append(c)
         else:
             keep[c.family].append(c)

@@ -159,9 +159,8 @@ def build_pools(
         }
         pctx = PoolContext(ctx, models[slot.role])
         mem = mems[slot.role]
-        ws = WeightStore(
-            pctx, i, name, mem.weight_cache, int(host * share), int(c.server.nvme * share), links
-        )  # type: ignore[arg-type]
+        host_r, nvme_r = int(host * share), int(c.server.nvme * share)
+        ws = WeightStore(pctx, i, name, mem.weight_cache, host_r, nvme_r, links)  # type: ignore[arg-type]
         if sc.mode == "coupled" or sc.warmup.node_hbm:
             for m in range(len(models[slot.role])):
                 if not ws.preload(m, 0.0) and sc.mode == "coupled":

@@ -122,7 +122,10 @@ class Compare:
                 sorted(by_g[g], key=lambda c: (-c.bound_rps, c.label)) for g in sorted(by_g)
             ]
         # per family: [lo (failing rung or -1), hi (passing rung), stage]
-        st = {f: {"lo": -1, "hi": len(ladders[f]) - 1, "stage": "top"} for f in fams}
+        # invariant once bisecting: rung lo fails (-1: none probed), rung hi passes
+        lo = {f: -1 for f in fams}
+        hi = {f: len(ladders[f]) - 1 for f in fams}
+        top = {f: True for f in fams}
         result: dict[str, int | None] = {}
         for f in fams:
             if not ladders[f]:
@@ -132,26 +135,24 @@ class Compare:
             for f in fams:
                 if f in result:
                     continue
-                s = st[f]
-                want[f] = s["hi"] if s["stage"] == "top" else (s["lo"] + s["hi"]) // 2
+                want[f] = hi[f] if top[f] else (lo[f] + hi[f]) // 2
             oks = self.evaluate([ladders[f][r][0] for f, r in want.items()])
             for (f, r), ok in zip(want.items(), oks, strict=True):
-                s = st[f]
-                if s["stage"] == "top":
+                if top[f]:
                     if not ok:
                         result[f] = None
                         continue
-                    s["stage"] = "bisect"
+                    top[f] = False
                 elif ok:
-                    s["hi"] = r
+                    hi[f] = r
                 else:
-                    s["lo"] = r
-                if s["hi"] - s["lo"] <= 1:
-                    result[f] = s["hi"]
+                    lo[f] = r
+                if hi[f] - lo[f] <= 1:
+                    result[f] = hi[f]
         extra: list[Candidate] = []
-        for f, r in result.items():
-            if r is not None:
-                extra += ladders[f][r][1 : 1 + self.cfg.extra_per_rung]
+        for f, rung in result.items():
+            if rung is not None:
+                extra += ladders[f][rung][1 : 1 + self.cfg.extra_per_rung]
         if extra:
             self.evaluate(extra)
         best: dict[str, Candidate | None] = {}

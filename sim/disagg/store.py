@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from engine.cache import TierCache
+from engine.cache import EvictCallback, TierCache
 
 TIER_NAMES: tuple[str, ...] = ("host", "ssd", "remote")
 
@@ -48,7 +48,7 @@ class KvStore:
         self.accesses = 0
         self.hits: dict[str, int] = dict.fromkeys(TIER_NAMES, 0)
 
-    def _demoter(self, lower: TierCache) -> object:
+    def _demoter(self, lower: TierCache) -> EvictCallback:
         def demote(key: object, size: int, color: str | None) -> None:
             if size <= lower.capacity:
                 lower.admit(key, size, self._now)  # type: ignore[arg-type]

@@ -171,6 +171,9 @@ class Disagg:
         """Overlap: an iteration ending prompts ``rids`` starts on ``node``; send the KV of
         every layer but the last as it computes (one flow each)."""
         for rid in rids:
+            old = self._early.pop(rid, None)  # a flow of an earlier life (preempted, killed)
+            if old is not None:
+                self.incoming[old[0].idx] -= 1
             m = int(node._model[rid])
             dst = self.choose_decode(m, rid, node)
             if dst is None:

@@ -3,6 +3,9 @@ a server, the NICs across), the transfer time on an idle path, and the request's
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -93,3 +96,34 @@ def test_overlap_hides_all_but_the_last_layer() -> None:
     last = total - total * (n_layers - 1) // n_layers
     assert w_ovl == pytest.approx(last / nic.bandwidth, rel=1e-9)
     assert w_seq == pytest.approx(total / nic.bandwidth, rel=1e-9)
+
+
+@pytest.mark.parametrize(("routing", "full_sends"), [("kv-aware", 1), ("round-robin", 2)])
+def test_kv_aware_decode_routing_reuses_a_held_prefix(
+    tmp_path: Path, routing: str, full_sends: int
+) -> None:
+    # three requests with the same four 512-token blocks, 5 s apart (each runs alone)
+    lines = [
+        json.dumps(
+            {"timestamp": t, "input_length": 2048, "output_length": 8, "hash_ids": [0, 1, 2, 3]}
+        )
+        for t in (0, 5000, 10000)
+    ]
+    trace = tmp_path / "t.jsonl"
+    trace.write_text("\n".join(lines) + "\n")
+    cl = run(
+        scenario(
+            workload={"kind": "trace", "trace": str(trace), "requests": 3},
+            disaggregation={
+                "prefill": {"replicas": 1, "tp": 1},
+                "decode": {"replicas": 2, "tp": 1},
+                "decode_routing": routing,
+            },
+        )
+    )
+    moved = cl.ctx.disagg.bytes_moved.tolist()
+    full = 2048 * KV_BYTES_PER_TOKEN
+    # kv-aware: every repeat goes where blocks 0..3 are held and sends nothing; round-robin
+    # sends the whole prompt to the second decode replica once
+    assert sorted(moved) == sorted([full] * full_sends + [0.0] * (3 - full_sends))
+    assert moved[0] == full

@@ -546,7 +546,7 @@ def _run_compare(
     folder.mkdir(parents=True, exist_ok=True)
     write_parquet(df, folder / "frontier.parquet")
     write_atomic(folder / "frontier.csv", df.to_csv(index=False))
-    frontier_png(df, folder / "frontier.png")
+    frontier_png(df, folder / "frontier.png", answer.get("tpot_limit_s"))
     result = PlanResult(df, folder, sentences, answer)
     report = {"spec": spec.model_dump(mode="json"), "seeds": seeds, **plan_json(result)}
     write_atomic(folder / "plan.json", json.dumps(report, indent=1) + "\n")

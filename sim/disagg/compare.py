@@ -251,6 +251,12 @@ def run_compare(spec: Any, planner: Any) -> tuple[pd.DataFrame, dict[str, Any], 
     for f in FAMILIES:
         b = best[f]
         res[f] = answer(b, cmp.per_gpu(b) if b else None, b is not None)
+        if b is not None:
+            # no smaller candidate of the family ran and failed: the estimate dropped every
+            # smaller one, so a smaller deployment might pass too (lower bound_margin to see)
+            res[f]["smaller_untested"] = not any(
+                c.family == f and not ok and c.gpus < b.gpus for c, ok, _ in cmp.done.values()
+            )
     a, d = res["aggregated"]["throughput_per_gpu"], res["disaggregated"]["throughput_per_gpu"]
     if a is None and d is None:
         res["choice"] = "none"
@@ -264,17 +270,22 @@ def run_compare(spec: Any, planner: Any) -> tuple[pd.DataFrame, dict[str, Any], 
         if b is None:
             sentences.append(f"{qps:g} QPS {f}: no candidate within the budget meets the SLOs")
         else:
+            note = (
+                " (fewer GPUs untested: below bound_margin)" if res[f]["smaller_untested"] else ""
+            )
             sentences.append(
                 f"{qps:g} QPS {f}: {b.label} ({b.gpus} GPUs), "
-                f"{res[f]['throughput_per_gpu']:.4g} req/s per GPU at the SLOs"
+                f"{res[f]['throughput_per_gpu']:.4g} req/s per GPU at the SLOs{note}"
             )
     sentences.append(f"choice: {res['choice']}")
+    tpot = _tpot_limits(spec.slo)
+    res["tpot_limit_s"] = min(tpot) if tpot else None
     return df, res, sentences
 
 
-def frontier_png(df: pd.DataFrame, path: Path) -> Path:
+def frontier_png(df: pd.DataFrame, path: Path, tpot_limit: float | None = None) -> Path:
     """Throughput per GPU vs P99 TPOT of every candidate run, both families; filled markers
-    met the SLOs, hollow ones did not."""
+    met the SLOs, hollow ones did not; a dashed line marks ``tpot_limit`` (seconds)."""
     from sim.plots import _save, plt
 
     fig, ax = plt.subplots(figsize=(6.5, 4.2))
@@ -291,6 +302,8 @@ def frontier_png(df: pd.DataFrame, path: Path) -> Path:
         ax.scatter(ok["tpot_p99_s"] * 1e3, y_ok, marker=mk, color=col, label=f"{f} (meets SLO)")
         ax.scatter(bad["tpot_p99_s"] * 1e3, y_bad, marker=mk, facecolors="none", edgecolors=col,
                    label=f"{f} (misses)")  # fmt: skip
+    if tpot_limit is not None:
+        ax.axvline(tpot_limit * 1e3, color="grey", ls="--", lw=1, label="TPOT limit")
     ax.set_xlabel("P99 TPOT (ms)")
     ax.set_ylabel("goodput per GPU (req/s)")
     ax.set_title("aggregated vs disaggregated")

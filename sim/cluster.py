@@ -127,11 +127,16 @@ def check_feasible(sc: Scenario, catalogue: dict[str, Any], profile: Any) -> Non
                 source=src,
                 where="degradation.protected",
             )
-    _check_shape(sc)
     hbm, host = _gpu_host(sc, profile)
     c = sc.cluster
     specs = [catalogue[d.model] for d in sc.deployments]
-    mem = plan_memory(sc, specs, hbm, profile.name)
+    if sc.disaggregation.enabled:
+        from sim.disagg.build import check_pools
+
+        mem = check_pools(sc, specs, profile)
+    else:
+        _check_shape(sc)
+        mem = plan_memory(sc, specs, hbm, profile.name)
     total = sum(s.param_bytes for s in specs)
     cluster_bytes = (
         c.gpus * hbm + c.servers * (host + c.server.nvme) + c.param_servers * (c.ps.dram + c.ps.ssd)
@@ -235,7 +240,7 @@ class Cluster:
         KV reservation larger than a node's whole KV capacity). Vectorised, exact integer
         arithmetic (int64) of :meth:`sim.node.KvAccount.size`."""
         ctx, wl = self.ctx, self.wl
-        kv = ctx.nodes[0].kv
+        kv = min((n.kv for n in ctx.nodes), key=lambda k: k.capacity)  # pools may differ
         bpt = np.array([m.kv_bytes_per_token for m in ctx.models], dtype=np.int64)[wl.model]
         limit = [min(int(m.max_context), 1 << 62) for m in ctx.models]
         max_ctx = np.array(limit, dtype=np.int64)[wl.model]
@@ -451,9 +456,16 @@ def build(
     specs = [catalogue[d.model] for d in sc.deployments]
     hbm, host = _gpu_host(sc, profile)
     c = sc.cluster
-    mem = plan_memory(sc, specs, hbm, profile.name)
-    weight_cap, kv_bytes = mem.weight_cache, mem.kv
-    models = [_model_rt(i, s, sc, profile, cost_cls, kv_bytes) for i, s in enumerate(specs)]
+    if sc.disaggregation.enabled:
+        from sim.disagg.build import base_models, build_pools
+
+        pool_models, pool_mems = base_models(sc, specs, profile, cost_cls)
+        models = pool_models["prefill"]
+        weight_cap, kv_bytes = 0, 0
+    else:
+        mem = plan_memory(sc, specs, hbm, profile.name)
+        weight_cap, kv_bytes = mem.weight_cache, mem.kv
+        models = [_model_rt(i, s, sc, profile, cost_cls, kv_bytes) for i, s in enumerate(specs)]
     names = [cl.name for cl in sc.workload.classes]
     protected = [n in sc.degradation.protected for n in names]
     order = [i for i in range(len(names)) if protected[i]] + [
@@ -501,7 +513,11 @@ def build(
     # copies run 1 + copy_contention times slower than its idle link while it computes
     eng = profile.ops.engine if profile.ops is not None else None
     pcie_bw = L.pcie.bandwidth * g / (1.0 + (eng.copy_contention if eng is not None else 0.0))
-    for i in range(c.replicas):
+    if sc.disaggregation.enabled:
+        ctx.disagg = build_pools(
+            ctx, sc, profile, wl, tokens, pool_models, pool_mems, host, base_dir
+        )
+    for i in range(0 if sc.disaggregation.enabled else c.replicas):
         name = f"node{i}"
         links = {
             "pcie": net.add_link(f"{name}.pcie", pcie_bw, L.pcie.latency),
@@ -523,4 +539,10 @@ def build(
     horizon = float(wl.arrival[-1]) if not wl.closed_loop and wl.n else 1.0
     if wl.closed_loop:
         horizon = max(wl.n / max(wl.clients, 1) * (sc.workload.think_time + 0.5), 1.0)
-    return Cluster(ctx, wl, Scheduler(ctx, rngs.get("scheduler")), max(horizon, 1e-3))
+    if ctx.disagg is not None:
+        from sim.disagg.coordinator import DisaggScheduler
+
+        sched: Scheduler = DisaggScheduler(ctx, rngs.get("scheduler"), ctx.disagg)
+    else:
+        sched = Scheduler(ctx, rngs.get("scheduler"))
+    return Cluster(ctx, wl, sched, max(horizon, 1e-3))

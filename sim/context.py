@@ -183,3 +183,4 @@ class SimContext:
     directory: Any = None
     heat: Any = None
     on_complete: Any = None  # callback(rid) set by the cluster (closed loop)
+    disagg: Any = None  # sim.disagg.coordinator.Disagg of a disaggregated cluster

@@ -60,7 +60,7 @@ class Control:
         sc = ctx.sc
         cfg = self.cfg = sc.faults
         c = sc.cluster
-        self.hosts = hosts(c.param_servers, c.replicas)
+        self.hosts = hosts(c.param_servers, len(ctx.nodes))
         self.meta = MetaService(ctx, cfg, self.hosts, ctx.rngs.get("raft"))
         self.checkers = RunCheckers(self.env, cfg.stop_on_violation, cfg.linearizability_max_ops)
         self.integrity = Integrity(ctx, cfg.verify)
@@ -75,7 +75,7 @@ class Control:
                 cfg.random,
                 ctx.rngs.get("faults"),
                 c.param_servers,
-                c.replicas,
+                len(ctx.nodes),
                 cfg.raft.replicas,
             )
         self.schedule: list[FaultSpec] = sorted(sched, key=lambda f: f.at)  # stable

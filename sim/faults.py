@@ -378,7 +378,9 @@ def check_faults(sc: Any) -> None:
 
     c = sc.cluster
     f = sc.faults
-    all_hosts = hosts(c.param_servers, c.replicas)
+    d = sc.disaggregation  # a disaggregated cluster's nodes are its pools' replicas
+    n_nodes = d.prefill.replicas + d.decode.replicas if d.enabled else c.replicas
+    all_hosts = hosts(c.param_servers, n_nodes)
     replicas = [f"raft{i}" for i in range(f.raft.replicas)]
     allowed = [*all_hosts, *replicas, "raft-leader"]
     for i, spec in enumerate(f.schedule):

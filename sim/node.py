@@ -256,6 +256,17 @@ class ComputeNode:
         self._model = wl.model
         # [prefix caching] None unless on and the trace names its blocks (sim/prefix.py)
         self.prefix = self.kv.prefix = make_prefix_cache(sc, wl, self.kv, self._inp)
+        #: disaggregation (sim.disagg): ``prefill`` hands each prompt's KV off after its first
+        #: token (``on_prefilled(node, m, rid, kv_tokens, generated)``), ``decode`` takes KV in
+        #: (:meth:`accept_kv`); ``both`` is the aggregated replica. ``on_prefill_iter(node,
+        #: rids, seconds)`` is told when an iteration that ends those prompts starts.
+        self.role = "both"
+        self.server = idx
+        self.on_prefilled: Callable[..., None] | None = None
+        self.on_prefill_iter: Callable[..., None] | None = None
+        #: per queued rid: leading prompt tokens whose KV came from a store (not prefilled)
+        self.prefix_skip: dict[int, int] = {}
+        self._handed: set[int] = set()
 
     # -- control ------------------------------------------------------------------------------
     def start(self) -> None:
@@ -344,6 +355,8 @@ class ComputeNode:
         for rid in held:
             self._gen.pop(rid, None)
             self._swapped.pop(rid, None)
+            self._handed.discard(rid)
+            self.prefix_skip.pop(rid, None)
         self._base_of.clear()
         self._life.clear()
         self.swap_used = 0
@@ -476,10 +489,12 @@ class ComputeNode:
                 if sw is not None:
                     swapped.append(rid)
                     continue
-                tokens = self._kv_tokens(rid) - skip  # skip: a reused cached prefix
-                pf.append([rid, tokens, skip])
+                tokens = self._kv_tokens(rid)
+                if self.prefix_skip:  # a prefix read from the KV store (sim.disagg)
+                    skip = max(skip, self.prefix_skip.pop(rid, 0))
+                pf.append([rid, tokens - skip, skip])  # skip: a reused cached prefix
                 new.append(rid)
-                budget -= tokens
+                budget -= tokens - skip
                 first_prompt = False
         return new, swapped
 
@@ -641,6 +656,10 @@ class ComputeNode:
         new, swapped = self._admit(m, self.max_tokens - n - sum(e[1] for e in pf))
         for rid in swapped:
             kv_tok, gen = self._swapped.pop(rid)
+            if rid in self._handed:  # KV moved in from a prefill replica (sim.disagg)
+                self._handed.discard(rid)
+                self._start_decoding(m, rid, off, kv_tok, gen)
+                continue
             self.swap_used -= kv_tok * mr.kv_bytes_per_token
             self.swap_moved += kv_tok * mr.kv_bytes_per_token
             bw = ws.links["pcie"].bandwidth
@@ -685,6 +704,8 @@ class ComputeNode:
                     t += mr.rewarm(self._since, 1)
                     self._since += 1
             carry, self._carry = self._carry, 0.0
+            if ends and self.on_prefill_iter is not None:
+                self.on_prefill_iter(self, [e[0] for e in ends], carry + t)
             if resident:  # _execute's all-resident case, inline (hot path)
                 yield env.timeout(carry + t)
                 self.busy += t
@@ -724,6 +745,10 @@ class ComputeNode:
                 gen = self._gen.pop(rid, 0) + 1
                 if gen >= self._out[rid]:
                     self._finish(m, rid, now)
+                    continue
+                if self.role == "prefill" and self.on_prefilled is not None:
+                    self.release(m, rid)
+                    self.on_prefilled(self, m, rid, ent[2], gen)
                     continue
                 self._start_decoding(m, rid, off, ent[2], gen)
         else:
@@ -772,6 +797,26 @@ class ComputeNode:
             met.accesses += c
             ws.touch(m, env.now)
         self._complete(m, off)
+
+    def release(self, m: int, rid: int) -> None:
+        """Drop running sequence ``rid`` (not decoding) without finishing it: free its blocks
+        and close its per-request counters (a prefill replica handing it off)."""
+        bpt = self.ctx.models[m].kv_bytes_per_token
+        if bpt and rid in self.kv.seqs:
+            self.kv.give(rid, bpt)
+        del self._order[m][rid]
+        del self._life[rid]
+        self.running -= 1
+        row = self.ctx.metrics.acc[rid]  # a view: add in place
+        row += self.cum[m]
+
+    def accept_kv(self, rid: int, m: int, kv_tokens: int, generated: int) -> None:
+        """Queue ``rid`` whose ``kv_tokens`` of KV arrived from a prefill replica
+        (``generated`` tokens sampled there): admitted like a swapped-in sequence (its blocks
+        taken, no prefill, no PCIe copy), it decodes from the next iteration."""
+        self._swapped[rid] = (kv_tokens, generated)
+        self._handed.add(rid)
+        self.submit(rid, m)
 
     def _others_running(self, m: int) -> bool:
         b_n = self.b_n

@@ -65,6 +65,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from engine.configfile import read_mapping, validate_model
 from engine.errors import InputError
+from sim.disagg.compare import CompareCfg
 from sim.scenario import Duration
 from sim.sweep.cache import RunCache, write_atomic
 from sim.sweep.execute import Progress, Runner, write_parquet
@@ -155,6 +156,9 @@ class PlanFile(BaseModel):
     gpu_hour_cost: float | None = Field(None, ge=0)
     """Price of one GPU-hour (any currency); answers then report their cost per hour
     (GPUs x this) and the cheapest is marked. null: no GPU cost."""
+    compare: CompareCfg | None = None
+    """Compare aggregated and disaggregated deployments at the first `qps` instead of the
+    size search (sim.disagg.compare); null: the size / load searches above."""
 
 
 def load_plan_file(path: str | Path) -> PlanFile:
@@ -426,6 +430,8 @@ class PlanResult:
     frontier: pd.DataFrame
     folder: Path
     answers: list[str]
+    #: a compare plan's answer (``aggregated``, ``disaggregated``, ``choice``; sim.disagg)
+    compare: dict[str, Any] | None = None
 
 
 def check_plan(spec: PlanFile, planner: Planner, source: str) -> None:
@@ -497,6 +503,8 @@ def run_plan(
     check_plan(spec, pl, source)  # before any cluster starts or file is written
     first = pl.points({}, spec.size_range[0], spec.qps[0] if spec.qps else spec.qps_range[0])
     resolved = first[0].scenario.model_dump(mode="json")
+    if spec.compare is not None:
+        return _run_compare(spec, pl, runner, folder, seeds, source)
     with runner:
         alts = alternatives(spec)
         found = {q: pl.min_sizes(alts, q) for q in spec.qps}
@@ -520,6 +528,26 @@ def run_plan(
     write_atomic(folder / "frontier.csv", df.to_csv(index=False))
     _plot(df, spec, folder / "frontier.png")
     result = PlanResult(df, folder, answers)
+    report = {"spec": spec.model_dump(mode="json"), "seeds": seeds, **plan_json(result)}
+    write_atomic(folder / "plan.json", json.dumps(report, indent=1) + "\n")
+    return result
+
+
+def _run_compare(
+    spec: PlanFile, pl: Planner, runner: Runner, folder: Path, seeds: list[int], source: str
+) -> PlanResult:
+    """A compare plan (:mod:`sim.disagg.compare`): frontier files, ``plan.json``."""
+    from sim.disagg.compare import frontier_png, run_compare
+
+    if not spec.qps:
+        raise InputError("compare: give the load as qps: [QPS]", source=source, where="qps")
+    with runner:
+        df, answer, sentences = run_compare(spec, pl)
+    folder.mkdir(parents=True, exist_ok=True)
+    write_parquet(df, folder / "frontier.parquet")
+    write_atomic(folder / "frontier.csv", df.to_csv(index=False))
+    frontier_png(df, folder / "frontier.png", answer.get("tpot_limit_s"))
+    result = PlanResult(df, folder, sentences, answer)
     report = {"spec": spec.model_dump(mode="json"), "seeds": seeds, **plan_json(result)}
     write_atomic(folder / "plan.json", json.dumps(report, indent=1) + "\n")
     return result
@@ -623,6 +651,8 @@ def plan_json(res: PlanResult) -> dict[str, Any]:
     row's reason) with ``servers``, ``gpus``, ``tp``, ``pp``, ``meets_slo``, ``reason``,
     ``qps``, ``cost``; and every row of the ``frontier``."""
     rows = json.loads(res.frontier.to_json(orient="records")) if not res.frontier.empty else []
+    if res.compare is not None:
+        return {**res.compare, "answers": res.answers, "frontier": rows, "folder": str(res.folder)}
     ms = [r for r in rows if r["question"] == "min-size"]
     answer: dict[str, Any] = {"meets_slo": False, "reason": "the plan asked no min-size question"}
     if ms:

@@ -92,7 +92,7 @@ def utilisation(cl: Cluster) -> dict[str, float]:
     sc = cl.ctx.sc
     c = sc.cluster
     r = len(cl.ctx.nodes)
-    gpus = r * c.gpus_per_replica
+    gpus = cl.ctx.disagg.gpus if cl.ctx.disagg is not None else r * c.gpus_per_replica
     gpu = cl.ctx.models[0].cost.profile.gpu
     peak = gpu.flops_fp16 if cl.ctx.models[0].cost.model.dtype_bytes <= 2 else gpu.flops_fp32
 
@@ -184,6 +184,9 @@ def _run_one(
     h = ctx.trace.hexdigest()
     extra = _extra(cl, end)
     extra["trace_hash"] = h
+    if ctx.disagg is not None:
+        extra["gpus"] = ctx.disagg.gpus
+        extra["disaggregation"] = ctx.disagg.summary()
     if ctl is not None:
         extra.update(ctl.finish(end, h))
         h = extra["trace_hash"]

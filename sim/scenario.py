@@ -23,6 +23,7 @@ from engine.config import CacheCfg, PrefetchCfg, StrictModel
 from engine.configfile import read_mapping, validate_model
 from engine.errors import InputError
 from engine.units import parse_duration, parse_rate, parse_size
+from sim.disagg.config import DisaggCfg
 from sim.faults import FaultsCfg
 
 Size = Annotated[int, BeforeValidator(parse_size), Field(ge=0)]
@@ -354,7 +355,8 @@ class WorkloadCfg(_M):
     think_time: Duration = 0.5
     """`closed-loop`: mean exponential think time between a client's requests, seconds."""
     trace: str | None = None
-    """`trace`: path of the trace file (relative to the scenario file)."""
+    """`trace`: path of the trace file (relative to the scenario file); `shipped:NAME`: a trace
+    shipped in the package, e.g. `shipped:mooncake_slice.jsonl`."""
     trace_format: Literal["mooncake", "csv"] = "mooncake"
     """`trace`: `mooncake` JSONL (timestamp ms, input_length, output_length) or `csv`."""
     trace_time_scale: float = Field(default=1.0, gt=0)
@@ -464,6 +466,8 @@ class Scenario(_M):
     """Time series and invariant checks."""
     faults: FaultsCfg = FaultsCfg()
     """Control plane (Raft), integrity checks, checkers and fault injection (R4, R8, R17, R28)."""
+    disaggregation: DisaggCfg = DisaggCfg()
+    """Prefill/decode disaggregation: pools, KV transfer, routing, KV store (docs/disaggregation.md)."""
     claims: list[Claim] = []
     """Article figures to measure and print next to the run's (see `Claim`)."""
     variants: list[Variant] = []

@@ -243,6 +243,23 @@ def read_request_csv(path: Path, limit: int) -> tuple[F64, I32, I32]:
     return np.asarray(ts), np.asarray(ins, dtype=np.int32), np.asarray(outs, dtype=np.int32)
 
 
+#: prefix naming a trace shipped in the package (``engine/data/traces``)
+SHIPPED_TRACE = "shipped:"
+
+
+def trace_path(trace: str, base_dir: Path | None = None) -> Path:
+    """The file of ``workload.trace``: ``shipped:NAME`` is a trace shipped in the package
+    (``engine/data/traces/NAME``); else the path as given, or relative to ``base_dir``."""
+    if trace.startswith(SHIPPED_TRACE):
+        from importlib.resources import files
+
+        return Path(str(files("engine") / "data" / "traces" / trace[len(SHIPPED_TRACE) :]))
+    p = Path(trace)
+    if not p.is_absolute() and base_dir is not None and not p.exists():
+        p = base_dir / p
+    return p
+
+
 def _categorical(shares: list[float], n: int, rng: np.random.Generator) -> I32:
     p = np.asarray(shares, dtype=np.float64)
     return rng.choice(len(p), size=n, p=p / p.sum()).astype(np.int32)
@@ -270,9 +287,7 @@ def make_workload(
     if cfg.kind == "trace":
         if not cfg.trace:
             raise InputError("workload.trace: a trace workload needs a trace file path")
-        p = Path(cfg.trace)
-        if not p.is_absolute() and base_dir is not None and not p.exists():
-            p = base_dir / p
+        p = trace_path(cfg.trace, base_dir)
         if not p.is_file():
             raise InputError(f"no such trace file: {cfg.trace}", where="workload.trace")
         limit = (1 << 62) if bounded else n

@@ -1,0 +1,190 @@
+"""Building the replicas of a disaggregated cluster (called by :func:`sim.cluster.build`).
+
+Each pool gets its own memory plan and cost model (its ``tp``, its GPU profile): the
+scenario with ``cluster.tp`` set to the pool's ``tp`` (``pp = 1``) goes through the same
+:func:`sim.memory.plan_memory` and :func:`sim.cluster._model_rt` as an aggregated replica, and
+every replica is the same :class:`sim.node.ComputeNode`, told its role. A replica's view of
+the run context (:class:`PoolContext`) is the run's context with its pool's models.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from engine.errors import InputError
+from sim.disagg.coordinator import Disagg
+from sim.disagg.layout import Slot, place_pools
+from sim.disagg.prefix import trace_blocks
+from sim.disagg.store import KvStore
+from sim.memory import ReplicaMemory, plan_memory
+from sim.scenario import Scenario
+
+POOLS: tuple[str, ...] = ("prefill", "decode")
+
+
+class PoolContext:
+    """The run's :class:`sim.context.SimContext` as one pool's replica sees it: the same
+    object for everything but ``models`` (the pool's, costed at its ``tp`` and GPU)."""
+
+    def __init__(self, base: Any, models: list[Any]) -> None:
+        object.__setattr__(self, "_base", base)
+        object.__setattr__(self, "models", models)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._base, name)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        setattr(self._base, name, value)
+
+
+def pool_scenario(sc: Scenario, role: str) -> Scenario:
+    """``sc`` as one replica of pool ``role`` sees it: ``cluster.tp`` = the pool's, ``pp`` = 1."""
+    pool = getattr(sc.disaggregation, role)
+    cluster = sc.cluster.model_copy(update={"tp": pool.tp, "pp": 1})
+    return sc.model_copy(update={"cluster": cluster})
+
+
+def pool_profile(sc: Scenario, role: str, profile: Any) -> Any:
+    """The hardware profile of pool ``role`` (the scenario's unless the pool names one)."""
+    name = getattr(sc.disaggregation, role).profile
+    if name is None:
+        return profile
+    from sim.costmodel import load_profile
+
+    try:
+        return load_profile(name)
+    except InputError as err:
+        raise InputError(
+            str(err), source=sc.source, where=f"disaggregation.{role}.profile"
+        ) from None
+
+
+def pool_memory(sc: Scenario, role: str, specs: list[Any], profile: Any) -> ReplicaMemory:
+    """The memory plan of one replica of pool ``role`` (``InputError`` naming the pool)."""
+    psc = pool_scenario(sc, role)
+    prof = pool_profile(sc, role, profile)
+    hbm = sc.cluster.gpu.hbm or int(prof.gpu.hbm_bytes)
+    try:
+        return plan_memory(psc, specs, hbm, prof.name)
+    except InputError as err:
+        text = str(err)
+        if err.source and text.startswith(f"{err.source}: "):
+            text = text[len(err.source) + 2 :]
+        raise InputError(
+            f"{role} pool: {text}", source=sc.source, where=f"disaggregation.{role}.tp"
+        ) from None
+
+
+def check_pools(sc: Scenario, specs: list[Any], profile: Any) -> ReplicaMemory:
+    """Reject pools that cannot be built (shape, memory); returns the plan of the pool with
+    the smallest weight cache (what the cluster-wide checks use)."""
+    d = sc.disaggregation
+    gps = sc.cluster.gpus_per_server
+    place_pools(
+        d.prefill.replicas,
+        d.prefill.tp,
+        d.decode.replicas,
+        d.decode.tp,
+        gps,
+        d.placement,
+        sc.source,
+    )
+    plans = [pool_memory(sc, r, specs, profile) for r in POOLS]
+    return min(plans, key=lambda p: p.weight_cache)
+
+
+def base_models(
+    sc: Scenario, specs: list[Any], profile: Any, cost_cls: Any
+) -> tuple[dict[str, list[Any]], dict[str, ReplicaMemory]]:
+    """Per pool: its models (as :func:`sim.cluster._model_rt` prepares them) and memory plan."""
+    from sim.cluster import _model_rt
+
+    models: dict[str, list[Any]] = {}
+    mems: dict[str, ReplicaMemory] = {}
+    for role in POOLS:
+        mem = pool_memory(sc, role, specs, profile)
+        psc = pool_scenario(sc, role)
+        prof = pool_profile(sc, role, profile)
+        models[role] = [_model_rt(i, s, psc, prof, cost_cls, mem.kv) for i, s in enumerate(specs)]
+        mems[role] = mem
+    return models, mems
+
+
+def build_pools(
+    ctx: Any,
+    sc: Scenario,
+    profile: Any,
+    wl: Any,
+    tokens: tuple[list[int], list[int], list[int]],
+    models: dict[str, list[Any]],
+    mems: dict[str, ReplicaMemory],
+    host: int,
+    base_dir: Path | None,
+) -> Disagg:
+    """Make every replica of both pools (appended to ``ctx.nodes``, in slot order) and the
+    coordinator that links them."""
+    from sim.node import ComputeNode
+    from sim.weights import WeightStore
+
+    d = sc.disaggregation
+    c = sc.cluster
+    gps = c.gpus_per_server
+    slots: list[Slot] = place_pools(
+        d.prefill.replicas,
+        d.prefill.tp,
+        d.decode.replicas,
+        d.decode.tp,
+        gps,
+        d.placement,
+        sc.source,
+    )
+    net = ctx.network
+    pools: dict[str, list[Any]] = {r: [] for r in POOLS}
+    for i, slot in enumerate(slots):
+        prof = pool_profile(sc, slot.role, profile)
+        L = prof.links
+        g, share = slot.tp, slot.tp / gps
+        rdma_bw = (c.network.rdma or L.rdma.bandwidth) * g
+        obj_bw = c.network.object_store or L.object_store.bandwidth
+        obj_lat = c.network.object_store_latency
+        obj_lat = obj_lat if obj_lat is not None else L.object_store.latency
+        name = f"node{i}"
+        links = {
+            "pcie": net.add_link(f"{name}.pcie", L.pcie.bandwidth * g, L.pcie.latency),
+            "nic": net.add_link(f"{name}.nic", rdma_bw, 0.0),
+            "nvme": net.add_link(f"{name}.nvme", L.nvme.bandwidth * share, L.nvme.latency),
+            "object": net.add_link(f"{name}.object", obj_bw * share, obj_lat),
+            "nvlink": net.add_link(f"{name}.nvlink", L.nvlink.bandwidth * g, L.nvlink.latency),
+        }
+        pctx = PoolContext(ctx, models[slot.role])
+        mem = mems[slot.role]
+        host_r, nvme_r = int(host * share), int(c.server.nvme * share)
+        ws = WeightStore(pctx, i, name, mem.weight_cache, host_r, nvme_r, links)  # type: ignore[arg-type]
+        if sc.mode == "coupled" or sc.warmup.node_hbm:
+            for m in range(len(models[slot.role])):
+                if not ws.preload(m, 0.0) and sc.mode == "coupled":
+                    raise InputError(
+                        "coupled mode: weights do not fit HBM", source=sc.source, where="mode"
+                    )
+        ws.fetches_after_warmup = 0
+        node = ComputeNode(pctx, i, name, ws, mem.kv, wl, tokens, sc.kv.swap_space * g)  # type: ignore[arg-type]
+        node.server = slot.server
+        node.tp = slot.tp  # type: ignore[attr-defined]
+        ctx.nodes.append(node)
+        pools[slot.role].append(node)
+    store = None
+    if d.store.enabled:
+        prof = pool_profile(sc, "prefill", profile)
+        L = prof.links
+        tp = d.prefill.tp
+        bws = (
+            d.store.host_bandwidth or L.pcie.bandwidth * tp,
+            d.store.ssd_bandwidth or L.nvme.bandwidth,
+            d.store.remote_bandwidth or (c.network.rdma or L.rdma.bandwidth) * tp,
+        )
+        caps = (d.store.host, d.store.ssd, d.store.remote)
+        store = KvStore(caps, bws, d.store.block_tokens, d.store.policy)
+    blocks = trace_blocks(sc.workload, wl.n, base_dir)
+    gpus = d.prefill.replicas * d.prefill.tp + d.decode.replicas * d.decode.tp
+    return Disagg(ctx, d, pools["prefill"], pools["decode"], store, blocks, gpus)

@@ -250,8 +250,7 @@ def markdown_table(outcomes: list[ClaimOutcome]) -> str:
     for o in outcomes:
         what = f"`{o.scenario}` {o.variant} vs {o.baseline}: `{o.metric}`"
         lines.append(
-            f"| {o.id} | {what} | {o.article} | {fmt_measured(o)} | {o.seeds} | "
-            f"{fmt_verdict(o)} |"
+            f"| {o.id} | {what} | {o.article} | {fmt_measured(o)} | {o.seeds} | {fmt_verdict(o)} |"
         )
     return "\n".join(lines) + "\n"
 
@@ -271,10 +270,14 @@ def claim_scenarios() -> list[Path]:
     """The shipped scenarios that have claims, in name order."""
     from sim.shipped import shipped_path, shipped_scenarios
 
+    import yaml
+
     out = []
     for name in shipped_scenarios():
         p = shipped_path(name)
-        if p is not None and load_scenario(p).claims:
+        data = yaml.safe_load(p.read_text()) if p is not None else None
+        # plans and other files ship alongside the scenarios; only scenarios have claims
+        if p is not None and isinstance(data, dict) and data.get("claims"):
             out.append(p)
     return out
 

@@ -10,8 +10,6 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from engine.errors import InputError
-from sim.runner import run_scenario
-from sim.scenario import load_scenario, variant
 from sim.claims import (
     README_BEGIN,
     README_END,
@@ -24,6 +22,8 @@ from sim.claims import (
     replace_between_markers,
     verdict,
 )
+from sim.runner import run_scenario
+from sim.scenario import load_scenario, variant
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -49,7 +49,9 @@ def _reference_verdict(kind: str, expected: float, lo: float, hi: float) -> str:
     a=st.floats(-100, 1000, allow_nan=False),
     width=st.floats(0, 500, allow_nan=False),
 )
-def test_verdict_matches_the_definitions(kind: str, expected: float, a: float, width: float) -> None:
+def test_verdict_matches_the_definitions(
+    kind: str, expected: float, a: float, width: float
+) -> None:
     if kind == "ratio":
         expected, a, width = abs(expected) / 10 + 0.01, abs(a) / 100, width / 100
     null = 1.0 if kind == "ratio" else 0.0

@@ -259,7 +259,9 @@ def format_claim(c: dict[str, Any]) -> str:
     else:
         ms = f"{m:.4g}"
     what = c["metric"] + (f" ({c['variant']} vs {c['baseline']})" if c["kind"] != "value" else "")
-    return f"{c['id']}: article: {c['article']}, measured: {ms}  [{what}]"
+    seeds = c.get("seeds", 1)
+    note = "; 1 seed: no interval or verdict" if seeds == 1 else ""
+    return f"{c['id']}: article: {c['article']}, measured: {ms}  [{what}{note}]"
 
 
 def run_scenario(

@@ -98,7 +98,8 @@ def ab(
         if len(seed_ls) < MIN_SEEDS:
             err_console.print(
                 f"warning: --seeds {seeds}: {len(seed_ls)} paired seeds; intervals from fewer "
-                f"than {MIN_SEEDS} are wide and unstable (use --seeds {MIN_SEEDS} or more)"
+                f"than {MIN_SEEDS} are wide and unstable (use --seeds {MIN_SEEDS} or more)",
+                soft_wrap=True,
             )
         digest = ab_digest(*points, resamples, boot_seed)
         folder = out if out is not None else Path("runs") / result_name("ab", path.stem, digest)

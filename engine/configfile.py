@@ -153,7 +153,11 @@ def read_mapping(
     """
     p = Path(path)
     tail = f"; {hint}" if hint else ""
-    if not p.is_file():
+    try:
+        exists = p.is_file()
+    except OSError as err:  # e.g. a name too long for the file system
+        raise InputError(f"no such {kind} file ({err.strerror}){tail}", source=str(path)) from None
+    if not exists:
         raise InputError(f"no such {kind} file{tail}", source=str(path))
     try:
         text = p.read_text(encoding="utf-8")

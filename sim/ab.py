@@ -8,12 +8,17 @@ paired difference ``B - A`` and a percentile bootstrap 95% interval of that mean
 resamples of the seed pairs, drawn from ``numpy.random.default_rng(boot_seed)`` -- the
 interval is reproducible). A verdict is given only where the interval excludes zero: "B better"
 / "B worse" for metrics with a known direction (latency lower is better, hit rate higher is
-better...), otherwise "B higher" / "B lower".
+better...), otherwise "B higher" / "B lower". The relative effect ``mean(B) / mean(A) - 1``
+(a ratio of means over the same seeds) gets its own percentile interval from the same
+resampled pairs (:func:`paired_relative_bootstrap`); it is undefined (``None``) where the mean
+of A is zero.
+
+A and B that resolve to the same run configuration (equal config hashes on every seed) are
+refused with :class:`InputError`: such a test can only print zeros.
 
 Pairs where either run failed or the metric is undefined (e.g. no request of a class
 finished) are left out of that metric; ``n`` says how many pairs remain. Runs go through the
-sweep machinery (cached by config hash under the output folder); when A and B resolve to the
-same configuration, each seed runs once and every difference is exactly zero.
+sweep machinery (cached by config hash under the output folder).
 """
 
 from __future__ import annotations
@@ -45,6 +50,10 @@ class MetricDiff:
     ci_low: float
     ci_high: float
     verdict: str | None
+    #: ``mean_b / mean_a - 1`` and its 95% interval (fractions); ``None`` where ``mean_a`` is 0
+    rel: float | None = None
+    rel_low: float | None = None
+    rel_high: float | None = None
 
 
 def paired_bootstrap(
@@ -69,6 +78,38 @@ def paired_bootstrap(
     mean = float(d.mean())
     # quantiles of a constant sample may differ from it by rounding; keep lo <= mean <= hi
     return mean, float(min(lo, mean)), float(max(hi, mean))
+
+
+def paired_relative_bootstrap(
+    a: np.ndarray,
+    b: np.ndarray,
+    rng: np.random.Generator,
+    resamples: int = 2000,
+    level: float = 0.95,
+) -> tuple[float, float, float] | None:
+    """``mean(b) / mean(a) - 1`` over the pairs and its percentile bootstrap interval.
+
+    The pairs are resampled together, ``resamples`` times, and the ratio of the resampled means
+    taken each time; the interval is the (1-level)/2 and (1+level)/2 quantiles of those ratios
+    minus one (clamped to contain the estimate). ``None`` when ``mean(a)`` is zero or a
+    resample's mean of ``a`` is (the ratio is then undefined). Needs >= 2 pairs.
+    """
+    av = np.asarray(a, dtype=float)
+    bv = np.asarray(b, dtype=float)
+    n = av.size
+    if n < 2 or bv.size != n:
+        raise ValueError("a paired bootstrap needs at least 2 pairs of equal length")
+    ma = float(av.mean())
+    if ma == 0.0:
+        return None
+    idx = rng.integers(0, n, size=(resamples, n))
+    den = av[idx].mean(axis=1)
+    if np.any(den == 0.0):
+        return None
+    ratios = bv[idx].mean(axis=1) / den - 1.0
+    lo, hi = np.quantile(ratios, [(1 - level) / 2, (1 + level) / 2])
+    rel = float(bv.mean()) / ma - 1.0
+    return rel, float(min(lo, rel)), float(max(hi, rel))
 
 
 def _verdict(metric: str, lo: float, hi: float) -> str | None:
@@ -112,10 +153,11 @@ def compare(
             continue
         a, b = a[keep], b[keep]
         diff, lo, hi = paired_bootstrap(a, b, rng, resamples)
+        rel = paired_relative_bootstrap(a, b, rng, resamples) or (None, None, None)
         out.append(
             MetricDiff(
                 m, int(keep.sum()), float(a.mean()), float(b.mean()), diff, lo, hi,
-                _verdict(m, lo, hi),
+                _verdict(m, lo, hi), *rel,
             )
         )  # fmt: skip
     return out
@@ -143,12 +185,21 @@ def ab_points(
     base: list[str] | None = None,
     variant: str | None = None,
 ) -> tuple[list[Point], list[Point]]:
-    """The A and B points (same seeds); every override is validated before anything runs."""
+    """The A and B points (same seeds); every override is validated before anything runs.
+
+    :class:`InputError` when fewer than 2 seeds are given or when A and B resolve to the same
+    configuration (nothing would differ but the label)."""
     if len(seeds) < 2:
         raise InputError(f"--seeds {len(seeds)}: an A/B test needs at least 2 seeds")
     base = list(base or [])
     pa = build_points(scenario, {}, seeds, [*base, *a], variant, source=f"{scenario} (A)")
     pb = build_points(scenario, {}, seeds, [*base, *b], variant, source=f"{scenario} (B)")
+    if [p.config_hash for p in pa] == [p.config_hash for p in pb]:
+        shown = " ".join(a) or "(none)", " ".join(b) or "(none)"
+        raise InputError(
+            f"--a {shown[0]} / --b {shown[1]}: A and B resolve to the same configuration; "
+            "change a field on one side"
+        )
     return pa, pb
 
 

@@ -206,17 +206,29 @@ def classes_slo(sc: Scenario) -> dict[str, dict[str, float | None]]:
 
 
 def lookup_metric(summary: dict[str, Any], path: str) -> Any:
-    """Value at dotted ``path`` (e.g. ``per_class.high.latency.p99``) or ``None``."""
+    """Value at dotted ``path`` (e.g. ``per_class.high.latency.p99``) or ``None``; a key that
+    itself holds dots (``max_context_limit.llama-3.1-8b``) is matched whole."""
     cur: Any = summary
-    for part in path.split("."):
-        if not isinstance(cur, dict) or part not in cur:
+    parts = path.split(".")
+    i = 0
+    while i < len(parts):
+        if not isinstance(cur, dict):
             return None
-        cur = cur[part]
+        for j in range(len(parts), i, -1):  # the longest dotted key first
+            key = ".".join(parts[i:j])
+            if key in cur:
+                cur, i = cur[key], j
+                break
+        else:
+            return None
     return cur
 
 
 def evaluate_claims(sc: Scenario, summaries: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
-    """Each claim with the figure this run measured for it (never hard-coded)."""
+    """Each claim with the figure this run measured for it (never hard-coded), with
+    ``seeds: 1`` and ``ci_low``, ``ci_high``, ``verdict`` of ``None`` (see :mod:`sim.claims`)."""
+    from sim.claims import single_run_fields
+
     out = []
     first = next(iter(summaries))
     for c in sc.claims:
@@ -232,7 +244,8 @@ def evaluate_claims(sc: Scenario, summaries: dict[str, dict[str, Any]]) -> list[
                 measured = (v - b) / b * 100.0
             else:
                 measured = v / b
-        out.append({**c.model_dump(), "measured": measured})
+        # one run is one seed: no interval, no verdict (``python -m sim.claims`` gives them)
+        out.append({**c.model_dump(), **single_run_fields(measured)})
     return out
 
 
@@ -251,7 +264,9 @@ def format_claim(c: dict[str, Any]) -> str:
     else:
         ms = f"{m:.4g}"
     what = c["metric"] + (f" ({c['variant']} vs {c['baseline']})" if c["kind"] != "value" else "")
-    return f"{c['id']}: article: {c['article']}, measured: {ms}  [{what}]"
+    seeds = c.get("seeds", 1)
+    note = "; 1 seed: no interval or verdict" if seeds == 1 else ""
+    return f"{c['id']}: article: {c['article']}, measured: {ms}  [{what}{note}]"
 
 
 def run_scenario(

@@ -412,6 +412,9 @@ class Claim(_M):
     """Variant measured; null: the first variant (or the base run)."""
     baseline: str | None = None
     """Variant compared against (`relative`, `ratio`); null: the first variant."""
+    expected: float | None = Field(default=None, allow_inf_nan=False)
+    """The article's figure in the claim's `kind` (percent for `relative`, x for `ratio`);
+    `python -m sim.claims` gives a verdict against it (sim/claims.py). null: no verdict."""
 
 
 class Variant(_M):

@@ -23,6 +23,9 @@ from sim.cli.format import fmt_value
 from sim.cli.sweep import failures_table, run_progress
 from sim.sweep.spec import SEEDS_HELP, parse_seed_option
 
+#: below this many paired seeds ``pdsim ab`` warns that its intervals are unreliable
+MIN_SEEDS = 10
+
 
 def ab(
     scenario: Annotated[
@@ -92,6 +95,12 @@ def ab(
             points = ab_points(path, list(a or []), list(b or []), seed_ls, base, variant)
         except InputError as err:
             raise _blame_side(err, list(a or []), list(b or []), base) from None
+        if len(seed_ls) < MIN_SEEDS:
+            err_console.print(
+                f"warning: --seeds {seeds}: {len(seed_ls)} paired seeds; intervals from fewer "
+                f"than {MIN_SEEDS} are wide and unstable (use --seeds {MIN_SEEDS} or more)",
+                soft_wrap=True,
+            )
         digest = ab_digest(*points, resamples, boot_seed)
         folder = out if out is not None else Path("runs") / result_name("ab", path.stem, digest)
         check_out_dir(folder)
@@ -108,25 +117,34 @@ def ab(
         title=f"B - A over {len(seed_ls)} paired seeds (95% bootstrap CI, {resamples} resamples)",
         header_style="bold",
     )
-    for c in ("metric", "n", "A", "B", "B - A", "95% CI", "verdict"):
+    for c in ("metric", "n", "A", "B", "B - A", "95% CI", "B/A - 1", "95% CI (rel)", "verdict"):
         t.add_column(c, justify="left" if c in ("metric", "verdict") else "right")
     for d in res.diffs:
         style = "green" if d.verdict == "B better" else "red" if d.verdict == "B worse" else ""
         f = lambda v, m=d.metric: fmt_value(m, v)  # noqa: E731
         t.add_row(
             d.metric, str(d.n), f(d.mean_a), f(d.mean_b), f(d.diff),
-            f"[{f(d.ci_low)}, {f(d.ci_high)}]",
+            f"[{f(d.ci_low)}, {f(d.ci_high)}]", fmt_rel(d.rel),
+            "-" if d.rel is None else f"[{fmt_rel(d.rel_low)}, {fmt_rel(d.rel_high)}]",
             f"[{style}]{d.verdict}[/]" if d.verdict and style else (d.verdict or "-"),
         )  # fmt: skip
     console.print(f"A: {' '.join(a or []) or '(scenario as is)'}")
     console.print(f"B: {' '.join(b or []) or '(scenario as is)'}")
     wide.print(t)
-    console.print("verdicts only where the interval excludes zero")
+    console.print(
+        "verdicts only where the interval excludes zero; B/A - 1: relative effect (ratio of "
+        "the means over the seeds) with its own bootstrap interval"
+    )
     if res.failed:
         err_console.print(failures_table(res.failed))
     console.print(f"results: {res.folder} (ab.json, ab.parquet, runs.parquet, ab.png)")
     if res.failed:
         raise typer.Exit(code=1)
+
+
+def fmt_rel(v: float | None) -> str:
+    """A relative effect (a fraction) as a signed percentage; ``-`` for none."""
+    return "-" if v is None else f"{v * 100:+.1f}%"
 
 
 def _blame_side(err: InputError, a: list[str], b: list[str], base: list[str]) -> InputError:

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from typer.testing import CliRunner
 
 from engine.errors import InputError
-from sim.ab import compare, paired_bootstrap, run_ab
+from sim.ab import ab_points, compare, paired_bootstrap, paired_relative_bootstrap, run_ab
 from sim.cli import app
 
 DEMO = Path(__file__).resolve().parents[2] / "scenarios" / "ab-demo.yaml"
@@ -137,6 +137,8 @@ def test_cli_ab(tmp_path: Path) -> None:
     )  # fmt: skip
     assert r.exit_code == 0, r.output
     assert "hit_rate.hbm" in r.output and "B better" in r.output
+    assert "B/A - 1" in r.output  # the relative effect column
+    assert "warning: --seeds 4: 4 paired seeds" in r.output  # fewer than 10
     bad = runner.invoke(
         app, ["ab", str(DEMO), "--a", "cluster.nodez=2", "--out", str(tmp_path / "b")]
     )
@@ -157,3 +159,53 @@ def test_ab_under_random_chaos_pairs_the_same_faults(tmp_path: Path) -> None:
     assert (applied.loc["A"] == applied.loc["B"]).all() and applied.gt(0).all()
     by = {d.metric: d for d in res.diffs}
     assert "faults.availability" in by
+
+
+@settings(max_examples=60)
+@given(
+    pairs=st.lists(st.tuples(st.floats(0.5, 50), st.floats(0.5, 50)), min_size=2, max_size=20),
+    scale=st.floats(0.1, 10),
+)
+def test_relative_bootstrap_against_ratio_of_means(
+    pairs: list[tuple[float, float]], scale: float
+) -> None:
+    """The estimate is mean(b)/mean(a) - 1; the interval holds it; scaling B by c scales
+    1 + rel and both ends by c (same resamples)."""
+    a = np.array([p[0] for p in pairs])
+    b = np.array([p[1] for p in pairs])
+    out = paired_relative_bootstrap(a, b, np.random.default_rng(0), resamples=300)
+    assert out is not None
+    rel, lo, hi = out
+    assert rel == pytest.approx(b.mean() / a.mean() - 1)
+    assert lo <= rel <= hi
+    out2 = paired_relative_bootstrap(a, b * scale, np.random.default_rng(0), resamples=300)
+    assert out2 is not None
+    for x, y in zip(out, out2, strict=True):
+        assert 1 + y == pytest.approx((1 + x) * scale, rel=1e-9)
+
+
+def test_relative_bootstrap_undefined_for_zero_baseline() -> None:
+    z = np.zeros(4)
+    assert paired_relative_bootstrap(z, np.ones(4), np.random.default_rng(0)) is None
+
+
+def test_compare_reports_relative_effects() -> None:
+    fa = pd.DataFrame({"seed": [0, 1, 2], "status": ["ok"] * 3, "latency.e2e.p99": [1.0, 2.0, 3.0]})
+    fb = fa.assign(**{"latency.e2e.p99": [0.5, 1.0, 1.5]})
+    (d,) = compare(fa, fb)
+    assert (d.rel, d.rel_low, d.rel_high) == pytest.approx((-0.5, -0.5, -0.5))
+
+
+def test_a_identical_to_b_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(InputError, match="same configuration"):
+        ab_points(DEMO, ["cache.hbm_policy=lru"], ["cache.hbm_policy=lru"], [0, 1])
+    # B sets the scenario's own value: the same configuration too
+    with pytest.raises(InputError, match="same configuration"):
+        ab_points(DEMO, [], ["cluster.servers=2"], [0, 1])
+    r = CliRunner().invoke(
+        app, ["ab", str(DEMO), "--a", "cache.hbm_policy=lru", "--b", "cache.hbm_policy=lru",
+              "--out", str(tmp_path / "same"), "--quiet"],
+    )  # fmt: skip
+    assert r.exit_code == 2, r.output
+    assert "same configuration" in r.output and len(r.output.strip().splitlines()) == 1
+    assert not (tmp_path / "same").exists()

@@ -18,15 +18,11 @@ SCEN = Path(__file__).resolve().parents[2] / "scenarios"
 
 REDUCED = {
     "quickstart": ["workload.requests=60", "cluster.servers=2"],
-    "burst-traffic": [
-        "workload.requests=150",
-        "cluster.servers=4",
-        "workload.steps=[{at: 0.5s, rate: 600}]",
-    ],
-    "long-context": ["workload.requests=12", "workload.rate=2"],
-    "multi-model-coloring": ["workload.requests=30", "cluster.servers=2"],
-    "lruk-vs-lru": ["workload.requests=30", "cluster.servers=2"],
-    "pd-vs-coupled": ["workload.requests=40", "cluster.servers=2"],
+    "burst-traffic": ["workload.duration=3s"],
+    "long-context": ["workload.duration=6s"],
+    "multi-model-coloring": ["workload.duration=6s"],
+    "lruk-vs-lru": ["workload.duration=6s"],
+    "pd-vs-coupled": ["workload.duration=6s"],
 }
 
 

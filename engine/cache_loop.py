@@ -26,14 +26,14 @@ def access_plain(
     (preconditions checked there); returns the number of hits.
 
     A policy with an ``access_batch`` method (the batch protocol of
-    :class:`engine.policy.lruk2.LRU2Policy`) runs the whole loop itself, with the same steps;
-    otherwise the loop here calls the policy per access. Per access it does only what ``access`` would do in this state: a hit calls
-    ``policy.hit`` (or ``policy.touch(key)`` when the policy offers it, the same step for a
-    policy that ignores ``now``); a miss of an object that fits calls ``policy.evict`` until it fits,
-    then ``policy.insert``. Hits are the accesses that were not misses; evictions and
-    admissions follow from the resident set at the end (every miss that fits is
-    admitted: nothing is pinned). The loops differ only in the hit call and in how hit
-    bytes are counted.
+    :class:`engine.policy.lruk2.LRU2Policy`) runs the whole loop itself, with the same
+    steps; otherwise the loop here calls the policy per access. Per access it does only what
+    ``access`` would do in this state: a hit calls ``policy.hit`` (or ``policy.touch(key)``
+    when the policy offers it, the same step for a policy that ignores ``now``); a miss of an
+    object that fits calls ``policy.evict`` until it fits, then ``policy.insert``. Hits are
+    the accesses that were not misses; evictions and admissions follow from the resident set
+    at the end (every miss that fits is admitted: nothing is pinned). The loops differ only
+    in the hit call and in how hit bytes are counted.
     """
     policy = self._policy
     hit, insert, evict = policy.hit, policy.insert, policy.evict

@@ -33,14 +33,13 @@ class LRU2Policy(LRUKPolicy):
 
     Invariants: ``_hist`` holds the history of every resident key (so it is the resident
     set, small and hot), ``_evicted`` that of every evicted key not invalidated since, and
-    no key is in both. A resident page is either *young* (``REF(p,2) == 0``; key in ``_young``, ordered by REF(p,1)) or
-    *old* (key in ``_live`` with the rank of its one live heap entry, an int whose key is
-    ``_owner[rank]``,
-    ``rank <= REF(p,2)``: hits raise REF(p,2) without touching the heap, and the victim
-    search refreshes an outdated entry when it reaches the top). Heap entries whose rank
-    differs from ``_live[key]`` (or whose key is not there) are stale. Reference numbers are
-    unique, so ints identify entries, and ordering by REF(p,2) is ordering by
-    ``(HIST(p,2), REF(p,2))`` as ``now`` never decreases.
+    no key is in both. A resident page is either *young* (``REF(p,2) == 0``; key in
+    ``_young``, ordered by REF(p,1)) or *old* (key in ``_live`` with the rank of its one live
+    heap entry, an int whose key is ``_owner[rank]``, ``rank <= REF(p,2)``: hits raise
+    REF(p,2) without touching the heap, and the victim search refreshes an outdated entry
+    when it reaches the top). Heap entries whose rank differs from ``_live[key]`` (or whose
+    key is not there) are stale. Reference numbers are unique, so ints identify entries, and
+    ordering by REF(p,2) is ordering by ``(HIST(p,2), REF(p,2))`` as ``now`` never decreases.
 
     Cost: ``hit`` and ``insert`` O(1) (plus a heap push when a page becomes old);
     ``victim``/``evict`` amortised O(log n) plus the pinned pages skipped.

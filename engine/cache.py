@@ -214,8 +214,10 @@ class TierCache:
         -- are exactly those of the loop of :meth:`access`. When no colour is given, nothing
         is pinned or coloured, watermark eviction is off (``high_watermark = 1.0``),
         ``on_evict`` is unset and per-object statistics are off (a trace replay), it runs a
-        tight loop that calls the policy directly (evicting with ``policy.evict``) and
-        settles the counters once at the end; otherwise it calls :meth:`access` per element.
+        tight loop that calls the policy directly (evicting with ``policy.evict``), or hands
+        the whole run to the policy's ``access_batch`` when it has one (the same steps; see
+        :class:`engine.policy.lruk2.LRU2Policy`), and settles the counters once at the end;
+        otherwise it calls :meth:`access` per element.
         ``fixed_sizes=True`` promises that every key has the same size in ``sizes`` as when
         it became resident (true of traces whose objects keep one size); the tight loop then
         counts hit bytes from ``sizes`` instead of looking each hit up.

@@ -25,13 +25,15 @@ def access_plain(
     """The tight loop of :meth:`engine.cache.TierCache.access_many` over cache ``self``
     (preconditions checked there); returns the number of hits.
 
-    Per access it does only what ``access`` would do in this state: a hit calls
-    ``policy.hit`` (or ``policy.touch(key)`` when the policy offers it, the same step for a
-    policy that ignores ``now``); a miss of an object that fits calls ``policy.evict`` until it fits,
-    then ``policy.insert``. Hits are the accesses that were not misses; evictions and
-    admissions follow from the resident set at the end (every miss that fits is
-    admitted: nothing is pinned). The loops differ only in the hit call and in how hit
-    bytes are counted.
+    A policy with an ``access_batch`` method (the batch protocol of
+    :class:`engine.policy.lruk2.LRU2Policy`) runs the whole loop itself, with the same
+    steps; otherwise the loop here calls the policy per access. Per access it does only what
+    ``access`` would do in this state: a hit calls ``policy.hit`` (or ``policy.touch(key)``
+    when the policy offers it, the same step for a policy that ignores ``now``); a miss of an
+    object that fits calls ``policy.evict`` until it fits, then ``policy.insert``. Hits are
+    the accesses that were not misses; evictions and admissions follow from the resident set
+    at the end (every miss that fits is admitted: nothing is pinned). The loops differ only
+    in the hit call and in how hit bytes are counted.
     """
     policy = self._policy
     hit, insert, evict = policy.hit, policy.insert, policy.evict
@@ -43,7 +45,14 @@ def access_plain(
     misses = bytes_hit = bytes_missed = refused = bytes_refused = 0
     # A policy whose hit ignores ``now`` may offer ``touch(key)``, the same step.
     touch = getattr(policy, "touch", None)
-    if fixed and touch is not None:
+    batch = getattr(policy, "access_batch", None)
+    if batch is not None:
+        misses, bytes_hit, bytes_missed, refused, bytes_refused, used = batch(
+            keys, sizes, times, resident, used, capacity, not fixed
+        )
+        if fixed:
+            bytes_hit = sum(sizes) - bytes_missed
+    elif fixed and touch is not None:
         for k, s, t in zip(keys, sizes, times, strict=True):
             if k in resident:
                 touch(k)

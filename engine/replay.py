@@ -151,17 +151,19 @@ def _one(
     # One size for every access (unit sizes, block traces): build the batch lists by repetition.
     uniform = int(trace.size[0]) if n and fixed and trace.size.min() == trace.size.max() else None
     # The loop makes no reference cycles; the cyclic collector only re-scans the histories
-    # policies keep (up to one per key seen), so it is paused while the loop runs.
+    # policies keep (up to one per key seen), so it is paused while the loop runs, and the
+    # cache (with those histories) is freed before it runs again.
     was_enabled = gc.isenabled()
     gc.disable()
     try:
         _batches(cache, trace, idx, m, uniform, clock, names, fixed, progress)
+        st = cache.stats
+        del cache, policy
     finally:
         if was_enabled:
             gc.enable()
     if progress is not None and skipped_n:
         progress(skipped_n)
-    st = cache.stats
     hits = st.hits
     misses = st.misses + skipped_n
     bytes_missed = st.bytes_missed + skipped_bytes

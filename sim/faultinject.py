@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Generator
+from collections.abc import Callable, Generator
 from typing import Any
 
 import simpy
@@ -184,7 +184,21 @@ class Control:
         """Apply one fault now (see the module docstring)."""
         if f.duration is not None:
             self._faults_end = max(self._faults_end, self.env.now + f.duration)
-        getattr(self, "_" + f.kind)(f)
+        self._handlers()[f.kind](f)
+
+    def _handlers(self) -> dict[str, Callable[[FaultSpec], None]]:
+        """One handler per kind of :data:`sim.faults.KINDS` (a test checks the keys match)."""
+        return {
+            "kill": self._kill,
+            "restart": self._restart,
+            "partition": self._partition,
+            "heal": self._heal,
+            "degrade": self._degrade,
+            "slow": self._slow,
+            "corrupt": self._corrupt,
+            "pause": self._pause,
+            "push": self._push,
+        }
 
     def _resolve(self, target: str | None) -> str | None:
         if target == "raft-leader":

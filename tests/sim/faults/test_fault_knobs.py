@@ -106,3 +106,11 @@ def test_liveness_findings_are_counted_apart() -> None:
     agg = aggregate(rows)
     assert agg["violations"] == 1 and agg["liveness_violations"] == 2
     assert agg["failing_seeds"] == [1]
+
+
+def test_every_fault_kind_has_exactly_one_handler() -> None:
+    from sim.faultinject import Control
+    from sim.faults import KINDS
+
+    handlers = Control._handlers(object.__new__(Control))  # bound lookups only, no state read
+    assert sorted(handlers) == sorted(KINDS)

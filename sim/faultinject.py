@@ -452,17 +452,38 @@ class Control:
         The fault window ends when the last scheduled fault reverts and, with leader
         hunting on, when the hunt stops (``random.until``: it strikes only before) and its
         last strike reverts -- so no fault lands after the final heal."""
+        self._pass_fault_window()
+        self._heal_all()
+        self.integrity.scrub()
+        for x in self.meta.group.nodes:  # BUGGIFY ends with the faults
+            x.buggify = None
+        settle = SETTLE_S
+        if self.liveness is not None:
+            b = self.liveness.bound
+            self.liveness.healed(self.meta.client_on(self.hosts[0], timeout=0.1, give_up=b))
+            settle = max(settle, b + 0.02)
+        self.env.run(until=self.env.now + settle)
+
+    def _pass_fault_window(self) -> None:
+        """Run until the last scheduled fault (and the leader hunt) is over, then once more
+        until every strike applied meanwhile has reverted, events due at that instant
+        included (``run(until=t)`` stops before them)."""
         env = self.env
         rnd = self.cfg.random
         last = max((f.at + (f.duration or 0.0) for f in self.schedule), default=0.0)
         if rnd.enabled and rnd.hunt > 0:
             last = max(last, rnd.until)
-        for t in (last, 0.0):  # then the end of hunt strikes applied meanwhile
+        for t in (last, 0.0):
             t = max(t, self._faults_end)
             if env.now < t:
                 env.run(until=t)
-            while env.peek() <= t:  # events due exactly at `t` (run(until) stops before)
+            while env.peek() <= t:
                 env.step()
+
+    def _heal_all(self) -> None:
+        """Undo every fault still in force, in a fixed order: network cuts, pauses,
+        degradation, link bandwidths; then dead servers, compute nodes and Raft replicas come
+        back with their disks. Recorded as one ``heal`` of target ``all``."""
         r = self.meta.reach
         r.cuts = set()
         r.cut_replicas = set()
@@ -485,16 +506,7 @@ class Control:
         for x in self.meta.group.nodes:
             if not x.alive:
                 self.meta.group.restart(x.id, with_disk=True)
-        self.applied.append({"at": float(env.now), "kind": "heal", "target": "all"})
-        self.integrity.scrub()
-        for x in self.meta.group.nodes:  # BUGGIFY ends with the faults
-            x.buggify = None
-        settle = SETTLE_S
-        if self.liveness is not None:
-            b = self.liveness.bound
-            self.liveness.healed(self.meta.client_on(self.hosts[0], timeout=0.1, give_up=b))
-            settle = max(settle, b + 0.02)
-        env.run(until=env.now + settle)
+        self.applied.append({"at": float(self.env.now), "kind": "heal", "target": "all"})
 
     def combined_hash(self, cluster_hash: str) -> str:
         """Hash of the cluster's event trace, the Raft trace and the applied schedule."""

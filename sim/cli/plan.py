@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.console import Console
@@ -23,6 +23,11 @@ from sim.cli.common import (
 from sim.cli.format import fmt_value
 from sim.cli.sweep import run_progress
 from sim.sweep.spec import SEEDS_HELP, parse_seed_option
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+    from sim.plan import PlanFile
 
 
 def plan(
@@ -77,10 +82,7 @@ def plan(
     ] = False,
 ) -> None:
     """Answer a capacity question by bisection over runs (several seeds per probe)."""
-    from engine.configfile import validate_model
-    from engine.errors import InputError
-    from sim.plan import PlanFile, plan_from_file, plan_json, run_plan
-    from sim.scenario import parse_override
+    from sim.plan import plan_from_file, plan_json, run_plan
     from sim.shipped import resolve_scenario
 
     with user_errors():
@@ -88,37 +90,7 @@ def plan(
             check_out_dir(out)
         path = resolve_scenario(plan_file, "plan")
         spec, scen = plan_from_file(path)
-        upd: dict[str, object] = {}
-        if qps:
-            upd["qps"] = list(qps)
-        if size:
-            upd["sizes"] = list(size)
-        if seeds is not None:
-            seed_ls = parse_seed_option(seeds)
-            if seed_ls != list(range(len(seed_ls))):
-                raise InputError(f"--seeds {seeds}: a plan takes N (seeds 0..N-1)")
-            upd["seeds"] = len(seed_ls)
-        if set_:
-            extra = {}
-            for text in set_:
-                key, value = parse_override(text)
-                extra[".".join(key)] = value
-            upd["set"] = {**spec.set, **extra}
-        data = spec.model_dump()
-        data.update(upd)
-        if p99:
-            slo = dict(data["slo"])
-            slo["p99"] = {}
-            for text in p99:
-                if "=" not in text:
-                    raise InputError(f"--p99 {text!r}: expected CLASS=DURATION, e.g. high=500ms")
-                k, v = text.split("=", 1)
-                slo["p99"][k.strip()] = v.strip()
-            data["slo"] = slo
-        try:
-            spec = validate_model(PlanFile, data, f"{path} (with the command-line options)")
-        except InputError as err:
-            raise _blame(err, p99, set_) from None
+        spec = _with_options(spec, path, qps, size, seeds, set_, p99)
         report_spec = spec.model_dump(mode="json")
         digest = inputs_digest([report_spec, scen.read_text("utf-8")])
         folder = out if out is not None else Path("runs") / result_name("plan", path.stem, digest)
@@ -135,20 +107,72 @@ def plan(
                 )  # fmt: skip
             except InputError as err:
                 raise _blame(err, p99, set_) from None
-    df = res.frontier
-    if not quiet and not df.empty:
-        t = Table(title="frontier", header_style="bold")
-        cols = [c for c in df.columns if not c.startswith("boundary_")]
-        for c in cols:
-            t.add_column(c, justify="right")
-        for r in df[cols].itertuples(index=False):
-            t.add_row(*[_cell(c, v) for c, v in zip(cols, r, strict=True)])
-        Console(highlight=False, width=max(console.width, 160)).print(t)
+    if not quiet and not res.frontier.empty:
+        _print_frontier(res.frontier)
     for a in res.answers:
         console.print(a)
     console.print(f"results: {res.folder} (plan.json, frontier.csv, frontier.png)")
     if as_json:
         typer.echo(json.dumps(plan_json(res)))
+
+
+def _with_options(
+    spec: PlanFile,
+    path: Path,
+    qps: list[float] | None,
+    size: list[int] | None,
+    seeds: str | None,
+    set_: list[str] | None,
+    p99: list[str] | None,
+) -> PlanFile:
+    """The plan of ``path`` with the command-line options applied (each replaces its field;
+    ``--set`` adds to the plan's own overrides), validated again; an error in an option is
+    blamed on that option."""
+    from engine.configfile import validate_model
+    from sim.plan import PlanFile
+    from sim.scenario import parse_override
+
+    upd: dict[str, object] = {}
+    if qps:
+        upd["qps"] = list(qps)
+    if size:
+        upd["sizes"] = list(size)
+    if seeds is not None:
+        seed_ls = parse_seed_option(seeds)
+        if seed_ls != list(range(len(seed_ls))):
+            raise InputError(f"--seeds {seeds}: a plan takes N (seeds 0..N-1)")
+        upd["seeds"] = len(seed_ls)
+    if set_:
+        extra = {}
+        for text in set_:
+            key, value = parse_override(text)
+            extra[".".join(key)] = value
+        upd["set"] = {**spec.set, **extra}
+    data = spec.model_dump()
+    data.update(upd)
+    if p99:
+        slo = dict(data["slo"])
+        slo["p99"] = {}
+        for text in p99:
+            if "=" not in text:
+                raise InputError(f"--p99 {text!r}: expected CLASS=DURATION, e.g. high=500ms")
+            k, v = text.split("=", 1)
+            slo["p99"][k.strip()] = v.strip()
+        data["slo"] = slo
+    try:
+        return validate_model(PlanFile, data, f"{path} (with the command-line options)")
+    except InputError as err:
+        raise _blame(err, p99, set_) from None
+
+
+def _print_frontier(df: pd.DataFrame) -> None:
+    t = Table(title="frontier", header_style="bold")
+    cols = [c for c in df.columns if not c.startswith("boundary_")]
+    for c in cols:
+        t.add_column(c, justify="right")
+    for r in df[cols].itertuples(index=False):
+        t.add_row(*[_cell(c, v) for c, v in zip(cols, r, strict=True)])
+    Console(highlight=False, width=max(console.width, 160)).print(t)
 
 
 def _cell(col: str, v: object) -> str:

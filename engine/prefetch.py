@@ -53,7 +53,7 @@ class HeatMap:
         count = self._count.get(key)
         if count is None:
             return 0.0
-        return count * 2.0 ** (-(now - self._stamp[key]) / self.half_life)
+        return float(count * 2.0 ** (-(now - self._stamp[key]) / self.half_life))
 
     def record(self, keys: Iterable[Key], now: float) -> None:
         """Count one access to each key in ``keys`` (a key listed twice counts twice)."""

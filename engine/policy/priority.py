@@ -115,7 +115,7 @@ class PriorityPolicy(EvictionPolicy):
     def score(self, key: Key, now: float) -> float:
         """The score of resident ``key`` at ``now`` (the formula, for inspection and tests)."""
         r = self._rec[key]
-        return (
+        return float(
             self.w_f * math.log(r[_FREQ] + 1)
             - self.w_s * (now - r[_LAST]) / self.staleness_unit
             - r[_COST]

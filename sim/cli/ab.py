@@ -121,7 +121,10 @@ def ab(
         t.add_column(c, justify="left" if c in ("metric", "verdict") else "right")
     for d in res.diffs:
         style = "green" if d.verdict == "B better" else "red" if d.verdict == "B worse" else ""
-        f = lambda v, m=d.metric: fmt_value(m, v)  # noqa: E731
+
+        def f(v: object, m: str = d.metric) -> str:
+            return fmt_value(m, v)
+
         t.add_row(
             d.metric, str(d.n), f(d.mean_a), f(d.mean_b), f(d.diff),
             f"[{f(d.ci_low)}, {f(d.ci_high)}]", fmt_rel(d.rel),

@@ -286,7 +286,9 @@ def run_compare(spec: Any, planner: Any) -> tuple[pd.DataFrame, dict[str, Any], 
 def frontier_png(df: pd.DataFrame, path: Path, tpot_limit: float | None = None) -> Path:
     """Throughput per GPU vs P99 TPOT of every candidate run, both families; filled markers
     met the SLOs, hollow ones did not; a dashed line marks ``tpot_limit`` (seconds)."""
-    from sim.plots import _save, plt
+    import matplotlib.pyplot as plt
+
+    from sim.plots import _save
 
     fig, ax = plt.subplots(figsize=(6.5, 4.2))
     marks = {"aggregated": ("o", "C0"), "disaggregated": ("s", "C1")}

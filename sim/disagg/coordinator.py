@@ -197,7 +197,7 @@ class Disagg:
     # -- the transfer ----------------------------------------------------------------------
     def _bytes(self, dst: Any, m: int, rid: int, kv_tokens: int) -> int:
         held = min(self._held_blocks(dst, m, rid) * self.block_tokens, kv_tokens)
-        return (kv_tokens - held) * self.ctx.models[m].kv_bytes_per_token
+        return int((kv_tokens - held) * self.ctx.models[m].kv_bytes_per_token)
 
     @staticmethod
     def _path(src: Any, dst: Any) -> list[Any]:

@@ -51,7 +51,7 @@ class KvStore:
     def _demoter(self, lower: TierCache) -> EvictCallback:
         def demote(key: object, size: int, color: str | None) -> None:
             if size <= lower.capacity:
-                lower.admit(key, size, self._now)  # type: ignore[arg-type]
+                lower.admit(key, size, self._now)
 
         return demote
 

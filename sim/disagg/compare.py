@@ -112,45 +112,12 @@ class Compare:
         return [self.done[c.label][1] for c in cands]
 
     def search(self, fams: dict[str, list[Candidate]]) -> dict[str, Candidate | None]:
-        """Bisection over each family's GPU ladder, families in lockstep."""
-        ladders: dict[str, list[list[Candidate]]] = {}
-        for f, cands in fams.items():
-            by_g: dict[int, list[Candidate]] = {}
-            for c in cands:
-                by_g.setdefault(c.gpus, []).append(c)
-            ladders[f] = [
-                sorted(by_g[g], key=lambda c: (-c.bound_rps, c.label)) for g in sorted(by_g)
-            ]
-        # per family: [lo (failing rung or -1), hi (passing rung), stage]
-        # invariant once bisecting: rung lo fails (-1: none probed), rung hi passes
-        lo = {f: -1 for f in fams}
-        hi = {f: len(ladders[f]) - 1 for f in fams}
-        top = {f: True for f in fams}
-        result: dict[str, int | None] = {}
-        for f in fams:
-            if not ladders[f]:
-                result[f] = None
-        while any(f not in result for f in fams):
-            want: dict[str, int] = {}
-            for f in fams:
-                if f in result:
-                    continue
-                want[f] = hi[f] if top[f] else (lo[f] + hi[f]) // 2
-            oks = self.evaluate([ladders[f][r][0] for f, r in want.items()])
-            for (f, r), ok in zip(want.items(), oks, strict=True):
-                if top[f]:
-                    if not ok:
-                        result[f] = None
-                        continue
-                    top[f] = False
-                elif ok:
-                    hi[f] = r
-                else:
-                    lo[f] = r
-                if hi[f] - lo[f] <= 1:
-                    result[f] = hi[f]
+        """Bisection over each family's GPU ladder, families in lockstep; then up to
+        ``extra_per_rung`` more candidates of each answer's rung; the best passing candidate
+        of each family (:meth:`_rank`), ``None`` where none passed."""
+        ladders = {f: _ladder(cands) for f, cands in fams.items()}
         extra: list[Candidate] = []
-        for f, rung in result.items():
+        for f, rung in self._bisect(ladders).items():
             if rung is not None:
                 extra += ladders[f][rung][1 : 1 + self.cfg.extra_per_rung]
         if extra:
@@ -161,6 +128,35 @@ class Compare:
             best[f] = max(passing, key=self._rank) if passing else None
         return best
 
+    def _bisect(self, ladders: dict[str, list[list[Candidate]]]) -> dict[str, int | None]:
+        """Each family's lowest passing rung (``None``: its top rung fails or it has none),
+        probing the first candidate of a rung; one :meth:`evaluate` per round for all
+        families still searching."""
+        # per family: lo (failing rung or -1), hi (passing rung), top (top not yet probed)
+        # invariant once bisecting: rung lo fails (-1: none probed), rung hi passes
+        lo = {f: -1 for f in ladders}
+        hi = {f: len(lad) - 1 for f, lad in ladders.items()}
+        top = {f: True for f in ladders}
+        result: dict[str, int | None] = {f: None for f, lad in ladders.items() if not lad}
+        while len(result) < len(ladders):
+            want = {
+                f: hi[f] if top[f] else (lo[f] + hi[f]) // 2 for f in ladders if f not in result
+            }
+            oks = self.evaluate([ladders[f][r][0] for f, r in want.items()])
+            for (f, r), ok in zip(want.items(), oks, strict=True):
+                if top[f] and not ok:
+                    result[f] = None
+                    continue
+                if top[f]:
+                    top[f] = False
+                elif ok:
+                    hi[f] = r
+                else:
+                    lo[f] = r
+                if hi[f] - lo[f] <= 1:
+                    result[f] = hi[f]
+        return result
+
     def _rank(self, c: Candidate) -> tuple[float, int, float]:
         tpg = self.per_gpu(c) or 0.0
         tpot = _mean(c.metrics, "latency.tpot.p99") or math.inf
@@ -169,6 +165,14 @@ class Compare:
     def per_gpu(self, c: Candidate) -> float | None:
         good = _mean(c.metrics, "goodput_rps")
         return good / c.gpus if good is not None else None
+
+
+def _ladder(cands: list[Candidate]) -> list[list[Candidate]]:
+    """Candidates grouped by GPU count, ascending; in a rung, highest analytic bound first."""
+    by_g: dict[int, list[Candidate]] = {}
+    for c in cands:
+        by_g.setdefault(c.gpus, []).append(c)
+    return [sorted(by_g[g], key=lambda c: (-c.bound_rps, c.label)) for g in sorted(by_g)]
 
 
 def candidates(spec: Any, sc: Any) -> tuple[dict[str, list[Candidate]], list[Candidate]]:

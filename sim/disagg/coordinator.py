@@ -204,25 +204,33 @@ class Disagg:
         kind = "nvlink" if src.server == dst.server else "nic"
         return [src.ws.links[kind], dst.ws.links[kind]]
 
+    def _await_early(self, rid: int) -> Generator[simpy.Event, Any, tuple[Any, int]]:
+        """Wait for the layer-by-layer transfer started during ``rid``'s prefill, if any:
+        ``(its destination, bytes it delivered)``, 0 bytes when it failed (a retry);
+        ``(None, 0)`` when none was started."""
+        early = self._early.pop(rid, None)
+        if early is None:
+            return None, 0
+        dst, ev, nb = early
+        sent = 0
+        if not ev.triggered or ev.ok:
+            try:
+                yield ev
+                sent = nb
+            except LinkDown:
+                self.retries += 1
+        else:
+            self.retries += 1
+        self.incoming[dst.idx] -= 1
+        return dst, sent
+
     def _move(
         self, src: Any, m: int, rid: int, kv_tokens: int, gen: int, t0: float
     ) -> Generator[simpy.Event, Any, None]:
         env, net = self.env, self.ctx.network
-        dst, sent, blocked = None, 0, False
+        blocked = False
         self.handoff[rid] = t0
-        early = self._early.pop(rid, None)
-        if early is not None:
-            dst, ev, nb = early
-            if not ev.triggered or ev.ok:
-                try:
-                    yield ev
-                    sent = nb
-                except LinkDown:
-                    self.retries += 1
-                    sent = 0
-            else:
-                self.retries += 1
-            self.incoming[dst.idx] -= 1
+        dst, sent = yield from self._await_early(rid)
         while True:
             if dst is None or not dst.up or not self._reach(src, dst):
                 if dst is not None:

@@ -61,7 +61,7 @@ from hwbench.engine_fit import ImpossibleFit, fit_engine_terms, probe_engine
 from hwbench.opprobe import OpGrid, with_op_tables
 from hwbench.validate import decoder_config, sim_catalogue, validate_workload
 from hwbench.workloads import SUITE, get_workload
-from sim.cli.validate import LIMITS
+from pdsim.cli.validate import LIMITS
 from sim.costmodel import LINK_NAMES, load_profile
 from sim.opcost import OpCostModel
 

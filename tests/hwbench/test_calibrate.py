@@ -14,7 +14,7 @@ from engine.backend import cupy_status
 from hwbench.opprobe import OpGrid
 from hwbench.probes import ProbeConfig, run_probes
 from hwbench.profile import LINK_MAP, fit_profile
-from sim.cli import app
+from pdsim.cli import app
 from sim.costmodel import CostModel, Profile, load_profile, parse_profile
 from sim.models import load_catalogue
 from sim.opcost import EngineTerms

@@ -30,7 +30,7 @@ from hwbench.validate import (
     validate_workload,
 )
 from hwbench.workloads import SUITE, ValidationWorkload, arrivals, get_workload
-from sim.cli import app
+from pdsim.cli import app
 from sim.costmodel import Profile, load_profile
 from sim.memory import plan_memory
 from sim.opcost import EngineTerms, OpsProfile

@@ -13,8 +13,8 @@ from hypothesis import strategies as st
 from typer.testing import CliRunner
 
 from engine.errors import InputError
+from pdsim.cli import app
 from sim.ab import ab_points, compare, paired_bootstrap, paired_relative_bootstrap, run_ab
-from sim.cli import app
 
 DEMO = Path(__file__).resolve().parents[2] / "scenarios" / "ab-demo.yaml"
 SMALL = ["workload.requests=120"]

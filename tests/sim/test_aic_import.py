@@ -13,7 +13,7 @@ import pandas as pd
 import pytest
 from typer.testing import CliRunner
 
-from sim.cli import app
+from pdsim.cli import app
 from sim.costmodel import load_profile, parse_profile
 from sim.costmodel import load_profile as load_op_profile
 from sim.models import LlamaShape, ModelEntry, build_model

@@ -10,7 +10,7 @@ import pandas as pd
 import pytest
 from typer.testing import CliRunner
 
-from sim.cli import app
+from pdsim.cli import app
 from sim.runner import run_scenario
 from sim.scenario import load_scenario
 

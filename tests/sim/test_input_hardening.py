@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from sim.cli import app
+from pdsim.cli import app
 
 BASE = """\
 name: t

@@ -13,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from typer.testing import CliRunner
 
-from sim.cli import app
+from pdsim.cli import app
 from sim.plan import RESOURCES, PlanFile, Planner, Probe, SloCfg, run_passes, utilisation
 
 SCEN = Path(__file__).resolve().parents[2] / "scenarios"

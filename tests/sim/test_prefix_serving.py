@@ -14,7 +14,7 @@ from typer.testing import CliRunner
 
 from engine.errors import InputError
 from engine.traces import example_trace
-from sim.cli import app
+from pdsim.cli import app
 from sim.cluster import build
 from sim.costmodel import CostModel, load_profile
 from sim.models import load_catalogue

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from sim.cli import app
+from pdsim.cli import app
 from sim.replay import replay
 from sim.runner import run_scenario
 from sim.scenario import load_scenario

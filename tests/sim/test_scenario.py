@@ -9,7 +9,7 @@ import yaml
 from typer.testing import CliRunner
 
 from engine.errors import InputError
-from sim.cli import app
+from pdsim.cli import app
 from sim.scenario import apply_overrides, load_scenario, validate
 
 BASE = {

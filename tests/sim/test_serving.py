@@ -12,7 +12,7 @@ import pytest
 from typer.testing import CliRunner
 
 from engine.errors import InputError
-from sim.cli import app
+from pdsim.cli import app
 from sim.cluster import check_feasible
 from sim.costmodel import load_profile
 from sim.memory import plan_memory, workspace_bytes

@@ -119,7 +119,7 @@ def test_bisection_finds_the_smallest_passing_gpu_count(
 def test_compare_plan_json_has_both_families_and_a_choice(tmp_path: Path) -> None:
     from typer.testing import CliRunner
 
-    from sim.cli import app
+    from pdsim.cli import app
 
     plan = tmp_path / "plan.yaml"
     plan.write_text(

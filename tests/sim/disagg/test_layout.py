@@ -8,7 +8,7 @@ import pytest
 from typer.testing import CliRunner
 
 from engine.errors import InputError
-from sim.cli import app
+from pdsim.cli import app
 from sim.disagg.layout import place_pools, servers_used
 from sim.metrics import DONE
 

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
+from pdsim.cli import app
 from sim.chaos import aggregate, run_chaos
-from sim.cli import app
 from sim.replay import load_replay, replay
 
 from .conftest import DATA, small

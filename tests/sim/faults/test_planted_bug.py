@@ -59,7 +59,7 @@ def test_planted_bug_caught_repeatedly_and_clean_stress_seeds() -> None:
 def test_pdsim_run_stops_on_a_violation_with_a_report_and_replay_file(tmp_path: Path) -> None:
     from typer.testing import CliRunner
 
-    from sim.cli import app
+    from pdsim.cli import app
 
     args = [
         "run",

@@ -9,8 +9,8 @@ import yaml
 from typer.testing import CliRunner
 
 from engine.errors import InputError
+from pdsim.cli import app
 from sim.chaos import parse_seeds
-from sim.cli import app
 from sim.faults import check_faults
 from sim.scenario import load_scenario
 

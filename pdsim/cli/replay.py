@@ -8,7 +8,7 @@ from typing import Annotated
 
 import typer
 
-from sim.cli.common import console, user_errors
+from pdsim.cli.common import console, user_errors
 
 
 def replay(

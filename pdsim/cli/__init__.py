@@ -1,7 +1,7 @@
 """The ``pdsim`` command line: one typer app, one module per command group.
 
 Every command turns :class:`engine.errors.InputError` (bad user input) into a one-line red
-message on stderr and exit status 2, via :func:`sim.cli.common.user_errors`.
+message on stderr and exit status 2, via :func:`pdsim.cli.common.user_errors`.
 """
 
 from __future__ import annotations
@@ -10,18 +10,18 @@ from importlib.metadata import PackageNotFoundError, version
 
 import typer
 
-from sim.cli import ab as _ab
-from sim.cli import cache as _cache
-from sim.cli import calibrate as _calibrate
-from sim.cli import chaos as _chaos
-from sim.cli import cost as _cost
-from sim.cli import plan as _plan
-from sim.cli import profile as _profile
-from sim.cli import replay as _replay
-from sim.cli import run as _run
-from sim.cli import scenarios as _scenarios
-from sim.cli import sweep as _sweep
-from sim.cli import validate as _validate
+from pdsim.cli import ab as _ab
+from pdsim.cli import cache as _cache
+from pdsim.cli import calibrate as _calibrate
+from pdsim.cli import chaos as _chaos
+from pdsim.cli import cost as _cost
+from pdsim.cli import plan as _plan
+from pdsim.cli import profile as _profile
+from pdsim.cli import replay as _replay
+from pdsim.cli import run as _run
+from pdsim.cli import scenarios as _scenarios
+from pdsim.cli import sweep as _sweep
+from pdsim.cli import validate as _validate
 
 
 def _plain_argument_help() -> None:

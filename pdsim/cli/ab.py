@@ -10,7 +10,7 @@ from rich.console import Console
 from rich.table import Table
 
 from engine.errors import InputError
-from sim.cli.common import (
+from pdsim.cli.common import (
     blame_override,
     check_out_dir,
     check_same_inputs,
@@ -19,8 +19,8 @@ from sim.cli.common import (
     result_name,
     user_errors,
 )
-from sim.cli.format import fmt_value
-from sim.cli.sweep import failures_table, run_progress
+from pdsim.cli.format import fmt_value
+from pdsim.cli.sweep import failures_table, run_progress
 from sim.sweep.spec import SEEDS_HELP, parse_seed_option
 
 #: below this many paired seeds ``pdsim ab`` warns that its intervals are unreliable

@@ -18,7 +18,7 @@ import typer
 from rich.table import Table
 
 from engine.errors import InputError
-from sim.cli.common import console, user_errors
+from pdsim.cli.common import console, user_errors
 
 PHASES = ("prefill", "decode")
 

@@ -7,7 +7,7 @@ import json
 import pytest
 from typer.testing import CliRunner
 
-from sim.cli import app
+from pdsim.cli import app
 from sim.costmodel import load_profile as load_op_profile
 from sim.models import load_catalogue
 from sim.opcost import OP_NAMES, OpCostModel

@@ -39,7 +39,7 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from sim.cli.common import (
+from pdsim.cli.common import (
     array_backend,
     check_out_dir,
     console,

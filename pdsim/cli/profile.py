@@ -17,7 +17,7 @@ from typing import Annotated
 import typer
 
 from engine.errors import InputError
-from sim.cli.common import console, user_errors
+from pdsim.cli.common import console, user_errors
 
 app = typer.Typer(help="Import profiles with measured op tables.", no_args_is_help=True)
 

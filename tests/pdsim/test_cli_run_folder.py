@@ -8,7 +8,7 @@ from pathlib import Path
 
 from typer.testing import CliRunner
 
-from sim.cli import app
+from pdsim.cli import app
 from sim.replay import replay
 
 ROOT = Path(__file__).resolve().parents[2]

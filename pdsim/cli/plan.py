@@ -11,7 +11,7 @@ from rich.console import Console
 from rich.table import Table
 
 from engine.errors import InputError
-from sim.cli.common import (
+from pdsim.cli.common import (
     blame_override,
     check_out_dir,
     console,
@@ -20,8 +20,8 @@ from sim.cli.common import (
     result_name,
     user_errors,
 )
-from sim.cli.format import fmt_value
-from sim.cli.sweep import run_progress
+from pdsim.cli.format import fmt_value
+from pdsim.cli.sweep import run_progress
 from sim.sweep.spec import SEEDS_HELP, parse_seed_option
 
 if TYPE_CHECKING:

@@ -39,7 +39,7 @@ from engine.traces import (
     read_trace,
 )
 from engine.units import format_bytes, parse_size
-from sim.cli.common import console, err_console, user_errors
+from pdsim.cli.common import console, err_console, user_errors
 from sim.sweep.cache import as_umask
 
 app = typer.Typer(

@@ -44,7 +44,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from engine.errors import InputError
-from sim.cli.common import array_backend, check_out_file, console, err_console, user_errors
+from pdsim.cli.common import array_backend, check_out_file, console, err_console, user_errors
 
 
 def _fmt_rate(v: float, unit: str) -> str:

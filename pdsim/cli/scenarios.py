@@ -10,7 +10,7 @@ import typer
 from rich.table import Table
 
 from engine.errors import InputError
-from sim.cli.common import check_out_dir, console, user_errors
+from pdsim.cli.common import check_out_dir, console, user_errors
 
 app = typer.Typer(
     rich_markup_mode=None,

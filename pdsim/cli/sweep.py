@@ -12,7 +12,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from engine.errors import InputError
-from sim.cli.common import (
+from pdsim.cli.common import (
     check_out_dir,
     console,
     err_console,
@@ -20,7 +20,7 @@ from sim.cli.common import (
     result_name,
     user_errors,
 )
-from sim.cli.format import fmt_value
+from pdsim.cli.format import fmt_value
 from sim.sweep.spec import SEEDS_HELP, parse_seed_option
 
 

@@ -9,7 +9,7 @@ from typing import Annotated, Any
 import typer
 from rich.table import Table
 
-from sim.cli.common import (
+from pdsim.cli.common import (
     check_out_dir,
     check_same_inputs,
     console,

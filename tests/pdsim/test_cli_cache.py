@@ -13,8 +13,8 @@ from typer.testing import CliRunner
 from engine.errors import InputError
 from engine.policy import policy_names
 from engine.traces import example_trace, read_trace, write_oracle
-from sim.cli import app
-from sim.cli.cache import parse_cache_sizes
+from pdsim.cli import app
+from pdsim.cli.cache import parse_cache_sizes
 
 runner = CliRunner()
 POLICIES = [p for p in policy_names() if p != "none"]

@@ -11,8 +11,8 @@ from hypothesis import strategies as st
 from typer.testing import CliRunner
 
 from engine.errors import InputError
-from sim.cli import app
-from sim.cli.format import fmt_value, summary_rows
+from pdsim.cli import app
+from pdsim.cli.format import fmt_value, summary_rows
 from sim.shipped import SHIPPED_DIR, shipped_scenarios
 from sim.sweep.spec import SEEDS_HELP, parse_seed_option
 

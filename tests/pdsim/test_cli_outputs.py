@@ -15,8 +15,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 from typer.testing import CliRunner
 
-from sim.cli import app
-from sim.cli.common import result_name
+from pdsim.cli import app
+from pdsim.cli.common import result_name
 
 runner = CliRunner()
 ROOT = Path(__file__).resolve().parents[2]

@@ -12,7 +12,7 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from engine.errors import InputError
-from sim.cli.common import (
+from pdsim.cli.common import (
     check_out_dir,
     console,
     err_console,
@@ -20,11 +20,11 @@ from sim.cli.common import (
     load_scenario_arg,
     user_errors,
 )
-from sim.cli.format import summary_rows
+from pdsim.cli.format import summary_rows
 
 
 def _table(title: str, s: dict[str, Any]) -> Table:
-    """Every figure of summary ``s`` with its unit (:func:`sim.cli.format.summary_rows`)."""
+    """Every figure of summary ``s`` with its unit (:func:`pdsim.cli.format.summary_rows`)."""
     t = Table(title=title, show_header=True, header_style="bold")
     t.add_column("metric")
     t.add_column("value", justify="right")
@@ -64,7 +64,7 @@ def run(
     ] = False,
 ) -> None:
     """Simulate SCENARIO and write its run folder (config, summary, Parquet records, plots)."""
-    from sim.cli.chaos import run_or_report  # checker violations -> report + replay
+    from pdsim.cli.chaos import run_or_report  # checker violations -> report + replay
     from sim.runner import format_claim
 
     with user_errors():
@@ -101,7 +101,7 @@ def run(
             wide.print(_table(sc.name, s))
         for c in result.claims:
             console.print(format_claim(c))
-        from sim.cli.chaos import fault_lines  # the faults section (issue 5), if any
+        from pdsim.cli.chaos import fault_lines  # the faults section (issue 5), if any
 
         for line in fault_lines(s):
             console.print(line)

@@ -1,8 +1,9 @@
-"""Shared run state handed to every simulator component (no behaviour of its own).
+"""Shared run state handed to every simulator component, and each deployed model's pricing.
 
 :class:`ModelRt` is one deployed model prepared for the hot loop: its chunk table as plain
-arrays, per-layer chunk ranges, the share of an iteration's compute each layer takes, and
-cost-model closures. Chunk keys inside the simulator are ints ``model_index << 32 | chunk_id``
+arrays, per-layer chunk ranges, the share of an iteration's compute each layer takes, and the
+cost of an iteration (:meth:`ModelRt.iter_cost`: the cost model's price plus the engine's
+warm-up terms). Chunk keys inside the simulator are ints ``model_index << 32 | chunk_id``
 (compact and cheap to hash; equivalent to the tuple ``(model, chunk_id)``).
 """
 

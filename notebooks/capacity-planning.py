@@ -63,7 +63,8 @@ if "ipykernel" not in sys.modules:  # headless script run: no display
     matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
-from sim.plan import PlanFile, plan_from_file, run_passes, run_plan
+from sim.plan import run_plan
+from sim.planspec import PlanFile, plan_from_file, run_passes
 from sim.sweep import build_points, execute
 
 OUT.mkdir(parents=True, exist_ok=True)

@@ -2,7 +2,7 @@
 
 ``python -m sim.docgen > docs/scenario-reference.md`` regenerates it. The generator walks the
 pydantic models users write files for -- scenario (:class:`sim.scenario.Scenario`, its
-``faults:`` section from :mod:`sim.faults`), plan (:class:`sim.plan.PlanFile`), sweep
+``faults:`` section from :mod:`sim.faults`), plan (:class:`sim.planspec.PlanFile`), sweep
 (:class:`sim.sweep.spec.SweepFile`), calibration profile (:class:`sim.costmodel.Profile`) and
 model catalogue (:class:`sim.models.CatalogueFile`) -- and prints one Markdown table per
 section (field path, type, default, description), followed by the names the registries allow
@@ -36,7 +36,7 @@ from sim import models as _models
 from sim.costmodel import SHIPPED_PROFILES, Profile, load_profile
 from sim.faults import KINDS as FAULT_KINDS
 from sim.models import CatalogueFile, load_catalogue
-from sim.plan import PlanFile
+from sim.planspec import PlanFile
 from sim.scenario import Scenario, WorkloadCfg
 from sim.scheduler import PLACEMENTS
 from sim.sweep.spec import SweepFile
@@ -71,7 +71,7 @@ FILES: tuple[FileKind, ...] = (
     FileKind(
         "Plan file",
         PlanFile,
-        "Capacity planning (`pdsim plan FILE`); see `sim/plan.py` for the search and SLO rules.",
+        "Capacity planning (`pdsim plan FILE`); see `sim/planspec.py` for the SLO rules and `sim/plan.py` for the search.",
     ),
     FileKind(
         "Sweep file",

@@ -1,39 +1,8 @@
 """Capacity planning: the smallest (or cheapest) cluster meeting SLOs, the highest QPS a
 cluster sustains, and which resource saturates first.
 
-A plan file (YAML; unknown keys are errors)::
-
-    scenario: burst-traffic.yaml      # the workload (relative to the plan file)
-    set: {workload.requests: 4000}    # base overrides
-    seeds: 3                          # seeds per probe (n -> 0..n-1, or a list)
-    min_pass_fraction: 1.0            # a probe passes when >= this share of its seeds pass
-    slo:
-      p99: {high: 500ms, low: 5s}     # P99 latency per workload class ("all": every request)
-      availability: 0.999             # see "SLOs" below
-      degraded_rate: 0.01             # (shed + degraded results) / requests
-    size_key: cluster.servers         # the integer size knob
-    size_range: [1, 64]
-    qps_key: workload.steps.0.rate    # the load knob (workload.rate for Poisson traffic)
-    qps: [1200]                       # question 1: smallest size for each of these loads
-    sizes: [8, 16]                    # question 2: highest load for each of these sizes
-    qps_range: [50, 5000]
-    qps_tolerance: 0.02               # relative width at which the QPS bisection stops
-    alternatives: {cluster.param_servers: [2, 4]}   # other knobs: every combination is tried
-    costs: {cluster.servers: 3.0, cluster.param_servers: 1.0}  # per unit; cheapest is marked
-
-Every probe (alternative, size, load) runs all seeds through the sweep machinery (cached by
-config hash under ``OUT/runs``, so re-running or extending a plan reuses finished runs).
-
-**SLOs.** ``p99``: the class's P99 end-to-end latency. ``availability``: the summary's
-``availability`` if it has one, else the chaos report's ``faults.availability`` (requests
-answered within their class SLO / requests) when the scenario has a ``faults`` section, else
-1 - (rejected + unfinished) / requests (a shed or degraded answer is still an answer).
-``degraded_rate``: (shed + degraded results) / requests.
-
-**Pass rule.** A run passes when every SLO holds (a class with requests but none finished
-fails its P99). A probe passes when at least ``min_pass_fraction`` of its seeds pass; the
-default 1.0 means *all* seeds (the conservative choice: one bad seed is a miss). A failed run
-counts as a failing seed.
+The plan file, its SLOs and the pass rule are in :mod:`sim.planspec`; the answers' rows,
+sentences and ``plan.json`` in :mod:`sim.planreport`.
 
 **Search.** Bisection assumes passing is monotone: more of the size knob never hurts, more
 load never helps. Smallest size: check the top of the range (none if it fails), the bottom
@@ -56,188 +25,30 @@ import itertools
 import json
 import math
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
-from pydantic import BaseModel, ConfigDict, Field
 
-from engine.configfile import read_mapping, validate_model
 from engine.errors import InputError
-from sim.disagg.compare import CompareCfg
-from sim.scenario import Duration
+from sim.planreport import (
+    PlanResult,
+    answer_sentence,
+    frontier_row,
+    plan_json,
+    plot_frontier,
+    replica_shape,
+)
+from sim.planspec import PERCENTILES, RESOURCES, PlanFile, Probe, run_passes, utilisation
 from sim.sweep.cache import RunCache, write_atomic
 from sim.sweep.execute import Progress, Runner, write_parquet
-from sim.sweep.spec import (
-    Point,
-    build_points,
-    override_text,
-    resolve_scenario_path,
-    seed_list,
-)
-
-#: resources whose utilisation names what saturates first (``utilisation.*`` of a summary)
-RESOURCES: tuple[str, ...] = ("token_budget", "mfu", "mbu", "kv", "pcie", "nic", "ps_nic", "ps_ssd")
-
-
-#: the latency percentiles a plan's SLOs may name (keys of the summary's latency blocks)
-PERCENTILES: tuple[str, ...] = ("p50", "p90", "p99", "p999", "mean")
-#: latency kinds: end to end, time to first token, time per output token
-KINDS: tuple[str, ...] = ("e2e", "ttft", "tpot")
-
-Limits = dict[str, dict[str, Duration]]
-
-
-class SloCfg(BaseModel):
-    """Service-level objectives a run must meet (every one given)."""
-
-    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
-    e2e: Limits = {}
-    """End-to-end latency limits: `{percentile: {class: duration}}`, percentile one of p50,
-    p90, p99, p999, mean; class a workload class or `all`. E.g. `{p99: {all: 5s}}`."""
-    ttft: Limits = {}
-    """Time-to-first-token limits, same form as `e2e`."""
-    tpot: Limits = {}
-    """Time-per-output-token limits (mean gap between tokens after the first), same form."""
-    p99: dict[str, Duration] = {}
-    """Shorthand for `e2e: {p99: ...}`: P99 end-to-end latency per class (`all`: every request)."""
-    sustain: bool = True
-    """The run must sustain the offered load: not `overloaded` in the steady window and no
-    request unfinished."""
-    availability: float | None = Field(None, gt=0, le=1)
-    """Least availability, in (0, 1] (see "SLOs" in sim.plan); null: not checked."""
-    degraded_rate: float | None = Field(None, ge=0, le=1)
-    """Most (shed + degraded results) / requests, in [0, 1]; null: not checked."""
-
-    def limits(self) -> list[tuple[str, str, str, float]]:
-        """Every latency limit as ``(kind, percentile, class, seconds)``."""
-        out = [("e2e", "p99", c, v) for c, v in self.p99.items()]
-        for kind in KINDS:
-            for pct, per in getattr(self, kind).items():
-                out += [(kind, pct, c, v) for c, v in per.items()]
-        return out
-
-
-class PlanFile(BaseModel):
-    """The schema of a plan file (see the module docstring)."""
-
-    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
-    scenario: str
-    """Scenario file of the workload (relative to the plan file, else the working directory)."""
-    set: dict[str, Any] = {}
-    """Base overrides `dotted.key: value` applied to the scenario, like `--set`."""
-    variant: str | None = None
-    """One of the scenario's variants as the base; null: the base scenario."""
-    seeds: int | list[int] = 3
-    """Seeds per probe: n -> 0..n-1, or an explicit list of distinct integers >= 0."""
-    min_pass_fraction: float = Field(1.0, gt=0, le=1)
-    """A probe passes when at least this share of its seeds pass, in (0, 1] (1.0: all)."""
-    slo: SloCfg
-    """The service-level objectives every passing run meets."""
-    size_key: str = "cluster.servers"
-    """Scenario key of the integer size knob the smallest-size search varies."""
-    size_range: tuple[int, int] = (1, 64)
-    """Bounds [low, high] of the size search, 1 <= low <= high."""
-    qps_key: str = "workload.rate"
-    """Scenario key of the load knob (e.g. `workload.steps.0.rate` for step traffic)."""
-    qps: list[float] = []
-    """Question 1: the smallest size meeting the SLOs at each of these loads (requests/s)."""
-    sizes: list[int] = []
-    """Question 2: the highest load each of these sizes sustains."""
-    qps_range: tuple[float, float] = (1.0, 10000.0)
-    """Bounds [low, high] of the load search, requests/s, 0 < low < high."""
-    qps_tolerance: float = Field(0.02, gt=0, lt=1)
-    """Load bisection stops when the bracket is narrower than this x its top, in (0, 1)."""
-    alternatives: dict[str, list[Any]] = {}
-    """Other knobs `key: [values]`; every combination is planned."""
-    costs: dict[str, float] = {}
-    """Cost per unit of a knob (`key: cost`); the cheapest answer is marked."""
-    gpu_hour_cost: float | None = Field(None, ge=0)
-    """Price of one GPU-hour (any currency); answers then report their cost per hour
-    (GPUs x this) and the cheapest is marked. null: no GPU cost."""
-    compare: CompareCfg | None = None
-    """Compare aggregated and disaggregated deployments at the first `qps` instead of the
-    size search (sim.disagg.compare); null: the size / load searches above."""
-
-
-def load_plan_file(path: str | Path) -> PlanFile:
-    """Read and validate a plan file (``InputError`` naming the file and field)."""
-    return validate_model(PlanFile, read_mapping(path, "plan"), str(path))
+from sim.sweep.spec import Point, build_points, override_text, seed_list
 
 
 def _round_sig(x: float, digits: int = 4) -> float:
     if x == 0:
         return 0.0
     return round(x, digits - 1 - math.floor(math.log10(abs(x))))
-
-
-@dataclass
-class Probe:
-    """One evaluated point of the search: all its seeds."""
-
-    alt: dict[str, Any]
-    size: int
-    qps: float
-    passed: bool
-    pass_fraction: float
-    utilisation: dict[str, float]
-    reasons: list[str] = field(default_factory=list)
-    #: the configuration cannot be built (memory, shape): ``reasons`` holds why
-    infeasible: bool = False
-    #: share of the seeds that were overloaded or left requests unfinished
-    overloaded: float = 0.0
-    #: the mean achieved throughput over seeds (req/s)
-    achieved: float = 0.0
-
-
-def run_passes(m: dict[str, Any] | None, slo: SloCfg) -> tuple[bool, list[str]]:
-    """Whether one run's flattened metrics meet ``slo`` (and why not)."""
-    if m is None:
-        return False, ["run failed"]
-    why: list[str] = []
-    for kind, pct, cls, limit in slo.limits():
-        prefix = "latency" if cls == "all" else f"per_class.{cls}.latency"
-        v = m.get(f"{prefix}.{kind}.{pct}")
-        n = m.get("requests.in_window", 1) if cls == "all" else m.get(f"per_class.{cls}.n", 0)
-        if v is None:
-            if n:
-                why.append(f"{cls}: no request finished")
-        elif v > limit:
-            why.append(f"{cls} {kind} {pct} {_secs(v)} > {_secs(limit)}")
-    if slo.sustain:
-        if m.get("overloaded"):
-            why.append(
-                f"overloaded: achieved {m.get('throughput.achieved_rps') or 0:.4g} < 0.95 x "
-                f"offered {m.get('throughput.offered_rps') or 0:.4g} req/s"
-            )
-        if m.get("requests.unfinished"):
-            why.append(f"{m['requests.unfinished']} requests unfinished")
-    req = max(int(m.get("requests.total") or 0), 1)
-    if slo.availability is not None:
-        avail = m.get("availability", m.get("faults.availability"))
-        if avail is None:
-            lost = int(m.get("requests.rejected") or 0) + int(m.get("requests.unfinished") or 0)
-            avail = 1.0 - lost / req
-        if avail < slo.availability:
-            why.append(f"availability {avail:.4g} < {slo.availability:.4g}")
-    if slo.degraded_rate is not None:
-        deg = m.get("degraded_rate")
-        if deg is None:
-            deg = (int(m.get("requests.shed") or 0) + int(m.get("requests.degraded") or 0)) / req
-        if deg > slo.degraded_rate:
-            why.append(f"degraded rate {deg:.4g} > {slo.degraded_rate:.4g}")
-    return not why, why
-
-
-def _secs(v: float) -> str:
-    return f"{v * 1e3:.3g} ms" if v < 1 else f"{v:.3g} s"
-
-
-def utilisation(m: dict[str, Any]) -> dict[str, float]:
-    """Per-resource utilisation (0..1) of one run from its flattened summary: the summary's
-    ``utilisation.*`` (see :func:`sim.runner.utilisation`)."""
-    return {r: float(m.get(f"utilisation.{r}") or 0.0) for r in RESOURCES}
 
 
 class Planner:
@@ -411,29 +222,6 @@ def _infeasible(sc: Any) -> str | None:
     return None
 
 
-def _lookup(data: dict[str, Any], path: str) -> Any:
-    cur: Any = data
-    for part in path.split("."):
-        if isinstance(cur, list) and part.isdigit() and int(part) < len(cur):
-            cur = cur[int(part)]
-        elif isinstance(cur, dict) and part in cur:
-            cur = cur[part]
-        else:
-            return None
-    return cur
-
-
-@dataclass
-class PlanResult:
-    """The frontier (one row per question x alternative x load or size) and its files."""
-
-    frontier: pd.DataFrame
-    folder: Path
-    answers: list[str]
-    #: a compare plan's answer (``aggregated``, ``disaggregated``, ``choice``; sim.disagg)
-    compare: dict[str, Any] | None = None
-
-
 def check_plan(spec: PlanFile, planner: Planner, source: str) -> None:
     """Reject a plan that cannot be answered before running anything."""
     if not spec.qps and not spec.sizes:
@@ -511,22 +299,24 @@ def run_plan(
         for i, alt in enumerate(alts):
             for q in spec.qps:
                 size, boundary = found[q][i]
-                shape = _shape(pl.points(alt, size, q)[0].scenario) if size is not None else None
-                rows.append(_row("min-size", alt, q, size, boundary, spec, resolved, shape))
+                shape = (
+                    replica_shape(pl.points(alt, size, q)[0].scenario) if size is not None else None
+                )
+                rows.append(frontier_row("min-size", alt, q, size, boundary, spec, resolved, shape))
             for s in spec.sizes:
                 qmax, boundary = pl.max_qps(alt, s)
-                rows.append(_row("max-qps", alt, qmax, s, boundary, spec, resolved))
+                rows.append(frontier_row("max-qps", alt, qmax, s, boundary, spec, resolved))
     df = pd.DataFrame(rows)
     if not df.empty and (spec.costs or spec.gpu_hour_cost is not None):
         ms = df[(df["question"] == "min-size") & df["cost"].notna()]
         best = ms.groupby("qps")["cost"].transform("min")
         df["cheapest"] = False
         df.loc[ms.index, "cheapest"] = ms["cost"] == best
-    answers = [_sentence(r, spec) for r in df.to_dict("records")]
+    answers = [answer_sentence(r, spec) for r in df.to_dict("records")]
     folder.mkdir(parents=True, exist_ok=True)
     write_parquet(df, folder / "frontier.parquet")
     write_atomic(folder / "frontier.csv", df.to_csv(index=False))
-    _plot(df, spec, folder / "frontier.png")
+    plot_frontier(df, spec, folder / "frontier.png")
     result = PlanResult(df, folder, answers)
     report = {"spec": spec.model_dump(mode="json"), "seeds": seeds, **plan_json(result)}
     write_atomic(folder / "plan.json", json.dumps(report, indent=1) + "\n")
@@ -551,150 +341,3 @@ def _run_compare(
     report = {"spec": spec.model_dump(mode="json"), "seeds": seeds, **plan_json(result)}
     write_atomic(folder / "plan.json", json.dumps(report, indent=1) + "\n")
     return result
-
-
-def _shape(sc: Any) -> dict[str, int]:
-    c = sc.cluster
-    return {
-        "servers": c.servers,
-        "gpus": c.gpus,
-        "tp": c.tp,
-        "pp": c.pp,
-        "replicas": c.replicas,
-    }
-
-
-def _why_none(top: Probe, spec: PlanFile) -> str:
-    """Why even the top of the size range fails: infeasible, a capacity limit, or a latency
-    floor that more servers cannot lower (with the value reached there)."""
-    if top.infeasible:
-        return top.reasons[0]
-    reached = "; ".join(r.split(": ", 1)[1] for r in top.reasons[:2])
-    if top.overloaded > 0:
-        return (
-            f"capacity: {spec.size_key}={top.size} is overloaded at {top.qps:g} QPS "
-            f"(achieved {top.achieved:.4g} req/s); raise size_range ({reached})"
-        )
-    return (
-        f"latency floor: {spec.size_key}={top.size} sustains {top.qps:g} QPS but misses the "
-        f"SLO ({reached}); more {spec.size_key} cannot lower it"
-    )
-
-
-def _row(
-    question: str,
-    alt: dict[str, Any],
-    qps: float | None,
-    size: int | None,
-    boundary: Probe,
-    spec: PlanFile,
-    resolved: dict[str, Any],
-    shape: dict[str, int] | None = None,
-) -> dict[str, Any]:
-    answered = size if question == "min-size" else qps
-    cost: float | None = None
-    if spec.costs and answered is not None:
-        cost = 0.0
-        for k, c in spec.costs.items():
-            v = size if k == spec.size_key else alt.get(k, _lookup(resolved, k))
-            cost += c * float(v or 0)
-    util = boundary.utilisation
-    sat = max(RESOURCES, key=lambda r: util[r]) if any(util.values()) else None
-    row: dict[str, Any] = {"question": question, **alt, "qps": qps, "size": size}
-    shape = shape or {}
-    if spec.gpu_hour_cost is not None and answered is not None and "gpus" in shape:
-        cost = spec.gpu_hour_cost * shape["gpus"]
-    reason = None
-    if answered is None:
-        reason = (
-            _why_none(boundary, spec) if question == "min-size" else "; ".join(boundary.reasons[:2])
-        )
-    row.update(
-        answered=answered is not None,
-        cost=cost,
-        **({k: v for k, v in shape.items()} if answered is not None else {}),
-        reason=reason,
-        boundary_size=boundary.size,
-        boundary_qps=boundary.qps,
-        boundary_passed=boundary.passed,
-        boundary_pass_fraction=boundary.pass_fraction,
-        saturates_first=sat,
-        **{f"util_{r}": util[r] for r in RESOURCES},
-    )
-    return row
-
-
-def _sentence(r: dict[str, Any], spec: PlanFile) -> str:
-    alt = ", ".join(f"{k}={r[k]}" for k in spec.alternatives)
-    alt = f" with {alt}" if alt else ""
-    sat = r.get("saturates_first")
-    sat = sat if isinstance(sat, str) else None  # a frame's missing value is NaN
-    blame = f"; saturates first: {sat} ({r[f'util_{sat}']:.2f})" if sat else ""
-    cost = f", cost {r['cost']:g}" if r.get("cost") is not None else ""
-    gpus = (
-        f" ({r['gpus']:g} GPUs{cost})" if r.get("gpus") == r.get("gpus") and r.get("gpus") else cost
-    )
-    if r["question"] == "min-size":
-        if r["size"] is None or r["size"] != r["size"]:  # None, or NaN in a frame
-            lo, hi = spec.size_range
-            return f"{r['qps']:g} QPS{alt}: no {spec.size_key} in [{lo}, {hi}] meets the SLOs: {r['reason']}"
-        return f"{r['qps']:g} QPS{alt}: smallest {spec.size_key} = {int(r['size'])}{gpus}{blame}"
-    if r["qps"] is None or r["qps"] != r["qps"]:
-        return f"{spec.size_key}={r['size']}{alt}: fails the SLOs even at {spec.qps_range[0]:g} QPS"
-    top = " (top of qps_range: capacity not reached)" if r["qps"] >= spec.qps_range[1] else ""
-    return f"{spec.size_key}={r['size']}{alt}: highest QPS = {r['qps']:g}{top}{blame}"
-
-
-def plan_json(res: PlanResult) -> dict[str, Any]:
-    """The plan's answer as one JSON-ready object: ``answer`` (the cheapest passing min-size
-    answer of the first load -- by cost, else by GPUs -- or, when none passes, the first
-    row's reason) with ``servers``, ``gpus``, ``tp``, ``pp``, ``meets_slo``, ``reason``,
-    ``qps``, ``cost``; and every row of the ``frontier``."""
-    rows = json.loads(res.frontier.to_json(orient="records")) if not res.frontier.empty else []
-    if res.compare is not None:
-        return {**res.compare, "answers": res.answers, "frontier": rows, "folder": str(res.folder)}
-    ms = [r for r in rows if r["question"] == "min-size"]
-    answer: dict[str, Any] = {"meets_slo": False, "reason": "the plan asked no min-size question"}
-    if ms:
-        q0 = ms[0]["qps"]
-        first = [r for r in ms if r["qps"] == q0]
-        ok = [r for r in first if r["answered"]]
-        if ok:
-            best = min(
-                ok, key=lambda r: (r["cost"] if r["cost"] is not None else 0, r.get("gpus") or 0)
-            )
-            answer = {
-                "qps": q0,
-                "servers": best.get("servers"),
-                "gpus": best.get("gpus"),
-                "tp": best.get("tp"),
-                "pp": best.get("pp"),
-                "replicas": best.get("replicas"),
-                "cost": best["cost"],
-                "meets_slo": True,
-                "reason": None,
-                "saturates_first": best.get("saturates_first"),
-            }
-        else:
-            answer = {
-                "qps": q0,
-                "servers": None,
-                "gpus": None,
-                "tp": None,
-                "pp": None,
-                "meets_slo": False,
-                "reason": " | ".join(r["reason"] or "" for r in first),
-            }
-    return {"answer": answer, "answers": res.answers, "frontier": rows, "folder": str(res.folder)}
-
-
-def _plot(df: pd.DataFrame, spec: PlanFile, path: Path) -> None:
-    from sim.plots import frontier_plot
-
-    frontier_plot(df, spec.size_key, list(spec.alternatives), spec.qps_range[1], path)
-
-
-def plan_from_file(path: str | Path) -> tuple[PlanFile, Path]:
-    """The validated plan file and the path of its scenario."""
-    spec = load_plan_file(path)
-    return spec, resolve_scenario_path(spec.scenario, Path(path).parent)

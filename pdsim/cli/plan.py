@@ -27,7 +27,7 @@ from sim.sweep.spec import SEEDS_HELP, parse_seed_option
 if TYPE_CHECKING:
     import pandas as pd
 
-    from sim.plan import PlanFile
+    from sim.planspec import PlanFile
 
 
 def plan(
@@ -82,7 +82,9 @@ def plan(
     ] = False,
 ) -> None:
     """Answer a capacity question by bisection over runs (several seeds per probe)."""
-    from sim.plan import plan_from_file, plan_json, run_plan
+    from sim.plan import run_plan
+    from sim.planreport import plan_json
+    from sim.planspec import plan_from_file
     from sim.shipped import resolve_scenario
 
     with user_errors():
@@ -129,7 +131,7 @@ def _with_options(
     ``--set`` adds to the plan's own overrides), validated again; an error in an option is
     blamed on that option."""
     from engine.configfile import validate_model
-    from sim.plan import PlanFile
+    from sim.planspec import PlanFile
     from sim.scenario import parse_override
 
     upd: dict[str, object] = {}

@@ -16,7 +16,7 @@ Search, per family, over the candidates of :mod:`sim.disagg.candidates` within
    duration-bounded run of the plan's scenario (``workload.duration``) on every seed, cached
    by config hash under ``OUT/runs`` like every plan.
 
-A candidate passes when every seed passes :func:`sim.plan.run_passes`. **Throughput per GPU**
+A candidate passes when every seed passes :func:`sim.planspec.run_passes`. **Throughput per GPU**
 is the steady window's goodput (requests meeting every class objective per second) over
 the candidate's GPUs, mean over seeds. The family's best is the passing candidate with the
 highest throughput per GPU (ties: fewer GPUs, then lower P99 TPOT); the **choice** is the
@@ -89,7 +89,7 @@ class Compare:
         )
 
     def evaluate(self, cands: list[Candidate]) -> list[bool]:
-        from sim.plan import run_passes
+        from sim.planspec import run_passes
 
         todo = [c for c in cands if c.label not in self.done]
         pts_of = {c.label: self.points(c) for c in todo}

@@ -12,7 +12,7 @@ from sim import docgen
 from sim.costmodel import GpuProfile, LinkProfile, Profile
 from sim.faults import KINDS, FaultSpec, RaftCfg, RandomFaultsCfg
 from sim.models import CatalogueFile, LayerSpec, LlamaShape, ResNetShape
-from sim.plan import PlanFile, SloCfg
+from sim.planspec import PlanFile, SloCfg
 from sim.scenario import GpuCfg, ReplicaCfg, Scenario, StepCfg, WorkloadCfg
 from sim.scheduler import PLACEMENTS
 from sim.sweep.spec import SweepFile

@@ -14,7 +14,8 @@ from hypothesis import strategies as st
 from typer.testing import CliRunner
 
 from pdsim.cli import app
-from sim.plan import RESOURCES, PlanFile, Planner, Probe, SloCfg, run_passes, utilisation
+from sim.plan import Planner
+from sim.planspec import RESOURCES, PlanFile, Probe, SloCfg, run_passes, utilisation
 
 SCEN = Path(__file__).resolve().parents[2] / "scenarios"
 

@@ -109,8 +109,8 @@ def test_liveness_findings_are_counted_apart() -> None:
 
 
 def test_every_fault_kind_has_exactly_one_handler() -> None:
-    from sim.faultinject import Control
+    from sim.faultactions import FaultActions
     from sim.faults import KINDS
 
-    handlers = Control._handlers(object.__new__(Control))  # bound lookups only, no state read
+    handlers = FaultActions._handlers(object.__new__(FaultActions))  # bound lookups only, no state read
     assert sorted(handlers) == sorted(KINDS)

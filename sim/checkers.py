@@ -25,11 +25,19 @@ metadata reads/writes (Wing-Gong search over the client history, when it has at 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sim.raft import SafetyViolation, Violation
 from sim.raft.linearizability import SearchBudgetExceeded, check_history
+
+if TYPE_CHECKING:
+    from sim.integrity import Integrity
+    from sim.metaservice import MetaService
+
+#: how a component reports a violated property: ``report(property, detail)``
+Report = Callable[[str, str], None]
 
 LIVENESS = "Liveness"
 """Prefix of every liveness property name (sim.raft.liveness); all others are safety."""
@@ -104,7 +112,7 @@ class RunCheckers:
             return f
         return None
 
-    def final(self, meta: Any, integrity: Any) -> None:
+    def final(self, meta: MetaService, integrity: Integrity) -> None:
         """End-of-run checks (see the module docstring); never raises, only records."""
         g = meta.group
         checker = meta.checker

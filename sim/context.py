@@ -9,14 +9,24 @@ warm-up terms). Chunk keys inside the simulator are ints ``model_index << 32 | c
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 import simpy
 
 from sim.metrics import Metrics, TraceRecorder
 from sim.scenario import Scenario
+
+if TYPE_CHECKING:
+    from engine.prefetch import HeatMap
+    from sim.costmodel import CostModel
+    from sim.disagg.coordinator import Disagg
+    from sim.network import Network
+    from sim.node import ComputeNode
+    from sim.paramserver import MetadataDirectory, ParamServer
+    from sim.rng import RngStreams
 
 CTX_BUCKET_BITS = 6  # decode cost table knots: every 64 tokens of total batch context
 CTX_BUCKET = 1 << CTX_BUCKET_BITS
@@ -29,7 +39,7 @@ class ModelRt:
     idx: int
     name: str
     is_cnn: bool
-    cost: Any  # sim.costmodel.CostModel
+    cost: CostModel
     layer_start: np.ndarray  # chunk ids of layer l: [layer_start[l], layer_start[l + 1])
     chunk_size: np.ndarray  # int64 bytes per chunk id
     chunk_head: np.ndarray  # int64 head group per chunk id (-1 with "layer" sharding)
@@ -173,15 +183,19 @@ class SimContext:
     env: simpy.Environment
     sc: Scenario
     models: list[ModelRt]
-    network: Any  # sim.network.Network
+    network: Network
     metrics: Metrics
     trace: TraceRecorder
-    rngs: Any  # sim.rng.RngStreams
+    rngs: RngStreams
     class_order: list[int]  # class indices, protected classes first
     protected: list[bool]  # per class index
-    nodes: list[Any] = field(default_factory=list)
-    servers: list[Any] = field(default_factory=list)
-    directory: Any = None
-    heat: Any = None
-    on_complete: Any = None  # callback(rid) set by the cluster (closed loop)
-    disagg: Any = None  # sim.disagg.coordinator.Disagg of a disaggregated cluster
+    nodes: list[ComputeNode] = field(default_factory=list)
+    servers: list[ParamServer] = field(default_factory=list)
+    #: the chunk directory (a Raft-replicated one when faults are on); the cluster sets it
+    #: right after building the context, before anything runs
+    directory: MetadataDirectory = field(init=False)
+    heat: HeatMap | None = None
+    #: callback(rid) set by the cluster (closed loop)
+    on_complete: Callable[[int], None] | None = None
+    #: the coordinator of a disaggregated cluster
+    disagg: Disagg | None = None

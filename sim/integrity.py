@@ -24,12 +24,16 @@ Invariant: a key is in ``bad`` exactly while that server's copy differs from the
 from __future__ import annotations
 
 import hashlib
-from typing import Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 import simpy
 
 from engine.chunks import chunk_checksums
+
+if TYPE_CHECKING:
+    from sim.checkers import Report
+    from sim.context import SimContext
 
 
 def stand_in(key: int, version: int = 1) -> bytes:
@@ -40,7 +44,7 @@ def stand_in(key: int, version: int = 1) -> bytes:
 class Integrity:
     """Checksums, corrupt copies and repairs of one cluster; see the module docstring."""
 
-    def __init__(self, ctx: Any, verify: bool = True) -> None:
+    def __init__(self, ctx: SimContext, verify: bool = True) -> None:
         self.ctx = ctx
         self.verify = verify
         self._expected: dict[int, tuple[str, str]] = {}
@@ -51,7 +55,7 @@ class Integrity:
         self._pending: dict[tuple[int, int], int] = {}  # injections not yet detected, per copy
         self.events: list[tuple[float, str, int, int]] = []
         #: ``report(prop, detail)`` of the run's checkers (set by the control plane)
-        self.report: Any = None
+        self.report: Report | None = None
 
     def expected(self, key: int) -> tuple[str, str]:
         e = self._expected.get(key)

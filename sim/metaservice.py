@@ -25,7 +25,7 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Callable, Generator
 from functools import partial
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import simpy
@@ -35,6 +35,9 @@ from sim.paramserver import OBJECT, MetadataDirectory
 from sim.raft import UNKNOWN, RaftConfig, RaftGroup, SafetyChecker
 from sim.raft.messages import CLIENT_ID_BASE
 from sim.raft.statemachine import Change
+
+if TYPE_CHECKING:
+    from sim.context import SimContext
 
 
 class Reachability:
@@ -131,7 +134,7 @@ class MetaService:
     """The Raft-backed metadata service of one cluster; see the module docstring."""
 
     def __init__(
-        self, ctx: Any, cfg: FaultsCfg, all_hosts: list[str], rng: np.random.Generator
+        self, ctx: SimContext, cfg: FaultsCfg, all_hosts: list[str], rng: np.random.Generator
     ) -> None:
         self.ctx, self.env, self.cfg = ctx, ctx.env, cfg
         self.reach = Reachability(all_hosts)

@@ -19,6 +19,7 @@
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -207,7 +208,7 @@ class MetadataDirectory:
             nbytes = sum(s for _, _, s in items)
             path = [self.ctx.servers[src].links["nic"], self.ctx.servers[dst].links["nic"]]
             ev = net.transfer(path, nbytes, 2)
-            ev.callbacks.append(lambda e, d=dst, it=items: self._copied(e, d, it))
+            ev.callbacks.append(partial(self._copied, dst=dst, items=items))
 
     def _copied(self, ev: simpy.Event, dst: int, items: list[tuple[int, int, int]]) -> None:
         if not ev.ok:

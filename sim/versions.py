@@ -23,12 +23,17 @@ violation to the checkers if it ever fails.
 from __future__ import annotations
 
 from collections.abc import Generator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import simpy
 
 from sim.raft.statemachine import Change
 from sim.vclock import VectorClock, Version, merge
+
+if TYPE_CHECKING:
+    from sim.checkers import Report
+    from sim.context import SimContext
+    from sim.metaservice import MetaService
 
 POLL_S = 0.02  # how often a node with a pending version switch re-checks its batch
 
@@ -36,7 +41,7 @@ POLL_S = 0.02  # how often a node with a pending version switch re-checks its ba
 class VersionTracker:
     """Versions of every model across the cluster; see the module docstring."""
 
-    def __init__(self, ctx: Any, meta: Any, report: Any) -> None:
+    def __init__(self, ctx: SimContext, meta: MetaService, report: Report) -> None:
         self.ctx, self.meta, self.report = ctx, meta, report
         nm = len(ctx.models)
         self.target = [0] * nm

@@ -10,7 +10,7 @@ the run context (:class:`PoolContext`) is the run's context with its pool's mode
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from engine.errors import InputError
 from sim.disagg.coordinator import Disagg
@@ -19,6 +19,11 @@ from sim.disagg.prefix import trace_blocks
 from sim.disagg.store import KvStore
 from sim.memory import ReplicaMemory, plan_memory
 from sim.scenario import Scenario
+
+if TYPE_CHECKING:
+    from sim.context import SimContext
+    from sim.costmodel import CostModel, Profile
+    from sim.models import ModelSpec
 
 POOLS: tuple[str, ...] = ("prefill", "decode")
 
@@ -85,7 +90,7 @@ def check_pools(sc: Scenario, specs: list[Any], profile: Any) -> ReplicaMemory:
 
 
 def base_models(
-    sc: Scenario, specs: list[Any], profile: Any, cost_cls: Any
+    sc: Scenario, specs: list[ModelSpec], profile: Profile, cost_cls: type[CostModel]
 ) -> tuple[dict[str, list[Any]], dict[str, ReplicaMemory]]:
     """Per pool: its models (as :func:`sim.cluster._model_rt` prepares them) and memory plan."""
     from sim.cluster import _model_rt
@@ -102,7 +107,7 @@ def base_models(
 
 
 def build_pools(
-    ctx: Any,
+    ctx: SimContext,
     sc: Scenario,
     profile: Any,
     wl: Any,

@@ -21,9 +21,14 @@ run.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from engine.errors import InputError
+
+if TYPE_CHECKING:
+    from sim.costmodel import CostModel, Profile
+    from sim.models import ModelSpec
+    from sim.scenario import Scenario
 
 
 @dataclass
@@ -113,7 +118,13 @@ def disaggregated(
 class Bounds:
     """The analytic bounds of the module docstring for one scenario (memoised per ``tp``)."""
 
-    def __init__(self, sc: Any, catalogue: dict[str, Any], profile: Any, cost_cls: Any) -> None:
+    def __init__(
+        self,
+        sc: Scenario,
+        catalogue: dict[str, ModelSpec],
+        profile: Profile,
+        cost_cls: type[CostModel],
+    ) -> None:
         from sim.workload import make_workload
 
         self.sc, self.profile, self.cost_cls = sc, profile, cost_cls

@@ -31,7 +31,7 @@ hop (:class:`sim.degrade.Degrader`), starting over. No request is dropped silent
 from __future__ import annotations
 
 from collections.abc import Generator, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import simpy
@@ -44,6 +44,9 @@ from sim.metrics import EV_ARRIVE
 from sim.network import LinkDown
 from sim.scheduler import Placement, Scheduler
 
+if TYPE_CHECKING:
+    from sim.context import SimContext
+
 
 class Disagg:
     """See the module docstring. ``prefill`` / ``decode``: the pools' replicas
@@ -52,7 +55,7 @@ class Disagg:
 
     def __init__(
         self,
-        ctx: Any,
+        ctx: SimContext,
         cfg: DisaggCfg,
         prefill: list[Any],
         decode: list[Any],
@@ -322,7 +325,7 @@ def _defuse(ev: simpy.Event) -> None:
 class _PrefillPlacement(Placement):
     """The scheduler's placement policy on the prefill hop: the coordinator's router."""
 
-    def __init__(self, ctx: Any, rng: np.random.Generator, co: Disagg) -> None:
+    def __init__(self, ctx: SimContext, rng: np.random.Generator, co: Disagg) -> None:
         super().__init__(ctx, rng)
         self.co = co
 
@@ -334,7 +337,7 @@ class DisaggScheduler(Scheduler):
     """The front door of a disaggregated cluster: arrivals (and requests a killed replica
     held) go to the prefill pool; degradation applies as in :class:`Scheduler`."""
 
-    def __init__(self, ctx: Any, rng: np.random.Generator, co: Disagg) -> None:
+    def __init__(self, ctx: SimContext, rng: np.random.Generator, co: Disagg) -> None:
         super().__init__(ctx, rng)
         self.co = co
         self.policy = _PrefillPlacement(ctx, rng, co)

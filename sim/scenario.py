@@ -267,6 +267,13 @@ class KvCfg(_M):
     """Attention memory model (R12): `chunked` (O(chunk) scratch) or `unchunked` (O(context^2))."""
     chunk_tokens: int = Field(default=512, ge=1)
     """`chunked`: KV tokens attended per piece (R12: 512), >= 1."""
+    storage: Literal["paged", "chunked", "contiguous"] = "paged"
+    """KV storage layout that bounds the longest context (R12, engine.kv.footprint): `paged`
+    (blocks), `chunked` (`chunk_tokens` pieces, never copied) or `contiguous` (one buffer per
+    sequence regrown by `regrowth` when full: old + new coexist while copying, freed buffers
+    fragment). Serving still allocates paged blocks; this sets `max_context_limit`."""
+    regrowth: float = Field(default=1.5, gt=1)
+    """`contiguous`: factor a full buffer grows by (the article's 1.5), > 1."""
     preemption: Literal["recompute", "swap"] = "recompute"
     """When KV blocks run out mid-decode, the newest running sequence is preempted: `recompute`
     (its blocks are freed; it re-queues and prefills prompt + generated tokens again) or `swap`

@@ -126,6 +126,15 @@ def check_feasible(sc: Scenario, catalogue: dict[str, Any], profile: Any) -> Non
                 source=src,
                 where="degradation.protected",
             )
+    if sc.cluster.replica.streams == "isolated":
+        prio = [d.cls in sc.degradation.protected for d in sc.deployments]
+        if all(prio) or not any(prio):
+            raise InputError(
+                "streams: isolated needs deployments of a protected class (cls in "
+                f"degradation.protected: {sc.degradation.protected}) and of another class",
+                source=src,
+                where="cluster.replica.streams",
+            )
     hbm, host = _gpu_host(sc, profile)
     c = sc.cluster
     specs = [catalogue[d.model] for d in sc.deployments]

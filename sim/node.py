@@ -241,6 +241,19 @@ class ComputeNode:
         self._cur = -1
         self._carry = 0.0
         self._quantum = 0
+        #: stream isolation (``cluster.replica.streams: isolated``, :meth:`_pick_streams`): per
+        #: model its stream (0: models of protected classes, 1: the rest), or None (one stream);
+        #: per stream its virtual time (GPU seconds used / its share), model and quantum used
+        self._stream: list[int] | None = None
+        if rc.streams == "isolated":
+            prot = set(sc.degradation.protected)
+            self._stream = [0 if d.cls in prot else 1 for d in sc.deployments]
+        self._share = (rc.stream_share, 1.0 - rc.stream_share)
+        self._vt = [0.0, 0.0]
+        self._s_last = [-1, -1]
+        self._s_quant = [0, 0]
+        #: seconds the priority stream ran while a non-priority iteration waited for weights
+        self._lent = 0.0
         self._window = sc.prefetch.window_batches if sc.prefetch.enabled else 0
         #: the real engine's prefetch order (scenario field ``prefetch.order``): fetch and pin
         #: a layer, then plan the next layers' prefetch, and keep the layer pinned until that
@@ -375,7 +388,9 @@ class ComputeNode:
         try:
             while True:
                 m = self._cur  # _pick's first case, inline: the current model keeps running
-                if not (m >= 0 and self._quantum < self.max_steps and self._active(m)):
+                if self._stream is not None:
+                    m = self._pick_streams()
+                elif not (m >= 0 and self._quantum < self.max_steps and self._active(m)):
                     m = self._pick()
                 if m < 0:
                     self.wake = self.env.event()
@@ -383,7 +398,10 @@ class ComputeNode:
                     self.wake = None
                     self._woke = True
                     continue
-                yield from self._turn(m)
+                if self._stream is not None:
+                    yield from self._stream_turn(m)
+                else:
+                    yield from self._turn(m)
         except simpy.Interrupt as intr:  # killed (sim.degrade.kill_node cleans the state up)
             if intr.cause != "kill":
                 raise
@@ -421,6 +439,75 @@ class ComputeNode:
                     self._quantum = 0
                 return m
         return -1
+
+    def _stream_pick(self, s: int) -> int:
+        """Stream ``s``'s next model (no side effects): _pick's rule over its models."""
+        assert self._stream is not None
+        cur = self._s_last[s]
+        if cur >= 0 and self._s_quant[s] < self.max_steps and self._runnable(cur):
+            return cur
+        nm = len(self.b_n)
+        for i in range(1, nm + 1):
+            m = (cur + i) % nm
+            if self._stream[m] == s and self._runnable(m):
+                return m
+        return -1
+
+    def _pick_streams(self) -> int:
+        """Stream isolation: the model to run next. Each stream with runnable work competes
+        by virtual time (GPU seconds it used / its share); the smaller runs, ties to the
+        priority stream 0. A stream without runnable work banks no credit: its virtual time
+        is lifted to the other's. So neither stream waits for more than one iteration of the
+        other, and while both have work each gets its share of the GPU time (an
+        iteration-grained approximation of two streams sharing the GPU)."""
+        ready = (self._stream_pick(0), self._stream_pick(1))
+        vt = self._vt
+        for s in (0, 1):
+            if ready[s] < 0:
+                vt[s] = max(vt[s], vt[1 - s])
+        if ready[0] >= 0 and (ready[1] < 0 or vt[0] <= vt[1]):
+            s = 0
+        elif ready[1] >= 0:
+            s = 1
+        else:
+            return -1
+        m = ready[s]
+        if m != self._s_last[s] or self._s_quant[s] >= self.max_steps:
+            self._s_quant[s] = 0
+        self._s_last[s] = self._cur = m
+        return m
+
+    def _stream_turn(self, m: int) -> Generator[simpy.Event, Any, None]:
+        """One turn of ``m`` on its stream: at most one decode step while the other stream has
+        work (a fast segment is capped by the quantum left), its GPU time charged to the
+        stream's virtual time."""
+        assert self._stream is not None
+        s = self._stream[m]
+        q0 = self._s_quant[s]
+        self._quantum = qb = max(q0, self.max_steps - 1) if self._stream_pick(1 - s) >= 0 else q0
+        t0, lent = self.env.now, self._lent
+        yield from self._turn(m)
+        self._s_quant[s] = q0 + self._quantum - qb
+        self._vt[s] += (self.env.now - t0 - (self._lent - lent)) / self._share[s]
+
+    def _lend(self, ev: simpy.Event) -> Generator[simpy.Event, Any, None]:
+        """Stream isolation: while a non-priority iteration waits for weights ``ev`` (copies
+        run on the copy engines, not the SMs), the priority stream runs its runnable
+        iterations until ``ev`` fires; their time goes to ``_lent``, which the waiting
+        iteration does not count as its own (busy time, token budget, virtual time)."""
+        assert self._stream is not None
+        saved = (self._cur, self._quantum, self.admitted, self.woke)
+        t0 = self.env.now
+        while not ev.triggered:
+            p = self._stream_pick(0)
+            if p < 0:
+                break
+            if p != self._s_last[0] or self._s_quant[0] >= self.max_steps:
+                self._s_quant[0] = 0
+            self._s_last[0] = p
+            yield from self._stream_turn(p)
+        self._lent += self.env.now - t0
+        self._cur, self._quantum, self.admitted, self.woke = saved
 
     # -- admission and KV -------------------------------------------------------------------
     def _kv_tokens(self, rid: int) -> int:
@@ -717,9 +804,9 @@ class ComputeNode:
                 ws.touch(m, env.now)
                 spent = t
             else:
-                t0 = env.now
+                t0, lent = env.now, self._lent
                 yield from self._execute(m, t, n + len(chunks), carry)
-                spent = env.now - t0
+                spent = env.now - t0 - (self._lent - lent)  # [streams] less the time lent
             self.tok_s += (ptok + n) * spent
             self.flops += fl
             self.hbm_read += by
@@ -894,7 +981,7 @@ class ComputeNode:
             cum[1 + tier] += count
             cum[1 + _NT + tier] += nbytes * share
 
-        t_start = env.now
+        t_start, lent = env.now, self._lent
         wait = 0.0
         log = met.layer_log
         counts = ws.counts[m]
@@ -920,6 +1007,8 @@ class ComputeNode:
                         raise AssertionError(
                             f"layer {layer} of model {m} neither resident nor in flight"
                         )
+                    if self._stream is not None and self._stream[m]:  # [streams] lend the SMs
+                        yield from self._lend(ev)
                     t0 = env.now
                     ok = yield ev
                     if ok is False:  # a link on the path dropped: back off, then retry
@@ -952,7 +1041,7 @@ class ComputeNode:
             elif dt > 0:
                 yield env.timeout(dt)
         ws.touch(m, env.now)
-        spent = env.now - t_start
+        spent = env.now - t_start - (self._lent - lent)
         self.busy += spent
         met.busy += spent
         met.param_wait += wait

@@ -89,6 +89,14 @@ class ReplicaCfg(_M):
     false: a prompt is prefilled whole in one iteration (the first prompt always fits)."""
     max_steps_per_turn: int = Field(default=64, ge=1)
     """Decode steps one model runs before a replica with several models switches (>= 1)."""
+    streams: Literal["shared", "isolated"] = "shared"
+    """Compute streams of a replica with several models (R13): `shared` (one CUDA stream:
+    models take turns, round-robin, `max_steps_per_turn` steps each) or `isolated` (models whose
+    deployment `cls` is in `degradation.protected` run on a stream of their own: they never wait
+    for another model's turn; while both streams have work they interleave iteration by
+    iteration, the priority stream getting `stream_share` of the GPU time)."""
+    stream_share: float = Field(default=0.5, gt=0, lt=1)
+    """`isolated`: share of the GPU time the priority stream gets while both have work, (0, 1)."""
 
 
 class PsCfg(_M):

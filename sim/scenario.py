@@ -408,6 +408,24 @@ class MetricsCfg(_M):
     they are reported as unfinished and `pdsim run` exits 3. Seconds or a duration (> 0)."""
 
 
+class CapacityCfg(_M):
+    """A capacity claim (R21, sim/claims.py): per seed, each variant climbs a ladder of offered
+    loads; its capacity is the highest load up to which every rung passes (not overloaded, no
+    request unfinished, every class's P99 end-to-end latency within its `slo`), per GPU."""
+
+    key: str = "workload.rate"
+    """Scenario key of the offered load, requests/s (`workload.rate` for Poisson traffic)."""
+    loads: list[float] = Field(min_length=1)
+    """The ladder: offered loads in requests/s, strictly increasing, > 0."""
+
+    @model_validator(mode="after")
+    def _ascending(self) -> CapacityCfg:
+        pairs = zip(self.loads, self.loads[1:], strict=False)
+        if self.loads[0] <= 0 or any(b <= a for a, b in pairs):
+            raise ValueError(f"loads must be > 0 and strictly increasing, got {self.loads}")
+        return self
+
+
 class Claim(_M):
     """An article's figure and how the run measures it (printed side by side).
 
@@ -430,6 +448,9 @@ class Claim(_M):
     expected: float | None = Field(default=None, allow_inf_nan=False)
     """The article's figure in the claim's `kind` (percent for `relative`, x for `ratio`);
     `python -m sim.claims` gives a verdict against it (sim/claims.py). null: no verdict."""
+    capacity: CapacityCfg | None = None
+    """Measure capacity instead of `metric` at the scenario's load (`python -m sim.claims`
+    only; one `pdsim run` reports it as not measured); `metric` then names it."""
 
 
 class Variant(_M):

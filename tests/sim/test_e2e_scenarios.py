@@ -42,7 +42,7 @@ def test_shipped_scenario_runs_reduced(name: str) -> None:
         assert r["completed"] > 0 and r["unfinished"] == 0
     if name != "quickstart":
         assert sc.claims and len(res.claims) == len(sc.claims)
-        assert all(c["measured"] is not None for c in res.claims)
+        assert all(c["measured"] is not None for c in res.claims if c["capacity"] is None)
 
 
 def test_long_context_chunked_serves_longer_contexts() -> None:

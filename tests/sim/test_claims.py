@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from engine.errors import InputError
-from sim.claim_capacity import class_slo, climb, rung_points
+from sim.claim_capacity import class_slo, climb, rung_passes, rung_points
 from sim.claims import (
     README_BEGIN,
     README_END,
@@ -24,7 +24,6 @@ from sim.claims import (
     replace_between_markers,
     verdict,
 )
-from sim.plan import run_passes
 from sim.runner import evaluate_claims, run_scenario
 from sim.scenario import load_scenario, variant
 
@@ -210,6 +209,17 @@ def claim_points_for(path: Path, key: str) -> None:
     rung_points(path, cap.model_copy(update={"key": key}), "pd", [0], cap.loads[0])
 
 
+def test_a_rung_fails_on_its_tail_or_a_lost_request_not_on_the_overload_flag() -> None:
+    sc = load_scenario(ROOT / "scenarios" / "pd-vs-coupled.yaml")
+    slo = class_slo(sc)  # one class, "normal", 10 s
+    m = {"per_class.normal.latency.e2e.p99": 9.5, "per_class.normal.n": 30, "overloaded": True}
+    assert rung_passes(m, slo) == (True, [])
+    assert not rung_passes({**m, "per_class.normal.latency.e2e.p99": 10.5}, slo)[0]
+    assert not rung_passes({**m, "requests.unfinished": 1}, slo)[0]
+    assert not rung_passes({**m, "requests.rejected": 2}, slo)[0]
+    assert rung_passes(None, slo) == (False, ["run failed"])
+
+
 def test_capacity_claim_is_not_measured_by_one_run() -> None:
     sc = load_scenario(ROOT / "scenarios" / "pd-vs-coupled.yaml")
     caps = [c for c in sc.claims if c.capacity is not None]
@@ -233,5 +243,5 @@ def test_capacity_ladders_start_where_both_variants_pass(name: str) -> None:
             (pt,) = rung_points(path, c.capacity, v or "", [0], c.capacity.loads[0])
             s = run_scenario(pt.scenario, seed=0).summary
             flat = pd.json_normalize(s, sep=".").iloc[0].to_dict()
-            ok, why = run_passes(flat, slo)
+            ok, why = rung_passes(flat, slo)
             assert ok, (name, v, why)

@@ -38,6 +38,9 @@ while it computes), missing chunks come as one aggregated transfer per source, a
 ``window`` layers are prefetched while it computes (R7/R21/R27). Each chunk access (a layer's
 chunk when the layer computes) is counted once: an HBM hit if it was resident then.
 
+Several models on one replica take turns (:meth:`ComputeNode._pick`), or, with stream
+isolation, run on two streams (:mod:`sim.streams`).
+
 Warm-up costs (off unless the cost model sets them, e.g. a calibrated engine's): see
 :meth:`sim.context.ModelRt.wake` and :meth:`sim.context.ModelRt.rewarm`.
 """
@@ -58,6 +61,7 @@ from engine.prefetch import HeatMap, PrefetchPlanner
 from sim.context import SimContext
 from sim.metrics import DONE, EV_ADMIT, EV_DONE, EV_PREEMPT, N_ACC, TIERS
 from sim.prefix import PrefixCache, make_prefix_cache
+from sim.streams import lend, pick_streams, stream_turn
 from sim.weights import WeightStore
 
 _NT = len(TIERS)
@@ -241,19 +245,19 @@ class ComputeNode:
         self._cur = -1
         self._carry = 0.0
         self._quantum = 0
-        #: stream isolation (``cluster.replica.streams: isolated``, :meth:`_pick_streams`): per
+        #: stream isolation (``cluster.replica.streams: isolated``, :mod:`sim.streams`): per
         #: model its stream (0: models of protected classes, 1: the rest), or None (one stream);
         #: per stream its virtual time (GPU seconds used / its share), model and quantum used
         self._stream: list[int] | None = None
         if rc.streams == "isolated":
             prot = set(sc.degradation.protected)
             self._stream = [0 if d.cls in prot else 1 for d in sc.deployments]
-        self._share = (rc.stream_share, 1.0 - rc.stream_share)
-        self._vt = [0.0, 0.0]
-        self._s_last = [-1, -1]
-        self._s_quant = [0, 0]
+        self._share: tuple[float, float] = (rc.stream_share, 1.0 - rc.stream_share)
+        self._vt: list[float] = [0.0, 0.0]
+        self._s_last: list[int] = [-1, -1]
+        self._s_quant: list[int] = [0, 0]
         #: seconds the priority stream ran while a non-priority iteration waited for weights
-        self._lent = 0.0
+        self._lent: float = 0.0
         self._window = sc.prefetch.window_batches if sc.prefetch.enabled else 0
         #: the real engine's prefetch order (scenario field ``prefetch.order``): fetch and pin
         #: a layer, then plan the next layers' prefetch, and keep the layer pinned until that
@@ -389,7 +393,7 @@ class ComputeNode:
             while True:
                 m = self._cur  # _pick's first case, inline: the current model keeps running
                 if self._stream is not None:
-                    m = self._pick_streams()
+                    m = pick_streams(self)
                 elif not (m >= 0 and self._quantum < self.max_steps and self._active(m)):
                     m = self._pick()
                 if m < 0:
@@ -399,7 +403,7 @@ class ComputeNode:
                     self._woke = True
                     continue
                 if self._stream is not None:
-                    yield from self._stream_turn(m)
+                    yield from stream_turn(self, m)
                 else:
                     yield from self._turn(m)
         except simpy.Interrupt as intr:  # killed (sim.degrade.kill_node cleans the state up)
@@ -439,75 +443,6 @@ class ComputeNode:
                     self._quantum = 0
                 return m
         return -1
-
-    def _stream_pick(self, s: int) -> int:
-        """Stream ``s``'s next model (no side effects): _pick's rule over its models."""
-        assert self._stream is not None
-        cur = self._s_last[s]
-        if cur >= 0 and self._s_quant[s] < self.max_steps and self._runnable(cur):
-            return cur
-        nm = len(self.b_n)
-        for i in range(1, nm + 1):
-            m = (cur + i) % nm
-            if self._stream[m] == s and self._runnable(m):
-                return m
-        return -1
-
-    def _pick_streams(self) -> int:
-        """Stream isolation: the model to run next. Each stream with runnable work competes
-        by virtual time (GPU seconds it used / its share); the smaller runs, ties to the
-        priority stream 0. A stream without runnable work banks no credit: its virtual time
-        is lifted to the other's. So neither stream waits for more than one iteration of the
-        other, and while both have work each gets its share of the GPU time (an
-        iteration-grained approximation of two streams sharing the GPU)."""
-        ready = (self._stream_pick(0), self._stream_pick(1))
-        vt = self._vt
-        for s in (0, 1):
-            if ready[s] < 0:
-                vt[s] = max(vt[s], vt[1 - s])
-        if ready[0] >= 0 and (ready[1] < 0 or vt[0] <= vt[1]):
-            s = 0
-        elif ready[1] >= 0:
-            s = 1
-        else:
-            return -1
-        m = ready[s]
-        if m != self._s_last[s] or self._s_quant[s] >= self.max_steps:
-            self._s_quant[s] = 0
-        self._s_last[s] = self._cur = m
-        return m
-
-    def _stream_turn(self, m: int) -> Generator[simpy.Event, Any, None]:
-        """One turn of ``m`` on its stream: at most one decode step while the other stream has
-        work (a fast segment is capped by the quantum left), its GPU time charged to the
-        stream's virtual time."""
-        assert self._stream is not None
-        s = self._stream[m]
-        q0 = self._s_quant[s]
-        self._quantum = qb = max(q0, self.max_steps - 1) if self._stream_pick(1 - s) >= 0 else q0
-        t0, lent = self.env.now, self._lent
-        yield from self._turn(m)
-        self._s_quant[s] = q0 + self._quantum - qb
-        self._vt[s] += (self.env.now - t0 - (self._lent - lent)) / self._share[s]
-
-    def _lend(self, ev: simpy.Event) -> Generator[simpy.Event, Any, None]:
-        """Stream isolation: while a non-priority iteration waits for weights ``ev`` (copies
-        run on the copy engines, not the SMs), the priority stream runs its runnable
-        iterations until ``ev`` fires; their time goes to ``_lent``, which the waiting
-        iteration does not count as its own (busy time, token budget, virtual time)."""
-        assert self._stream is not None
-        saved = (self._cur, self._quantum, self.admitted, self.woke)
-        t0 = self.env.now
-        while not ev.triggered:
-            p = self._stream_pick(0)
-            if p < 0:
-                break
-            if p != self._s_last[0] or self._s_quant[0] >= self.max_steps:
-                self._s_quant[0] = 0
-            self._s_last[0] = p
-            yield from self._stream_turn(p)
-        self._lent += self.env.now - t0
-        self._cur, self._quantum, self.admitted, self.woke = saved
 
     # -- admission and KV -------------------------------------------------------------------
     def _kv_tokens(self, rid: int) -> int:
@@ -1008,7 +943,7 @@ class ComputeNode:
                             f"layer {layer} of model {m} neither resident nor in flight"
                         )
                     if self._stream is not None and self._stream[m]:  # [streams] lend the SMs
-                        yield from self._lend(ev)
+                        yield from lend(self, ev)
                     t0 = env.now
                     ok = yield ev
                     if ok is False:  # a link on the path dropped: back off, then retry

@@ -22,6 +22,9 @@ compares the interval with the null (0% or 1x) and with the article's figure ``e
 * **no effect** -- the interval contains the null;
 * **opposite** -- the interval lies on the other side of the null.
 
+A claim with a ``capacity:`` section (R21) compares capacities instead: per seed, the highest
+offered load of a ladder each variant sustains at the SLO, per GPU (:mod:`sim.claim_capacity`).
+
 A single ``pdsim run`` is one seed: its claims carry the measured figure with ``seeds: 1`` and
 no interval or verdict (``ci_low``, ``ci_high`` and ``verdict`` are ``None``).
 
@@ -43,6 +46,7 @@ import numpy as np
 
 from engine.errors import InputError
 from sim.ab import paired_bootstrap, paired_relative_bootstrap
+from sim.claim_capacity import capacities, rung_points
 from sim.scenario import Claim, Scenario, load_scenario
 from sim.sweep.cache import RunCache, write_atomic
 from sim.sweep.execute import Runner, results_frame
@@ -75,6 +79,9 @@ class ClaimOutcome:
     seeds: int
     verdict: str | None
     scenario: str = ""
+    #: what the effect is a ratio of, where the table alone does not say (capacity claims:
+    #: each variant's mean capacity)
+    detail: str = ""
 
 
 def null_value(kind: str) -> float:
@@ -128,8 +135,9 @@ def _variant_names(sc: Scenario, claim: Claim) -> tuple[str | None, str | None]:
 def claim_points(
     path: str | Path, seeds: list[int], base: list[str] | None = None
 ) -> tuple[Scenario, dict[str | None, list[Point]]]:
-    """The scenario at ``path`` and the points of every variant its claims name (same seeds);
-    every override is validated before anything runs."""
+    """The scenario at ``path`` and the points of every variant its claims measure at the
+    scenario's load (same seeds); every override, and the first rung of every capacity
+    claim's ladder, is validated before anything runs."""
     if len(seeds) < 2:
         raise InputError(f"--seeds {len(seeds)}: a claim needs at least 2 paired seeds")
     sc = load_scenario(path)
@@ -138,7 +146,9 @@ def claim_points(
     names: list[str | None] = []
     for c in sc.claims:
         for n in _variant_names(sc, c):
-            if n not in names:
+            if c.capacity is not None:
+                rung_points(path, c.capacity, n or "", seeds[:1], c.capacity.loads[0], base)
+            elif n not in names:
                 names.append(n)
     pts = {
         n: build_points(path, {}, seeds, list(base or []), n, source=f"{path} ({n or 'base'})")
@@ -164,8 +174,13 @@ def evaluate_scenario(
     ``ran`` and ``cached`` added: runs simulated now and runs found in the cache."""
     sc, pts = claim_points(path, seeds, base)
     cache = RunCache(Path(out))
+    caps: dict[int, dict[str, dict[int, float]]] = {}
     with Runner(workers) as runner:
         batch = runner.run([p for ps in pts.values() for p in ps], cache)
+        for i, c in enumerate(sc.claims):
+            if c.capacity is not None:
+                ab = [n or "" for n in _variant_names(sc, c)]
+                caps[i] = capacities(path, sc, c.capacity, ab, seeds, cache, runner, base, counts)
     if counts is not None:
         counts["ran"] = counts.get("ran", 0) + batch.ran
         counts["cached"] = counts.get("cached", 0) + batch.cached
@@ -173,12 +188,22 @@ def evaluate_scenario(
     outcomes: list[ClaimOutcome] = []
     for i, c in enumerate(sc.claims):
         a_name, b_name = _variant_names(sc, c)
-        fa, fb = frames[a_name], frames[b_name]
-        ok_a = fa[fa["status"] == "ok"].set_index("seed")
-        ok_b = fb[fb["status"] == "ok"].set_index("seed")
-        common = sorted(set(ok_a.index) & set(ok_b.index))
-        a = _column(ok_a, c.metric, common)
-        b = _column(ok_b, c.metric, common)
+        detail = ""
+        if i in caps:
+            ca, cb = caps[i][a_name or ""], caps[i][b_name or ""]
+            a = np.array([ca[s] for s in seeds], dtype=float)
+            b = np.array([cb[s] for s in seeds], dtype=float)
+            detail = (
+                f"capacity at the SLO, mean req/s per GPU: {a_name} {a.mean():.3g}, "
+                f"{b_name} {b.mean():.3g}"
+            )
+        else:
+            fa, fb = frames[a_name], frames[b_name]
+            ok_a = fa[fa["status"] == "ok"].set_index("seed")
+            ok_b = fb[fb["status"] == "ok"].set_index("seed")
+            common = sorted(set(ok_a.index) & set(ok_b.index))
+            a = _column(ok_a, c.metric, common)
+            b = _column(ok_b, c.metric, common)
         keep = np.isfinite(a) & np.isfinite(b)
         a, b = a[keep], b[keep]
         rng = np.random.default_rng([boot_seed, i])
@@ -191,7 +216,7 @@ def evaluate_scenario(
         outcomes.append(
             ClaimOutcome(
                 c.id, c.article, c.metric, c.kind, b_name, a_name, c.expected, m, lo, hi, n, v,
-                sc.name,
+                sc.name, detail,
             )
         )  # fmt: skip
     return outcomes
@@ -333,6 +358,9 @@ def main(argv: list[str] | None = None) -> int:
     table = markdown_table(outcomes)
     ran, cached = counts.get("ran", 0), counts.get("cached", 0)
     print(table)
+    for o in outcomes:
+        if o.detail:
+            print(f"{o.id} ({o.scenario}): {o.detail}")
     print(
         f"{len(outcomes)} claims, {len(seeds)} seeds x 2 arms: {ran} runs simulated, "
         f"{cached} from the cache ({args.out}), wall time {wall:.1f} s"

@@ -20,11 +20,10 @@ import simpy
 
 from engine.chunks import chunk_model
 from engine.errors import InputError
-from engine.kv.chunks import AttentionMemoryModel
 from engine.kv.prefix import num_blocks
 from engine.policy.registry import policy_class
 from sim.context import ModelRt, SimContext
-from sim.memory import plan_memory
+from sim.memory import context_limit, plan_memory
 from sim.metrics import EV_REJECT, REJECTED, TIERS, Metrics, TraceRecorder
 from sim.network import Network
 from sim.node import ComputeNode
@@ -127,6 +126,15 @@ def check_feasible(sc: Scenario, catalogue: dict[str, Any], profile: Any) -> Non
                 source=src,
                 where="degradation.protected",
             )
+    if sc.cluster.replica.streams == "isolated":
+        prio = [d.cls in sc.degradation.protected for d in sc.deployments]
+        if all(prio) or not any(prio):
+            raise InputError(
+                "streams: isolated needs deployments of a protected class (cls in "
+                f"degradation.protected: {sc.degradation.protected}) and of another class",
+                source=src,
+                where="cluster.replica.streams",
+            )
     hbm, host = _gpu_host(sc, profile)
     c = sc.cluster
     specs = [catalogue[d.model] for d in sc.deployments]
@@ -193,18 +201,7 @@ def _model_rt(
         total = table.total_bytes
     lt = np.array([float(cost.layer_time(layer, 1)) for layer in range(len(spec.layers))])
     frac = lt / lt.sum() if lt.sum() > 0 else np.full(len(lt), 1.0 / len(lt))
-    max_ctx = 1 << 30
-    if spec.kind == "decoder":
-        att = AttentionMemoryModel(
-            kv_bytes_per_token=int(spec.kv_bytes_per_token),
-            gather_bytes_per_token=2 * max(spec.kv_heads, 1) * max(spec.head_dim, 1) * 4,
-            score_bytes_per_pair=max(spec.heads, 1) * 4,
-            block_tokens=sc.kv.block_tokens,
-            chunk_tokens=sc.kv.chunk_tokens,
-        )
-        max_ctx = att.max_context(kv_budget, chunked=sc.kv.attention == "chunked")
-        if spec.max_context:  # the model's context window
-            max_ctx = min(max_ctx, spec.max_context)
+    max_ctx = context_limit(sc, spec, kv_budget)  # storage + attention memory, R12
     label = deployment_labels(sc.deployments)[i]
     return ModelRt(
         idx=i,

@@ -16,6 +16,12 @@ KV head, so a replica's KV capacity in the model's own bytes-per-token is
 
 A replica's weight cache and KV capacity are the sums over its GPUs, in the model's own
 bytes (a chunk of a TP replica is split over the ranks; the sum is what the replica holds).
+
+The **longest context** a replica can hold (:func:`context_limit`, R12) is the largest ``L``
+whose KV storage (``kv.storage``: paged blocks, 512-token chunks, or one contiguous buffer
+regrown by ``kv.regrowth``, :class:`engine.kv.footprint.KvStorageModel`) plus the attention
+working memory (``kv.attention``, :class:`engine.kv.chunks.AttentionMemoryModel`) fits the
+replica's KV capacity, capped by the model's context window.
 """
 
 from __future__ import annotations
@@ -24,6 +30,8 @@ import math
 from dataclasses import dataclass
 
 from engine.errors import InputError
+from engine.kv.chunks import AttentionMemoryModel
+from engine.kv.footprint import KvStorageModel
 from sim.models import ModelSpec
 from sim.scenario import Scenario
 
@@ -119,3 +127,22 @@ def _kv_replication(spec: ModelSpec, tp: int) -> int:
 
 def _dtype(spec: ModelSpec) -> str:
     return {1: "fp8", 2: "bf16", 4: "fp32"}.get(spec.dtype_bytes, f"{spec.dtype_bytes}-byte")
+
+
+def context_limit(sc: Scenario, spec: ModelSpec, kv_budget: int) -> int:
+    """The longest context (tokens) one sequence of ``spec`` can reach in ``kv_budget`` bytes
+    of KV memory under the scenario's ``kv.storage`` and ``kv.attention`` (module docstring);
+    ``1 << 30`` (no limit) for models without KV."""
+    if spec.kind != "decoder":
+        return 1 << 30
+    kv = sc.kv
+    att = AttentionMemoryModel(
+        kv_bytes_per_token=int(spec.kv_bytes_per_token),
+        gather_bytes_per_token=2 * max(spec.kv_heads, 1) * max(spec.head_dim, 1) * 4,
+        score_bytes_per_pair=max(spec.heads, 1) * 4,
+        block_tokens=kv.block_tokens,
+        chunk_tokens=kv.chunk_tokens,
+        storage=KvStorageModel(kv.storage, kv.block_tokens, kv.chunk_tokens, kv.regrowth),
+    )
+    limit = att.max_context(kv_budget, chunked=kv.attention == "chunked")
+    return min(limit, spec.max_context) if spec.max_context else limit

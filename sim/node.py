@@ -38,6 +38,9 @@ while it computes), missing chunks come as one aggregated transfer per source, a
 ``window`` layers are prefetched while it computes (R7/R21/R27). Each chunk access (a layer's
 chunk when the layer computes) is counted once: an HBM hit if it was resident then.
 
+Several models on one replica take turns (:meth:`ComputeNode._pick`), or, with stream
+isolation, run on two streams (:mod:`sim.streams`).
+
 Warm-up costs (off unless the cost model sets them, e.g. a calibrated engine's): see
 :meth:`sim.context.ModelRt.wake` and :meth:`sim.context.ModelRt.rewarm`.
 """
@@ -58,6 +61,7 @@ from engine.prefetch import HeatMap, PrefetchPlanner
 from sim.context import SimContext
 from sim.metrics import DONE, EV_ADMIT, EV_DONE, EV_PREEMPT, N_ACC, TIERS
 from sim.prefix import PrefixCache, make_prefix_cache
+from sim.streams import lend, pick_streams, stream_turn
 from sim.weights import WeightStore
 
 _NT = len(TIERS)
@@ -241,6 +245,19 @@ class ComputeNode:
         self._cur = -1
         self._carry = 0.0
         self._quantum = 0
+        #: stream isolation (``cluster.replica.streams: isolated``, :mod:`sim.streams`): per
+        #: model its stream (0: models of protected classes, 1: the rest), or None (one stream);
+        #: per stream its virtual time (GPU seconds used / its share), model and quantum used
+        self._stream: list[int] | None = None
+        if rc.streams == "isolated":
+            prot = set(sc.degradation.protected)
+            self._stream = [0 if d.cls in prot else 1 for d in sc.deployments]
+        self._share: tuple[float, float] = (rc.stream_share, 1.0 - rc.stream_share)
+        self._vt: list[float] = [0.0, 0.0]
+        self._s_last: list[int] = [-1, -1]
+        self._s_quant: list[int] = [0, 0]
+        #: seconds the priority stream ran while a non-priority iteration waited for weights
+        self._lent: float = 0.0
         self._window = sc.prefetch.window_batches if sc.prefetch.enabled else 0
         #: the real engine's prefetch order (scenario field ``prefetch.order``): fetch and pin
         #: a layer, then plan the next layers' prefetch, and keep the layer pinned until that
@@ -375,7 +392,9 @@ class ComputeNode:
         try:
             while True:
                 m = self._cur  # _pick's first case, inline: the current model keeps running
-                if not (m >= 0 and self._quantum < self.max_steps and self._active(m)):
+                if self._stream is not None:
+                    m = pick_streams(self)
+                elif not (m >= 0 and self._quantum < self.max_steps and self._active(m)):
                     m = self._pick()
                 if m < 0:
                     self.wake = self.env.event()
@@ -383,7 +402,10 @@ class ComputeNode:
                     self.wake = None
                     self._woke = True
                     continue
-                yield from self._turn(m)
+                if self._stream is not None:
+                    yield from stream_turn(self, m)
+                else:
+                    yield from self._turn(m)
         except simpy.Interrupt as intr:  # killed (sim.degrade.kill_node cleans the state up)
             if intr.cause != "kill":
                 raise
@@ -717,9 +739,9 @@ class ComputeNode:
                 ws.touch(m, env.now)
                 spent = t
             else:
-                t0 = env.now
+                t0, lent = env.now, self._lent
                 yield from self._execute(m, t, n + len(chunks), carry)
-                spent = env.now - t0
+                spent = env.now - t0 - (self._lent - lent)  # [streams] less the time lent
             self.tok_s += (ptok + n) * spent
             self.flops += fl
             self.hbm_read += by
@@ -894,7 +916,7 @@ class ComputeNode:
             cum[1 + tier] += count
             cum[1 + _NT + tier] += nbytes * share
 
-        t_start = env.now
+        t_start, lent = env.now, self._lent
         wait = 0.0
         log = met.layer_log
         counts = ws.counts[m]
@@ -920,6 +942,8 @@ class ComputeNode:
                         raise AssertionError(
                             f"layer {layer} of model {m} neither resident nor in flight"
                         )
+                    if self._stream is not None and self._stream[m]:  # [streams] lend the SMs
+                        yield from lend(self, ev)
                     t0 = env.now
                     ok = yield ev
                     if ok is False:  # a link on the path dropped: back off, then retry
@@ -952,7 +976,7 @@ class ComputeNode:
             elif dt > 0:
                 yield env.timeout(dt)
         ws.touch(m, env.now)
-        spent = env.now - t_start
+        spent = env.now - t_start - (self._lent - lent)
         self.busy += spent
         met.busy += spent
         met.param_wait += wait

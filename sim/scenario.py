@@ -89,6 +89,14 @@ class ReplicaCfg(_M):
     false: a prompt is prefilled whole in one iteration (the first prompt always fits)."""
     max_steps_per_turn: int = Field(default=64, ge=1)
     """Decode steps one model runs before a replica with several models switches (>= 1)."""
+    streams: Literal["shared", "isolated"] = "shared"
+    """Compute streams of a replica with several models (R13): `shared` (one CUDA stream:
+    models take turns, round-robin, `max_steps_per_turn` steps each) or `isolated` (models whose
+    deployment `cls` is in `degradation.protected` run on a stream of their own: they never wait
+    for another model's turn; while both streams have work they interleave iteration by
+    iteration, the priority stream getting `stream_share` of the GPU time)."""
+    stream_share: float = Field(default=0.5, gt=0, lt=1)
+    """`isolated`: share of the GPU time the priority stream gets while both have work, (0, 1)."""
 
 
 class PsCfg(_M):
@@ -267,6 +275,13 @@ class KvCfg(_M):
     """Attention memory model (R12): `chunked` (O(chunk) scratch) or `unchunked` (O(context^2))."""
     chunk_tokens: int = Field(default=512, ge=1)
     """`chunked`: KV tokens attended per piece (R12: 512), >= 1."""
+    storage: Literal["paged", "chunked", "contiguous"] = "paged"
+    """KV storage layout that bounds the longest context (R12, engine.kv.footprint): `paged`
+    (blocks), `chunked` (`chunk_tokens` pieces, never copied) or `contiguous` (one buffer per
+    sequence regrown by `regrowth` when full: old + new coexist while copying, freed buffers
+    fragment). Serving still allocates paged blocks; this sets `max_context_limit`."""
+    regrowth: float = Field(default=1.5, gt=1)
+    """`contiguous`: factor a full buffer grows by (the article's 1.5), > 1."""
     preemption: Literal["recompute", "swap"] = "recompute"
     """When KV blocks run out mid-decode, the newest running sequence is preempted: `recompute`
     (its blocks are freed; it re-queues and prefills prompt + generated tokens again) or `swap`
@@ -393,6 +408,24 @@ class MetricsCfg(_M):
     they are reported as unfinished and `pdsim run` exits 3. Seconds or a duration (> 0)."""
 
 
+class CapacityCfg(_M):
+    """A capacity claim (R21, sim/claims.py): per seed, each variant climbs a ladder of offered
+    loads; its capacity is the highest load up to which every rung passes (not overloaded, no
+    request unfinished, every class's P99 end-to-end latency within its `slo`), per GPU."""
+
+    key: str = "workload.rate"
+    """Scenario key of the offered load, requests/s (`workload.rate` for Poisson traffic)."""
+    loads: list[float] = Field(min_length=1)
+    """The ladder: offered loads in requests/s, strictly increasing, > 0."""
+
+    @model_validator(mode="after")
+    def _ascending(self) -> CapacityCfg:
+        pairs = zip(self.loads, self.loads[1:], strict=False)
+        if self.loads[0] <= 0 or any(b <= a for a, b in pairs):
+            raise ValueError(f"loads must be > 0 and strictly increasing, got {self.loads}")
+        return self
+
+
 class Claim(_M):
     """An article's figure and how the run measures it (printed side by side).
 
@@ -415,6 +448,9 @@ class Claim(_M):
     expected: float | None = Field(default=None, allow_inf_nan=False)
     """The article's figure in the claim's `kind` (percent for `relative`, x for `ratio`);
     `python -m sim.claims` gives a verdict against it (sim/claims.py). null: no verdict."""
+    capacity: CapacityCfg | None = None
+    """Measure capacity instead of `metric` at the scenario's load (`python -m sim.claims`
+    only; one `pdsim run` reports it as not measured); `metric` then names it."""
 
 
 class Variant(_M):

@@ -15,6 +15,7 @@ from engine.kv.chunks import (
     split_chunks,
     validate_chunk_tokens,
 )
+from engine.kv.footprint import STORAGE_LAYOUTS, KvStorageModel, contiguous_regrowth
 from engine.kv.offload import OffloadChain, make_offload_tiers
 from engine.kv.pool import UNBOUNDED, BlockPool, growth_sequence, next_pool_size
 from engine.kv.prefix import (
@@ -33,6 +34,7 @@ __all__ = [
     "FORMATS",
     "GROUP_SIZES",
     "ROOT",
+    "STORAGE_LAYOUTS",
     "UNBOUNDED",
     "Allocation",
     "AttentionMemoryModel",
@@ -43,8 +45,10 @@ __all__ = [
     "KVOutOfBlocks",
     "KVStats",
     "KVStorage",
+    "KvStorageModel",
     "OffloadChain",
     "chunk_spans",
+    "contiguous_regrowth",
     "dense_attention",
     "growth_sequence",
     "id_block_keys",

@@ -8,7 +8,10 @@ Working-memory model (:class:`AttentionMemoryModel`), per device, for one sequen
 tokens and one layer at a time (layers run one after another and reuse the buffer):
 
 * **resident KV** -- ``blocks(L) * block_tokens * kv_bytes_per_token`` (all layers, K and V, in
-  the stored format, whole blocks);
+  the stored format, whole blocks), or, given a ``storage`` model
+  (:class:`engine.kv.footprint.KvStorageModel`), the device bytes its layout reserves for
+  ``L`` tokens (chunked storage, or one contiguous buffer regrown by 1.5x with its copies and
+  fragments);
 * **unchunked** attention gathers the whole sequence's K and V of one layer into one contiguous
   buffer (``L * gather_bytes_per_token``) and, for prefill, materialises the full ``L x L``
   score matrix (``L * L * score_bytes_per_pair``; ``score_bytes_per_pair`` = heads x 4 B for fp32
@@ -31,6 +34,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from engine.errors import InputError
+from engine.kv.footprint import KvStorageModel
 
 DEFAULT_CHUNK_TOKENS = 512
 
@@ -73,6 +77,7 @@ class AttentionMemoryModel:
     ``kv_bytes_per_token``: stored K+V of one token over all layers. ``gather_bytes_per_token``:
     K+V of one token for one layer in the compute dtype (e.g. ``2 * kv_heads * head_dim * 4``).
     ``score_bytes_per_pair``: one query-key score for all heads of one layer (``heads * 4``).
+    ``storage``: how the resident KV is laid out; ``None``: paged blocks of ``block_tokens``.
     """
 
     kv_bytes_per_token: int
@@ -80,6 +85,7 @@ class AttentionMemoryModel:
     score_bytes_per_pair: int
     block_tokens: int = 64
     chunk_tokens: int = DEFAULT_CHUNK_TOKENS
+    storage: KvStorageModel | None = None
 
     def __post_init__(self) -> None:
         validate_chunk_tokens(self.chunk_tokens, self.block_tokens)
@@ -93,7 +99,10 @@ class AttentionMemoryModel:
                 raise InputError(f"{name} must be >= 0, got {getattr(self, name)}", where=name)
 
     def kv_bytes(self, context: int) -> int:
-        """Resident KV bytes of ``context`` tokens in whole blocks."""
+        """Resident KV bytes of ``context`` tokens: whole blocks, or what ``storage`` reserves
+        (non-decreasing in ``context``)."""
+        if self.storage is not None:
+            return self.storage.bytes(context, self.kv_bytes_per_token)
         bt = self.block_tokens
         return -(-context // bt) * bt * self.kv_bytes_per_token
 

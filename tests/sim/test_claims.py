@@ -5,11 +5,13 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from engine.errors import InputError
+from sim.claim_capacity import class_slo, climb, rung_passes, rung_points
 from sim.claims import (
     README_BEGIN,
     README_END,
@@ -22,7 +24,7 @@ from sim.claims import (
     replace_between_markers,
     verdict,
 )
-from sim.runner import run_scenario
+from sim.runner import evaluate_claims, run_scenario
 from sim.scenario import load_scenario, variant
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -157,3 +159,89 @@ def test_claim_baseline_is_not_overloaded_at_reduced_size(name: str) -> None:
         assert s["requests"]["unfinished"] == 0, (name, v.name)
         assert not s["overloaded"], (name, v.name, t)
         assert t["achieved_rps"] >= 0.95 * t["offered_rps"] > 0, (name, v.name, t)
+
+
+# -- capacity claims (R21) --------------------------------------------------------------------
+
+
+@settings(max_examples=100)
+@given(
+    table=st.dictionaries(
+        st.tuples(st.sampled_from(["a", "b"]), st.integers(0, 3)),
+        st.lists(st.booleans(), min_size=5, max_size=5),
+        min_size=8,
+        max_size=8,
+    )
+)
+def test_climb_is_the_highest_load_below_the_first_failure(
+    table: dict[tuple[str, int], list[bool]],
+) -> None:
+    loads = [0.5, 1.0, 2.0, 4.0, 8.0]
+    calls: list[tuple[tuple[str, int], float]] = []
+
+    def passes(pairs: list[tuple[str, int]], load: float) -> dict[tuple[str, int], bool]:
+        calls.extend((p, load) for p in pairs)
+        return {p: table[p][loads.index(load)] for p in pairs}
+
+    cap = climb(["a", "b"], [0, 1, 2, 3], loads, passes)
+    for pair, row in table.items():
+        k = row.index(False) if False in row else len(row)  # rungs passed before the first miss
+        assert cap[pair] == (loads[k - 1] if k else 0.0)
+        # a pair runs each rung up to and including its first miss, never beyond
+        assert [ld for p, ld in calls if p == pair] == loads[: min(k + 1, len(loads))]
+
+
+def test_capacity_loads_must_increase() -> None:
+    path = ROOT / "scenarios" / "pd-vs-coupled.yaml"
+    with pytest.raises(InputError, match="strictly increasing"):
+        load_scenario(path, overrides=["claims.2.capacity.loads=[1.0, 1.0]"])
+    with pytest.raises(InputError, match=r"no\.such"):
+        bad = load_scenario(path, overrides=["claims.2.capacity.key=no.such"])
+        assert bad.claims[2].capacity is not None
+        claim_points_for(path, bad.claims[2].capacity.key)
+
+
+def claim_points_for(path: Path, key: str) -> None:
+    """Build the first rung of the R21 ladder with ``key`` as the load knob."""
+    sc = load_scenario(path)
+    cap = sc.claims[2].capacity
+    assert cap is not None
+    rung_points(path, cap.model_copy(update={"key": key}), "pd", [0], cap.loads[0])
+
+
+def test_a_rung_fails_on_its_tail_or_a_lost_request_not_on_the_overload_flag() -> None:
+    sc = load_scenario(ROOT / "scenarios" / "pd-vs-coupled.yaml")
+    slo = class_slo(sc)  # one class, "normal", 10 s
+    m = {"per_class.normal.latency.e2e.p99": 9.5, "per_class.normal.n": 30, "overloaded": True}
+    assert rung_passes(m, slo) == (True, [])
+    assert not rung_passes({**m, "per_class.normal.latency.e2e.p99": 10.5}, slo)[0]
+    assert not rung_passes({**m, "requests.unfinished": 1}, slo)[0]
+    assert not rung_passes({**m, "requests.rejected": 2}, slo)[0]
+    assert rung_passes(None, slo) == (False, ["run failed"])
+
+
+def test_capacity_claim_is_not_measured_by_one_run() -> None:
+    sc = load_scenario(ROOT / "scenarios" / "pd-vs-coupled.yaml")
+    caps = [c for c in sc.claims if c.capacity is not None]
+    assert [c.id for c in caps] == ["R21"] and caps[0].kind == "ratio"
+    summaries = {"coupled": {"goodput_rps": 1.0}, "pd": {"goodput_rps": 1.0}}
+    (r21,) = [c for c in evaluate_claims(sc, summaries) if c["id"] == "R21"]
+    assert r21["measured"] is None and r21["seeds"] == 1
+
+
+@pytest.mark.parametrize("name", [p.stem for p in claim_scenarios()])
+def test_capacity_ladders_start_where_both_variants_pass(name: str) -> None:
+    """The lowest rung of every capacity ladder is one both variants sustain at the SLO (seed
+    0, the scenario's duration), so each variant's capacity is measured, not zero."""
+    path = ROOT / "scenarios" / f"{name}.yaml"
+    sc = load_scenario(path)
+    for c in sc.claims:
+        if c.capacity is None:
+            continue
+        slo = class_slo(sc)
+        for v in (c.baseline, c.variant):
+            (pt,) = rung_points(path, c.capacity, v or "", [0], c.capacity.loads[0])
+            s = run_scenario(pt.scenario, seed=0).summary
+            flat = pd.json_normalize(s, sep=".").iloc[0].to_dict()
+            ok, why = rung_passes(flat, slo)
+            assert ok, (name, v, why)

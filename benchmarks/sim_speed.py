@@ -3,7 +3,8 @@ a LLaMA-2-7B-shaped model, default policies (LRU caches, least-loaded placement,
 window 3, parameter-server warm-up; nodes start cold and fetch their weights), Poisson
 arrivals at 200 req/s.
 
-Each size runs in a fresh subprocess so peak RSS is per size. Rates are simulated requests per
+Each size runs in a fresh subprocess so peak RSS is per size. The table shows each run's
+trace hash (its first 12 hex digits): a speed change must leave them as they were. Rates are simulated requests per
 second of CPU time of the simulation (``time.process_time``: robust on a shared machine), with
 the same rates over wall time under ``*_wall`` keys. Prints a table, then as the LAST line one
 JSON object:
@@ -22,6 +23,7 @@ import resource
 import subprocess
 import sys
 import time
+from typing import Any
 
 REFERENCE = {
     "name": "reference",
@@ -42,7 +44,7 @@ REFERENCE = {
 }
 
 
-def one(n: int, warm: bool = False) -> dict[str, float]:
+def one(n: int, warm: bool = False) -> dict[str, Any]:
     """Run the reference scenario with ``n`` requests in this process; return its figures.
     ``warm``: nodes start with the model in HBM (no cold-start fetch phase)."""
     from sim.runner import run_scenario
@@ -69,6 +71,7 @@ def one(n: int, warm: bool = False) -> dict[str, float]:
         "completed": s["requests"]["completed"],
         "sim_time_s": s["sim_time_s"],
         "latency_p99_s": s["latency"]["e2e"]["p99"],
+        "trace_hash": res.trace_hash,
     }
 
 
@@ -82,7 +85,7 @@ def main() -> None:
         print(json.dumps(one(args.one, args.warm)))
         return
 
-    def child(n: int, warm: bool = False) -> dict[str, float]:
+    def child(n: int, warm: bool = False) -> dict[str, Any]:
         cmd = [sys.executable, __file__, "--one", str(n)] + (["--warm"] if warm else [])
         out = subprocess.run(cmd, check=True, capture_output=True, text=True)
         return dict(json.loads(out.stdout.strip().splitlines()[-1]))
@@ -92,15 +95,15 @@ def main() -> None:
     warm_row = child(warm_n, warm=True)
     print(
         f"{'requests':>10} {'cpu s':>8} {'wall s':>8} {'req/s cpu':>10} {'req/s wall':>10} "
-        f"{'events/req':>10} {'RSS MiB':>8} {'sim s':>8} {'p99 s':>7}"
+        f"{'events/req':>10} {'RSS MiB':>8} {'sim s':>8} {'p99 s':>7} trace hash"
     )
 
-    def line(r: dict[str, float]) -> str:
+    def line(r: dict[str, Any]) -> str:
         return (
             f"{r['requests']:>10} {r['cpu_s']:>8.2f} {r['wall_s']:>8.2f} "
             f"{r['requests_per_s']:>10.0f} {r['requests_per_s_wall']:>10.0f} "
             f"{r['events_per_request']:>10.2f} {r['peak_rss_mib']:>8.0f} "
-            f"{r['sim_time_s']:>8.0f} {r['latency_p99_s']:>7.2f}"
+            f"{r['sim_time_s']:>8.0f} {r['latency_p99_s']:>7.2f} {r['trace_hash'][:12]}"
         )
 
     for r in rows:

@@ -151,32 +151,60 @@ OVERLOAD_SHARE = 0.95
 MIN_P99_SAMPLES = 100
 
 
-def _latencies(g: pd.DataFrame) -> dict[str, dict[str, float | None]]:
-    """E2E, TTFT and TPOT percentiles of the done requests in ``g`` (TPOT: the mean gap
-    between a request's tokens after the first, over requests of two or more tokens)."""
-    out = g["output_tokens"].to_numpy()
+def _latency_arrays(
+    arrival: np.ndarray, first: np.ndarray, end: np.ndarray, out: np.ndarray
+) -> dict[str, dict[str, float | None]]:
+    """E2E, TTFT and TPOT percentiles of done requests given as aligned arrays (TPOT: the
+    mean gap between a request's tokens after the first, over requests of two or more
+    tokens)."""
     multi = out > 1
-    tpot = ((g["end"] - g["first_token"]).to_numpy()[multi]) / (out[multi] - 1)
-    return {
-        "e2e": _pct((g["end"] - g["arrival"]).to_numpy()),
-        "ttft": _pct((g["first_token"] - g["arrival"]).to_numpy()),
-        "tpot": _pct(tpot),
-    }
+    tpot = (end[multi] - first[multi]) / (out[multi] - 1)
+    return {"e2e": _pct(end - arrival), "ttft": _pct(first - arrival), "tpot": _pct(tpot)}
+
+
+def _limit(classes: dict[str, dict[str, float | None]], cls: str, key: str) -> float:
+    """``cls``'s objective ``key``: inf when None; NaN (never met) when ``cls`` has no entry."""
+    if cls not in classes:
+        return float("nan")
+    v = classes[cls][key]
+    return float("inf") if v is None else float(v)
+
+
+def _slo_ok(
+    cls_codes: np.ndarray,
+    class_names: list[str],
+    arrival: np.ndarray,
+    first: np.ndarray,
+    end: np.ndarray,
+    out: np.ndarray,
+    classes: dict[str, dict[str, float | None]],
+) -> np.ndarray:
+    """Per request (aligned arrays of done requests): whether it met every objective of its
+    class (``cls_codes`` index ``class_names``; a class missing from ``classes`` has none)."""
+    ok = np.ones(len(end), dtype=bool)
+    e2e = end - arrival
+    ttft = first - arrival
+    tpot = np.where(out > 1, (end - first) / np.maximum(out - 1, 1), 0.0)
+    for key, val in (("e2e", e2e), ("ttft", ttft), ("tpot", tpot)):
+        # a class without an entry (or code -1): NaN, never met; an objective of None: inf
+        lim = np.array([_limit(classes, c, key) for c in class_names] + [np.nan], dtype=float)
+        ok &= val <= lim[cls_codes]
+    return ok
 
 
 def meets_slo(g: pd.DataFrame, classes: dict[str, dict[str, float | None]]) -> np.ndarray:
     """Per done request of ``g``: whether it met every objective of its class (``e2e``,
     ``ttft``, ``tpot``; ``None`` = no objective)."""
-    cls = g["cls"].astype(str)
-    ok = np.ones(len(g), dtype=bool)
-    e2e = (g["end"] - g["arrival"]).to_numpy()
-    ttft = (g["first_token"] - g["arrival"]).to_numpy()
-    out = g["output_tokens"].to_numpy()
-    tpot = np.where(out > 1, (g["end"] - g["first_token"]).to_numpy() / np.maximum(out - 1, 1), 0.0)
-    for key, val in (("e2e", e2e), ("ttft", ttft), ("tpot", tpot)):
-        lim = cls.map({k: (v[key] if v[key] is not None else np.inf) for k, v in classes.items()})
-        ok &= val <= lim.to_numpy(dtype=float)
-    return ok
+    cat = g["cls"].astype("category").cat
+    return _slo_ok(
+        cat.codes.to_numpy(),
+        [str(c) for c in cat.categories],
+        g["arrival"].to_numpy(),
+        g["first_token"].to_numpy(),
+        g["end"].to_numpy(),
+        g["output_tokens"].to_numpy(),
+        classes,
+    )
 
 
 def summarize(
@@ -197,37 +225,63 @@ def summarize(
     system, per second (so time in the system is not lost throughput); ``overloaded`` when achieved <
     ``OVERLOAD_SHARE`` x offered. ``requests`` counts every request of the run;
     ``throughput.run_rps`` and ``tokens_per_s`` are over the whole run (completed / simulated
-    time), warm-up and drain included."""
+    time), warm-up and drain included.
+
+    Memory: reads ``df``'s columns as arrays and selects with index arrays (a few bytes per
+    request), never copying the frame."""
     w0, w1 = window if window is not None else (0.0, max(sim_time, 1e-12))
     span = max(w1 - w0, 1e-12)
     arr = df["arrival"].to_numpy()
-    in_w = (arr >= w0) & (arr <= w1)
+    end = df["end"].to_numpy()
+    first = df["first_token"].to_numpy()
+    out_tok = df["output_tokens"].to_numpy()
+    in_tok = df["input_tokens"].to_numpy()
+    mcat = df["model"].astype("category").cat
+    ccat = df["cls"].astype("category").cat
+    mcode, ccode = mcat.codes.to_numpy(), ccat.codes.to_numpy()
+    cnames = [str(c) for c in ccat.categories]
     st = df["status"]
-    done_all = df[st == "done"]
-    win = df[in_w]
-    done = win[win["status"] == "done"]
-    ends = done_all["end"].to_numpy()
+    is_done = (st == "done").to_numpy()
+    in_w = (arr >= w0) & (arr <= w1)
+    win = np.flatnonzero(in_w)  # the window's requests, in frame order
+    done_all = np.flatnonzero(is_done)
+    done = np.flatnonzero(in_w & is_done)
+    ends = end[done_all]
     # achieved: requests finishing in the window shifted by the median time in the system of
     # the window's requests (in steady state as many finish there as arrived in the window;
     # overloaded, the replicas finish only what their capacity allows, drain included)
-    lag = float(np.median((done["end"] - done["arrival"]).to_numpy())) if len(done) else 0.0
+    lag = float(np.median(end[done] - arr[done])) if len(done) else 0.0
     finished_in = int(((ends >= w0 + lag) & (ends <= w1 + lag)).sum())
     offered = None if closed_loop else len(win) / span
     achieved = finished_in / span
     overloaded = bool(offered is not None and offered > 0 and achieved < OVERLOAD_SHARE * offered)
-    good = meets_slo(done, classes)
+
+    def lat(ix: np.ndarray) -> dict[str, dict[str, float | None]]:
+        return _latency_arrays(arr[ix], first[ix], end[ix], out_tok[ix])
+
+    def ok_of(ix: np.ndarray) -> np.ndarray:
+        return _slo_ok(ccode[ix], cnames, arr[ix], first[ix], end[ix], out_tok[ix], classes)
+
+    good = ok_of(done)
     per: dict[str, Any] = {}
-    for (model, cls), g in done.groupby(["model", "cls"], observed=True, sort=True):
-        per[f"{model}/{cls}"] = {"n": len(g), "latency": _latencies(g)}
+    mnames = [str(c) for c in mcat.categories]
+    pair = mcode[done].astype(np.int64) * (len(cnames) + 1) + ccode[done]
+    for key in np.unique(pair):  # (model, class) in category order, observed pairs only
+        ix = done[pair == key]
+        mi, ci = divmod(int(key), len(cnames) + 1)
+        per[f"{mnames[mi]}/{cnames[ci]}"] = {"n": len(ix), "latency": lat(ix)}
     by_class: dict[str, Any] = {}
-    for cls, g in win.groupby("cls", observed=True, sort=True):
-        gd = g[g["status"] == "done"]
-        ok = meets_slo(gd, classes)
-        by_class[str(cls)] = {
+    is_shed = (st == "shed").to_numpy()
+    for ci in np.unique(ccode[win]):
+        sel = ccode[win] == ci
+        g = win[sel]
+        gd = g[is_done[g]]
+        ok = ok_of(gd)
+        by_class[cnames[int(ci)]] = {
             "n": len(g),
             "done": len(gd),
-            "shed": int((g["status"] == "shed").sum()),
-            "latency": _latencies(gd),
+            "shed": int(is_shed[g].sum()),
+            "latency": lat(gd),
             "goodput_rps": int(ok.sum()) / span,
             "slo_attainment": int(ok.sum()) / len(g) if len(g) else None,
         }
@@ -254,7 +308,7 @@ def summarize(
             f"P99 from {len(done)} requests in the steady window: a few requests' figure"
         )
     fl = np.asarray(m.fetch_lat)
-    gen = done["output_tokens"].to_numpy()
+    gen = out_tok[done]
     out = {
         "requests": counts,
         "sim_time_s": sim_time,
@@ -263,20 +317,20 @@ def summarize(
             "offered_rps": offered,
             "achieved_rps": achieved,
             "run_rps": len(done_all) / max(sim_time, 1e-12),
-            "tokens_per_s": float(done_all["output_tokens"].sum()) / max(sim_time, 1e-12),
+            "tokens_per_s": float(out_tok[done_all].sum()) / max(sim_time, 1e-12),
             "output_tokens_per_s": float(gen.sum()) / span,
         },
         "overloaded": overloaded,
         "goodput_rps": int(good.sum()) / span,
         "slo_attainment": int(good.sum()) / len(win) if len(win) else None,
-        "latency": _latencies(done),
+        "latency": lat(done),
         "per_model_class": per,
         "per_class": by_class,
         "param_wait_share": m.param_wait / m.busy if m.busy else 0.0,
         "param_load_p99_s": float(np.percentile(fl, 99)) if fl.size else None,
         "replicas_added": m.replicas_added,
         "fetch_retries": m.fetch_retries,
-        "max_context_served": int((done_all["input_tokens"] + done_all["output_tokens"]).max())
+        "max_context_served": int((in_tok[done_all] + out_tok[done_all]).max())
         if len(done_all)
         else 0,
         "warnings": warnings,

@@ -311,8 +311,9 @@ def run_scenario(
     summary = {"scenario": scenario.name, "seed": seed, **summary, "claims": claims}
     result = RunResult(
         summary=summary,
-        requests=pd.concat(reqs, ignore_index=True),
-        timeseries=pd.concat(series, ignore_index=True),
+        # one run: its frame as is (a concat would copy every column once more)
+        requests=reqs[0] if len(reqs) == 1 else pd.concat(reqs, ignore_index=True),
+        timeseries=series[0] if len(series) == 1 else pd.concat(series, ignore_index=True),
         trace_hash=str(summary["trace_hash"]),
         config={"scenario": resolved_dict(scenario), "seed": seed},
         claims=claims,

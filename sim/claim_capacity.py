@@ -26,7 +26,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from sim.plan import SloCfg, run_passes
+from sim.planspec import SloCfg, run_passes
 from sim.scenario import CapacityCfg, Scenario
 from sim.sweep.cache import RunCache
 from sim.sweep.execute import Runner

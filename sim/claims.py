@@ -227,7 +227,8 @@ def _column(frame: Any, metric: str, seeds: list[int]) -> np.ndarray:
 
     if metric not in frame.columns:
         return np.full(len(seeds), np.nan)
-    return pd.to_numeric(frame.loc[seeds, metric], errors="coerce").to_numpy(dtype=float)
+    col: np.ndarray = pd.to_numeric(frame.loc[seeds, metric], errors="coerce").to_numpy(dtype=float)
+    return col
 
 
 def single_run_fields(measured: float | None) -> dict[str, Any]:

@@ -336,7 +336,8 @@ def summarize(
         "warnings": warnings,
     }
     out.update(extra)
-    return _round(out)
+    rounded: dict[str, Any] = _round(out)
+    return rounded
 
 
 def _round(x: Any) -> Any:

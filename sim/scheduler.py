@@ -166,7 +166,7 @@ class Scheduler:
 
     def _overloaded(self, node: Any, now: float) -> bool:
         d = self.deg
-        return node.qlen >= d.queue_per_node or node.oldest_wait(now) >= d.max_wait
+        return bool(node.qlen >= d.queue_per_node or node.oldest_wait(now) >= d.max_wait)
 
     def dispatch(self, rid: int, m: int = -1) -> None:
         """Place request ``rid`` (it has arrived now; ``m``: its model index, -1: look it up)."""

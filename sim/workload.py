@@ -81,7 +81,8 @@ def draw_tokens(dist: TokenDist, n: int, rng: np.random.Generator) -> I32:
     else:
         mu = np.log(dist.mean) - dist.sigma**2 / 2.0  # so that E[X] = mean before clipping
         vals = rng.lognormal(mu, dist.sigma, size=n)
-    return np.clip(np.rint(vals), lo, max(dist.high, lo)).astype(np.int32)
+    clipped: np.ndarray = np.clip(np.rint(vals), lo, max(dist.high, lo))
+    return clipped.astype(np.int32)
 
 
 def _invert(breaks_t: F64, breaks_cum: F64, last_rate: float, targets: F64) -> F64:

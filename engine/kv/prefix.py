@@ -32,11 +32,14 @@ from __future__ import annotations
 
 from collections.abc import Hashable, Sequence
 from hashlib import blake2b
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar
 
 import numpy as np
 
 from engine.errors import InputError
+
+#: an int, or an integer array (functions typed with it return the same kind)
+IntOrArray = TypeVar("IntOrArray", int, np.ndarray)
 
 if TYPE_CHECKING:
     from engine.kv.allocator import KVBlockAllocator
@@ -48,8 +51,9 @@ ROOT = b"\x00" * 16
 _DIGEST = 16
 
 
-def num_blocks(num_tokens: int, block_tokens: int) -> int:
-    """Blocks needed for ``num_tokens`` tokens (the last one may be partial)."""
+def num_blocks(num_tokens: IntOrArray, block_tokens: int) -> IntOrArray:
+    """Blocks needed for ``num_tokens`` tokens (the last one may be partial); elementwise for an
+    integer array."""
     return -(-num_tokens // block_tokens)
 
 

@@ -275,54 +275,20 @@ def make_workload(
 ) -> Workload:
     """Generate the workload ``cfg`` for deployments with traffic ``model_shares``;
     ``model_classes[i]`` (a class index or ``None``) pins the class of model ``i``'s requests."""
-    n = cfg.requests
     think = None
     hash_flat: I64 | None = None
     hash_start: I64 | None = None
-    bounded = cfg.duration > 0
-    if bounded and cfg.kind == "closed-loop":
+    if cfg.duration > 0 and cfg.kind == "closed-loop":
         raise InputError(
             "a closed-loop workload is bounded by `requests`, not `duration`",
             where="workload.duration",
         )
     if cfg.kind == "trace":
-        if not cfg.trace:
-            raise InputError("workload.trace: a trace workload needs a trace file path")
-        p = trace_path(cfg.trace, base_dir)
-        if not p.is_file():
-            raise InputError(f"no such trace file: {cfg.trace}", where="workload.trace")
-        limit = (1 << 62) if bounded else n
-        if cfg.trace_format == "mooncake":
-            arrival, inp, out, hash_flat, hash_start = read_mooncake_records(p, limit)
-        else:
-            arrival, inp, out = read_request_csv(p, limit)
-        if arrival.size == 0:
-            raise InputError("trace has no records", source=str(p))
-        order = np.argsort(arrival, kind="stable")
-        arrival = (arrival[order] - arrival[order][0]) * cfg.trace_time_scale
-        inp, out = np.maximum(inp[order], 1), np.maximum(out[order], 1)
-        if hash_flat is not None and hash_start is not None:
-            hash_flat, hash_start = _reorder_csr(hash_flat, hash_start, order)
-        if bounded:
-            keep = arrival < cfg.duration  # a prefix: arrivals are sorted
-            arrival, inp, out = arrival[keep], inp[keep], out[keep]
-            if hash_flat is not None and hash_start is not None:
-                hash_start = hash_start[: int(keep.sum()) + 1]
-                hash_flat = hash_flat[: int(hash_start[-1])]
+        arrival, inp, out, hash_flat, hash_start = _trace_requests(cfg, base_dir)
         n = int(arrival.size)
     else:
-        if bounded:
-            arrival = bounded_arrivals(cfg, rng)
-            n = int(arrival.size)
-        elif cfg.kind == "poisson":
-            arrival = np.cumsum(rng.exponential(1.0 / cfg.rate, size=n))
-        elif cfg.kind == "step":
-            arrival = step_arrivals(cfg, n, rng)
-        elif cfg.kind == "diurnal":
-            arrival = diurnal_arrivals(cfg, n, rng)
-        else:  # closed-loop: the first `clients` requests start at once, the rest on completion
-            arrival = np.zeros(n)
-            think = rng.exponential(cfg.think_time, size=n) if cfg.think_time > 0 else np.zeros(n)
+        arrival, think = _synthetic_arrivals(cfg, rng)
+        n = int(arrival.size)
         inp = draw_tokens(cfg.input_tokens, n, rng)
         out = draw_tokens(cfg.output_tokens, n, rng)
     model = _categorical(model_shares, n, rng)
@@ -342,3 +308,58 @@ def make_workload(
         hash_flat=hash_flat,
         hash_start=hash_start,
     )
+
+
+def _trace_requests(
+    cfg: WorkloadCfg, base_dir: Path | None
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, I64 | None, I64 | None]:
+    """A trace workload's requests in arrival order, the first at time 0, times scaled by
+    ``trace_time_scale``, token counts at least 1, cut to ``duration`` (or the first
+    ``requests`` records): ``(arrival, inp, out, hash_flat, hash_start)``, the block hash
+    ids as CSR arrays for a Mooncake trace (else ``None``)."""
+    if not cfg.trace:
+        raise InputError("workload.trace: a trace workload needs a trace file path")
+    p = trace_path(cfg.trace, base_dir)
+    if not p.is_file():
+        raise InputError(f"no such trace file: {cfg.trace}", where="workload.trace")
+    bounded = cfg.duration > 0
+    limit = (1 << 62) if bounded else cfg.requests
+    hash_flat: I64 | None = None
+    hash_start: I64 | None = None
+    if cfg.trace_format == "mooncake":
+        arrival, inp, out, hash_flat, hash_start = read_mooncake_records(p, limit)
+    else:
+        arrival, inp, out = read_request_csv(p, limit)
+    if arrival.size == 0:
+        raise InputError("trace has no records", source=str(p))
+    order = np.argsort(arrival, kind="stable")
+    arrival = (arrival[order] - arrival[order][0]) * cfg.trace_time_scale
+    inp, out = np.maximum(inp[order], 1), np.maximum(out[order], 1)
+    if hash_flat is not None and hash_start is not None:
+        hash_flat, hash_start = _reorder_csr(hash_flat, hash_start, order)
+    if bounded:
+        keep = arrival < cfg.duration  # a prefix: arrivals are sorted
+        arrival, inp, out = arrival[keep], inp[keep], out[keep]
+        if hash_flat is not None and hash_start is not None:
+            hash_start = hash_start[: int(keep.sum()) + 1]
+            hash_flat = hash_flat[: int(hash_start[-1])]
+    return arrival, inp, out, hash_flat, hash_start
+
+
+def _synthetic_arrivals(
+    cfg: WorkloadCfg, rng: np.random.Generator
+) -> tuple[np.ndarray, np.ndarray | None]:
+    """Arrival times of a generated workload (over ``duration`` when bounded, else
+    ``requests`` of them) and, for a closed loop, each request's think time: the first
+    ``clients`` requests start at once, the rest on completion (arrivals all 0)."""
+    n = cfg.requests
+    if cfg.duration > 0:
+        return bounded_arrivals(cfg, rng), None
+    if cfg.kind == "poisson":
+        return np.cumsum(rng.exponential(1.0 / cfg.rate, size=n)), None
+    if cfg.kind == "step":
+        return step_arrivals(cfg, n, rng), None
+    if cfg.kind == "diurnal":
+        return diurnal_arrivals(cfg, n, rng), None
+    think = rng.exponential(cfg.think_time, size=n) if cfg.think_time > 0 else np.zeros(n)
+    return np.zeros(n), think

@@ -96,8 +96,9 @@ def _check_shape(sc: Scenario) -> None:
             )
 
 
-def check_feasible(sc: Scenario, catalogue: dict[str, Any], profile: Any) -> None:
-    """Raise :class:`InputError` (naming the scenario file and field) for impossible configs."""
+def _check_names(sc: Scenario, catalogue: dict[str, Any]) -> None:
+    """Every name a scenario refers to exists: models, eviction policies, workload classes of
+    deployments and of degradation, and a protected class for isolated streams."""
     src = sc.source
     for i, d in enumerate(sc.deployments):
         if d.model not in catalogue:
@@ -135,6 +136,12 @@ def check_feasible(sc: Scenario, catalogue: dict[str, Any], profile: Any) -> Non
                 source=src,
                 where="cluster.replica.streams",
             )
+
+
+def check_feasible(sc: Scenario, catalogue: dict[str, Any], profile: Any) -> None:
+    """Raise :class:`InputError` (naming the scenario file and field) for impossible configs."""
+    _check_names(sc, catalogue)
+    src = sc.source
     hbm, host = _gpu_host(sc, profile)
     c = sc.cluster
     specs = [catalogue[d.model] for d in sc.deployments]
@@ -434,6 +441,20 @@ class Cluster:
         return min(last, float(self.env.now)) if met.n_final == self.wl.n else float(self.env.now)
 
 
+def _network_terms(sc: Scenario, profile: Any) -> tuple[float, float, float, float]:
+    """``(rdma bandwidth of a replica, rdma latency, object-store bandwidth, its latency)``:
+    the scenario's ``cluster.network`` figures where given, else the profile's links; a
+    replica has one NIC per GPU."""
+    n, L = sc.cluster.network, profile.links
+    rdma_bw = (n.rdma or L.rdma.bandwidth) * sc.cluster.gpus_per_replica
+    rdma_lat = n.rdma_latency if n.rdma_latency is not None else L.rdma.latency
+    obj_bw = n.object_store or L.object_store.bandwidth
+    obj_lat = (
+        n.object_store_latency if n.object_store_latency is not None else L.object_store.latency
+    )
+    return rdma_bw, rdma_lat, obj_bw, obj_lat
+
+
 def build(
     sc: Scenario,
     seed: int,
@@ -463,10 +484,9 @@ def build(
         mem = plan_memory(sc, specs, hbm, profile.name)
         weight_cap, kv_bytes = mem.weight_cache, mem.kv
         models = [_model_rt(i, s, sc, profile, cost_cls, kv_bytes) for i, s in enumerate(specs)]
-    names = [cl.name for cl in sc.workload.classes]
-    protected = [n in sc.degradation.protected for n in names]
-    order = [i for i in range(len(names)) if protected[i]] + [
-        i for i in range(len(names)) if not protected[i]
+    protected = [n in sc.degradation.protected for n in cnames]
+    order = [i for i in range(len(cnames)) if protected[i]] + [
+        i for i in range(len(cnames)) if not protected[i]
     ]
     net = Network(env, rng=rngs.get("network"))
     ctx = SimContext(
@@ -483,14 +503,7 @@ def build(
     L = profile.links
     g = c.gpus_per_replica
     share = replica_share(sc)
-    rdma_bw = (c.network.rdma or L.rdma.bandwidth) * g  # one NIC per GPU
-    rdma_lat = c.network.rdma_latency if c.network.rdma_latency is not None else L.rdma.latency
-    obj_bw = c.network.object_store or L.object_store.bandwidth
-    obj_lat = (
-        c.network.object_store_latency
-        if c.network.object_store_latency is not None
-        else L.object_store.latency
-    )
+    rdma_bw, rdma_lat, obj_bw, obj_lat = _network_terms(sc, profile)
     for p in range(c.param_servers):
         name = f"ps{p}"
         links = {

@@ -5,17 +5,19 @@ lean.
 instance of :class:`LRU2Policy`: the same rules, terms and victims as the general class (see
 its docstring). With CRP 0 every reference is uncorrelated, so ``HIST(p,1) = LAST(p)``, and
 with RIP unbounded the history of every key seen stays (until invalidated). A key's history
-is one 4-tuple ``(HIST(p,1), REF(p,1), HIST(p,2), REF(p,2))`` (``-inf``/``0`` for one
-reference) in a list slot indexed by the key's integer *id* (see :class:`LRU2Policy`); a hit
-replaces it with one tuple build and one list store, touching nothing else unless the page
-gets its second reference. ``hit``, ``insert``, ``evict`` and ``access_batch`` are closures
-over the structures (no attribute loads on the hot path).
+is four machine numbers ``HIST(p,1), REF(p,1), HIST(p,2), REF(p,2)`` (``-inf``/``0`` for
+one reference) in flat arrays indexed by the key's integer *id* (see :class:`LRU2Policy`):
+compact, so the histories of many keys stay in the CPU caches, and an eviction or a return
+only flips the page's state byte. A hit shifts the four numbers, touching nothing else unless
+the page gets its second reference. ``hit``, ``insert``, ``evict`` and ``access_batch`` are
+closures over the structures (no attribute loads on the hot path).
 """
 
 from __future__ import annotations
 
+from array import array
 from collections import OrderedDict
-from collections.abc import Container, Iterable, Iterator, Sequence
+from collections.abc import Callable, Container, Iterable, Iterator, Sequence
 from heapq import heapify, heappop, heappush, heapreplace
 from typing import Any
 from weakref import ref as weak_ref
@@ -26,7 +28,6 @@ from engine.policy.base import Key
 from engine.policy.lruk import LRUKPolicy
 
 _NEG_INF = float("-inf")
-Hist = tuple[float, int, float, int]
 #: ``(misses, bytes_hit, bytes_missed, refused, bytes_refused, used)`` of ``access_batch``
 BatchCounts = tuple[int, int, int, int, int, int]
 #: a heap entry is ``rank << _SHIFT | id``: it orders by rank (unique), its low bits name the page
@@ -34,6 +35,8 @@ _SHIFT = 32
 _MASK = (1 << _SHIFT) - 1
 #: dense ids may run this far past ``2 * slots + batch length`` before the map is kept instead
 _SLACK = 1 << 16
+#: a page's state byte (``_state[id]``): unknown (or invalidated), resident, evicted
+_GONE, _RES, _RET = 0, 1, 2
 #: memoryview formats of integer items (a trace batch's keys)
 _INT_FORMATS = frozenset("bBhHiIlLqQnN")
 
@@ -41,12 +44,13 @@ _INT_FORMATS = frozenset("bBhHiIlLqQnN")
 class LRU2Policy(LRUKPolicy):
     """LRU-K with ``k = 2``, ``crp = 0``, ``rip = None``; built by ``LRUKPolicy(...)``.
 
-    **Ids.** Every key the policy knows has an int id that indexes the per-page lists
-    ``_res`` (history of a resident page, else ``None``), ``_ret`` (history of an evicted
-    page not invalidated since, else ``None``) and ``_live`` (rank of an old page's live heap
-    entry, else 0); no id has both a ``_res`` and a ``_ret`` entry. While ``_ids`` is
+    **Ids.** Every key the policy knows has an int id that indexes the per-page arrays:
+    ``_state`` (:data:`_RES` resident, :data:`_RET` evicted with its history kept,
+    :data:`_GONE` no history), ``_h1t``/``_h1r``/``_h2t``/``_h2r`` (HIST(p,1), REF(p,1),
+    HIST(p,2), REF(p,2); meaningful only where the state is not ``_GONE``) and ``_live``
+    (rank of an old resident page's live heap entry, else 0). While ``_ids`` is
     ``None`` (*dense* mode, the start) every key seen is a plain ``int`` in
-    ``[0, len(_res))`` and is its own id: trace keys (dense ints numbered by the readers)
+    ``[0, len(_state))`` and is its own id: trace keys (dense ints numbered by the readers)
     need no lookup. The first key that is not (another type, a negative int, or an int far
     beyond the slots) switches the policy for good to *mapped* mode: ``_ids`` maps key ->
     id and ``_keys`` id -> key. Either way the decisions are the same.
@@ -62,7 +66,7 @@ class LRU2Policy(LRUKPolicy):
 
     Cost: ``hit`` and ``insert`` O(1) (plus a heap push when a page becomes old);
     ``victim``/``evict`` amortised O(log n) plus the pinned pages skipped. Memory: one slot
-    per key ever seen in each list (dense mode: up to the largest key, at most about twice
+    per key ever seen in each array, 41 bytes a key (dense mode: up to the largest key, at most about twice
     the keys seen plus a batch).
 
     **Batch protocol** (what :meth:`engine.cache.TierCache.access_many` calls when nothing
@@ -84,9 +88,12 @@ class LRU2Policy(LRUKPolicy):
         super().__init__(k, crp, rip)
         if k != 2 or crp or rip is not None:
             raise ValueError("LRU2Policy is LRU-K with k=2, crp=0, rip=None only")
-        self._res: list[Hist | None] = []  # by id: resident pages' histories
-        self._ret: list[Hist | None] = []  # by id: evicted pages' histories (RIP unbounded)
-        self._live: list[int] = []  # by id: rank of an old page's live heap entry, else 0
+        self._state = bytearray()  # by id: _GONE, _RES or _RET
+        self._h1t = array("d")  # by id: HIST(p,1)
+        self._h1r = array("q")  # by id: REF(p,1)
+        self._h2t = array("d")  # by id: HIST(p,2)
+        self._h2r = array("q")  # by id: REF(p,2)
+        self._live = array("q")  # by id: rank of an old page's live heap entry, else 0
         self._ids: dict[Key, int] | None = None  # None: dense mode (a key is its own id)
         self._keys: list[Key] = []  # by id, mapped mode only
         self._young: OrderedDict[int, None] = OrderedDict()  # type: ignore[assignment]
@@ -113,31 +120,31 @@ class LRU2Policy(LRUKPolicy):
         """The id of ``key`` if it has one (no new id is made)."""
         if self._ids is None:
             if type(key) is int:
-                return key if 0 <= key < len(self._res) else None
+                return key if 0 <= key < len(self._state) else None
             self._to_mapped()
         assert self._ids is not None
         return self._ids.get(key)
 
     def _grow(self, n: int) -> None:
-        """Make ids ``0..n-1`` valid slots (dense mode)."""
-        extra = n - len(self._res)
+        """Make ids ``0..n-1`` valid slots (``_GONE`` where new)."""
+        extra = n - len(self._state)
         if extra > 0:
-            self._res.extend([None] * extra)
-            self._ret.extend([None] * extra)
-            self._live.extend([0] * extra)
+            self._state.extend(bytes(extra))
+            zeros = bytes(8 * extra)  # 0 and 0.0
+            for arr in (self._h1t, self._h1r, self._h2t, self._h2r, self._live):
+                arr.frombytes(zeros)
 
     def _dense_fits(self, hi: int, n: int) -> bool:
         """Whether dense mode may grow to hold id ``hi`` (memory stays proportionate)."""
-        return hi < 2 * len(self._res) + n + _SLACK and hi < _MASK
+        return hi < 2 * len(self._state) + n + _SLACK and hi < _MASK
 
     def _to_mapped(self) -> None:
         """Leave dense mode: every known id keeps its key (= the id) in ``_ids``."""
         if self._ids is not None:
             return
         self._refs = self._last_ref()
-        res, ret = self._res, self._ret
-        self._ids = {i: i for i in range(len(res)) if res[i] is not None or ret[i] is not None}
-        self._keys = list(range(len(res)))
+        self._ids = {i: i for i, st in enumerate(self._state) if st != _GONE}
+        self._keys = list(range(len(self._state)))
         self._bind()
 
     def _dense_keys(self, keys: Iterable[Key]) -> Iterable[int] | None:
@@ -168,35 +175,35 @@ class LRU2Policy(LRUKPolicy):
 
     def _mapped_keys(self, keys: Iterable[Key]) -> list[int]:
         """The ids of ``keys`` (mapped mode), giving new keys new ids."""
-        ids, kl, res, ret, live = self._ids, self._keys, self._res, self._ret, self._live
+        ids, kl = self._ids, self._keys
         assert ids is not None
         out = []
         get = ids.get
+        n = len(self._state)
         for k in keys:
             i = get(k)
             if i is None:
-                i = ids[k] = len(res)
+                i = ids[k] = n
+                n += 1
                 kl.append(k)
-                res.append(None)
-                ret.append(None)
-                live.append(0)
             out.append(i)
+        self._grow(n)
         return out
 
     def _bind(self) -> None:
         """Bind ``hit``, ``insert``, ``evict`` and ``access_batch`` as closures over the
         structures (for the current mode); they share one reference counter (``ref``, the
         last number given)."""
-        res, ret, live, young, heap, count = (
-            self._res,
-            self._ret,
+        state, h1t, h1r, h2t, h2r, live = (
+            self._state,
+            self._h1t,
+            self._h1r,
+            self._h2t,
+            self._h2r,
             self._live,
-            self._young,
-            self._heap,
-            self._count,
         )
+        young, heap, count, compact_at = self._young, self._heap, self._count, self._compact_limit
         ids, kl = self._ids, self._keys
-        compact_at = self._compact_limit
         ref = self._refs
         pop_young = young.popitem
         # No closure holds ``self`` (only a weak reference): a policy is freed as soon as its
@@ -211,16 +218,14 @@ class LRU2Policy(LRUKPolicy):
             if ids is not None:
                 i = ids.get(key)
                 if i is None:
-                    i = ids[key] = len(res)
-                    kl.append(key)
-                    res.append(None)
-                    ret.append(None)
-                    live.append(0)
-            elif type(key) is int and 0 <= key < len(res):
+                    policy = me()
+                    assert policy is not None  # a bound method's owner is alive
+                    i = policy._mapped_keys((key,))[0]
+            elif type(key) is int and 0 <= key < len(state):
                 i = key
             else:  # a new slot, or the map from now on (the rebound closures carry on)
                 policy = me()
-                assert policy is not None  # a bound method's owner is alive
+                assert policy is not None
                 if type(key) is int and key >= 0 and policy._dense_fits(key, 1):
                     policy._grow(key + 1)
                     i = key
@@ -229,41 +234,50 @@ class LRU2Policy(LRUKPolicy):
                     return policy.insert(key, size, now, color, cost)
             ref += 1
             count[0] += 1
-            old = ret[i]
-            if old is None:
-                res[i] = (now, ref, _NEG_INF, 0)
+            if state[i] == _RET:  # shift the retained history: the page is old
+                q = h1r[i]
+                h2r[i] = q
+                h1r[i] = ref
+                h2t[i] = h1t[i]
+                h1t[i] = now
+                live[i] = q
+                heappush(heap, q << _SHIFT | i)
+                if len(heap) > compact_at[0]:
+                    _compact(heap, live, compact_at)
+            else:
+                h1t[i] = now
+                h1r[i] = ref
+                h2t[i] = _NEG_INF
+                h2r[i] = 0
                 young[i] = None
-                return
-            ret[i] = None
-            rk = old[1]
-            res[i] = (now, ref, old[0], rk)
-            live[i] = rk
-            heappush(heap, rk << _SHIFT | i)
-            if len(heap) > compact_at[0]:
-                _compact(heap, live, compact_at)
+            state[i] = _RES
 
         def hit(key: Key, now: float) -> None:
             """HIST(p,2) = HIST(p,1), HIST(p,1) = now (their numbers likewise)."""
             nonlocal ref
             if ids is not None:
                 i = ids.get(key)
-                old = None if i is None else res[i]
+                if i is None or state[i] != _RES:
+                    raise KeyError(key)
             elif type(key) is int:
                 i = key
-                old = res[i] if 0 <= i < len(res) else None
+                if not 0 <= i < len(state) or state[i] != _RES:
+                    raise KeyError(key)
             else:  # another type may equal a key: look it up in the map from now on
                 policy = me()
                 assert policy is not None
                 policy._to_mapped()
                 return policy.hit(key, now)
-            if old is None:
-                raise KeyError(key)
             ref += 1
-            res[i] = (now, ref, old[0], old[1])  # type: ignore[index]
-            if not old[3]:  # its second reference: the page becomes old
-                del young[i]  # type: ignore[arg-type]
-                rk = live[i] = old[1]  # type: ignore[index]
-                heappush(heap, rk << _SHIFT | i)  # type: ignore[operator]
+            q = h1r[i]
+            if not h2r[i]:  # its second reference: the page becomes old
+                del young[i]
+                live[i] = q
+                heappush(heap, q << _SHIFT | i)
+            h2r[i] = q
+            h1r[i] = ref
+            h2t[i] = h1t[i]
+            h1t[i] = now
 
         def evict(now: float, pinned: Container[Key] = ()) -> Key | None:
             """``victim`` + ``remove(evicted=True)`` in one step (the same choice)."""
@@ -277,14 +291,13 @@ class LRU2Policy(LRUKPolicy):
             if young:
                 v = pop_young(False)[0]  # the least recent young page
             else:
-                found = _top(heap, live, res)
+                found = _top(heap, live, h2r)
                 if found is None:
                     return None
                 v = found
                 heappop(heap)  # the victim's entry is on top: it goes with the page
                 live[v] = 0
-            ret[v] = res[v]
-            res[v] = None
+            state[v] = _RET
             count[0] -= 1
             return v if ids is None else kl[v]
 
@@ -310,26 +323,37 @@ class LRU2Policy(LRUKPolicy):
                         keys, sizes, times, resident, used, capacity, count_hit_bytes
                     )
                 seq = policy._mapped_keys(keys)
-            key_of: Sequence[Key] = range(len(res)) if ids is None else kl
+            key_of: Sequence[Key] = range(len(state)) if ids is None else kl
             r = ref
             before = len(resident)
             # locals: cheaper to load than the closure's cells
-            res_, ret_, live_, young_, heap_ = res, ret, live, young, heap
-            pop_resident = resident.pop
+            st, h1t_, h1r_, h2t_, h2r_, live_, young_, heap_ = (
+                state,
+                h1t,
+                h1r,
+                h2t,
+                h2r,
+                live,
+                young,
+                heap,
+            )
+            push, pop_resident = heappush, resident.pop
             misses = bytes_hit = bytes_missed = refused = bytes_refused = 0
             try:
                 for i, s, t in zip(seq, sizes, times, strict=True):
-                    h = res_[i]
-                    if h is not None:  # hit (``res_`` has an entry exactly for resident ids)
+                    if st[i] == 1:  # hit (1 is _RES; a literal loads fastest)
                         r += 1
-                        res_[i] = (t, r, h[0], h[1])
+                        q = h1r_[i]
+                        if not h2r_[i]:  # its second reference: the page becomes old
+                            del young_[i]
+                            live_[i] = q
+                            push(heap_, q << 32 | i)  # 32 is _SHIFT
+                        h2r_[i] = q
+                        h1r_[i] = r
+                        h2t_[i] = h1t_[i]
+                        h1t_[i] = t
                         if count_hit_bytes:
                             bytes_hit += resident[key_of[i]]
-                        if h[3]:
-                            continue
-                        del young_[i]  # its second reference: the page becomes old
-                        rk = live_[i] = h[1]
-                        heappush(heap_, rk << _SHIFT | i)
                         continue
                     misses += 1
                     bytes_missed += s
@@ -349,7 +373,7 @@ class LRU2Policy(LRUKPolicy):
                                 if live_[v] != rk:  # stale
                                     heappop(heap_)
                                     continue
-                                current = res_[v][3]  # type: ignore[index]
+                                current = h2r_[v]
                                 if current != rk:  # outdated: re-rank
                                     live_[v] = current
                                     heapreplace(heap_, current << _SHIFT | v)
@@ -357,23 +381,28 @@ class LRU2Policy(LRUKPolicy):
                                 break
                             heappop(heap_)
                             live_[v] = 0
-                        ret_[v] = res_[v]
-                        res_[v] = None
+                        st[v] = _RET
                         used -= pop_resident(key_of[v])
                     resident[key_of[i]] = s
                     r += 1  # as ``insert``
-                    prev = ret_[i]
-                    if prev is None:
-                        res_[i] = (t, r, _NEG_INF, 0)
-                        young_[i] = None
+                    if st[i]:  # _RET: shift the retained history, the page is old
+                        q = h1r_[i]
+                        h2r_[i] = q
+                        h1r_[i] = r
+                        h2t_[i] = h1t_[i]
+                        h1t_[i] = t
+                        live_[i] = q
+                        push(heap_, q << _SHIFT | i)
+                        st[i] = _RES
+                        if len(heap_) > compact_at[0]:
+                            _compact(heap_, live_, compact_at)
                         continue
-                    ret_[i] = None
-                    rk = prev[1]
-                    res_[i] = (t, r, prev[0], rk)
-                    live_[i] = rk
-                    heappush(heap_, rk << _SHIFT | i)
-                    if len(heap_) > compact_at[0]:
-                        _compact(heap_, live_, compact_at)
+                    h1t_[i] = t
+                    h1r_[i] = r
+                    h2t_[i] = _NEG_INF
+                    h2r_[i] = 0
+                    young_[i] = None
+                    st[i] = _RES
             finally:
                 ref = r
                 count[0] += len(resident) - before
@@ -389,31 +418,29 @@ class LRU2Policy(LRUKPolicy):
         self._last_ref = refs
 
     # -- introspection -------------------------------------------------------------------
-    def _known(self, key: Key) -> Hist | None:
+    def _known_id(self, key: Key) -> int | None:
+        """The id of ``key`` when it has history (resident or retained), else ``None``."""
         i = self._find(key)
-        if i is None:
-            return None
-        h = self._res[i]
-        return self._ret[i] if h is None else h
+        return None if i is None or self._state[i] == _GONE else i
 
     def _key(self, i: int) -> Key:
         return i if self._ids is None else self._keys[i]
 
     def history(self, key: Key) -> tuple[float, ...] | None:
-        h = self._known(key)
-        return None if h is None else (h[0], h[2])
+        i = self._known_id(key)
+        return None if i is None else (self._h1t[i], self._h2t[i])
 
     def history_refs(self, key: Key) -> tuple[int, ...] | None:
-        h = self._known(key)
-        return None if h is None else (h[1], h[3])
+        i = self._known_id(key)
+        return None if i is None else (self._h1r[i], self._h2r[i])
 
     def last(self, key: Key) -> float | None:
-        h = self._known(key)
-        return None if h is None else h[0]
+        i = self._known_id(key)
+        return None if i is None else self._h1t[i]
 
     def retained(self, key: Key, now: float) -> bool:
         i = self._find(key)
-        return i is not None and self._ret[i] is not None
+        return i is not None and self._state[i] == _RET
 
     # -- protocol ------------------------------------------------------------------------
     def victim(self, now: float, pinned: Container[Key] = ()) -> Key | None:
@@ -422,28 +449,26 @@ class LRU2Policy(LRUKPolicy):
             if not pinned or key not in pinned:
                 return key
         skip = None if not pinned else (lambda i: self._key(i) in pinned)
-        found = _top(self._heap, self._live, self._res, skip)
+        found = _top(self._heap, self._live, self._h2r, skip)
         return None if found is None else self._key(found)
 
     def remove(self, key: Key, now: float, evicted: bool) -> None:
         i = self._find(key)
-        h = None if i is None else self._res[i]
-        if i is None or h is None:
+        if i is None or self._state[i] != _RES:
             raise KeyError(key)
         if self._live[i]:
             self._live[i] = 0  # its heap entry is stale now
         else:
             del self._young[i]
-        self._res[i] = None
-        if evicted:  # kept; an invalidation forgets it
-            self._ret[i] = h
+        # kept when evicted; an invalidation forgets it
+        self._state[i] = _RET if evicted else _GONE
         self._count[0] -= 1
         if len(self._heap) > self._compact_limit[0]:
             _compact(self._heap, self._live, self._compact_limit)
 
     def __contains__(self, key: object) -> bool:
         i = self._find(key)  # type: ignore[arg-type]
-        return i is not None and self._res[i] is not None
+        return i is not None and self._state[i] == _RES
 
     def __len__(self) -> int:
         return self._count[0]
@@ -451,9 +476,9 @@ class LRU2Policy(LRUKPolicy):
     def __iter__(self) -> Iterator[Key]:
         """Resident keys in victim order when nothing is pinned: young pages least recent
         first, then by ascending ``(HIST(p,2), REF(p,2))``."""
-        res, live = self._res, self._live
+        h2t, h2r, live = self._h2t, self._h2r, self._live
         old = [e & _MASK for e in self._heap if live[e & _MASK] == e >> _SHIFT]
-        old.sort(key=lambda i: (res[i][2], res[i][3]))  # type: ignore[index]
+        old.sort(key=lambda i: (h2t[i], h2r[i]))
         return iter([self._key(i) for i in [*self._young, *old]])
 
     def _compact(self) -> None:
@@ -462,9 +487,9 @@ class LRU2Policy(LRUKPolicy):
 
 def _top(
     heap: list[int],
-    live: list[int],
-    res: list[Hist | None],
-    skip: Any = None,
+    live: array[int],
+    h2r: array[int],
+    skip: Callable[[int], bool] | None = None,
 ) -> int | None:
     """The id of the old page of smallest REF(p,2) for which ``skip(id)`` is false (its
     entry left on top of the heap when ``skip`` is ``None``), or ``None``; drops stale
@@ -478,7 +503,7 @@ def _top(
         if live[i] != rk:
             heappop(heap)  # stale: the page left (or the entry is of an earlier stay)
             continue
-        current = res[i][3]  # type: ignore[index]
+        current = h2r[i]
         if current != rk:  # outdated lower bound: re-rank with the current history
             live[i] = current
             heapreplace(heap, current << _SHIFT | i)
@@ -492,7 +517,7 @@ def _top(
     return found
 
 
-def _compact(heap: list[int], live: list[int], compact_at: list[int]) -> None:
+def _compact(heap: list[int], live: array[int], compact_at: list[int]) -> None:
     """Drop stale entries from ``heap`` (in place: the closures hold the list); the next
     compaction comes after >= len(heap) + 64 pushes."""
     kept = [e for e in heap if live[e & _MASK] == e >> _SHIFT]

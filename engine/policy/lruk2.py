@@ -22,9 +22,8 @@ from heapq import heapify, heappop, heappush, heapreplace
 from typing import Any
 from weakref import ref as weak_ref
 
-import numpy as np
-
 from engine.policy.base import Key
+from engine.policy.intkeys import int_key_range
 from engine.policy.lruk import LRUKPolicy
 
 _NEG_INF = float("-inf")
@@ -37,8 +36,6 @@ _MASK = (1 << _SHIFT) - 1
 _SLACK = 1 << 16
 #: a page's state byte (``_state[id]``): unknown (or invalidated), resident, evicted
 _GONE, _RES, _RET = 0, 1, 2
-#: memoryview formats of integer items (a trace batch's keys)
-_INT_FORMATS = frozenset("bBhHiIlLqQnN")
 
 
 class LRU2Policy(LRUKPolicy):
@@ -66,8 +63,8 @@ class LRU2Policy(LRUKPolicy):
 
     Cost: ``hit`` and ``insert`` O(1) (plus a heap push when a page becomes old);
     ``victim``/``evict`` amortised O(log n) plus the pinned pages skipped. Memory: one slot
-    per key ever seen in each array, 41 bytes a key (dense mode: up to the largest key, at most about twice
-    the keys seen plus a batch).
+    per key ever seen in each array, 41 bytes a key (dense mode: up to the largest key, at
+    most about twice the keys seen plus a batch). HIST values are stored as floats.
 
     **Batch protocol** (what :meth:`engine.cache.TierCache.access_many` calls when nothing
     is pinned or coloured): ``access_batch(keys, sizes, times, resident, used, capacity,
@@ -147,31 +144,17 @@ class LRU2Policy(LRUKPolicy):
         self._keys = list(range(len(self._state)))
         self._bind()
 
-    def _dense_keys(self, keys: Iterable[Key]) -> Iterable[int] | None:
+    def _dense_keys(self, keys: Iterable[Key]) -> Sequence[int] | None:
         """``keys`` as ids for dense mode (growing the slots), or ``None`` when they do not
         all qualify (then the policy must switch to mapped mode)."""
-        seq: Any = keys
-        if isinstance(seq, np.ndarray | memoryview):
-            arr = np.asarray(seq)
-            if arr.ndim != 1 or arr.dtype.kind not in "iu":
-                return None
-            if isinstance(seq, np.ndarray) or seq.format not in _INT_FORMATS:
-                seq = np.ascontiguousarray(arr, dtype=np.int64).data  # yields Python ints
-            if not len(arr):
-                return seq  # type: ignore[no-any-return]
-            lo, hi = int(arr.min()), int(arr.max())
-        else:
-            if not isinstance(seq, Sequence):
-                seq = list(seq)
-            if not seq:
-                return seq  # type: ignore[no-any-return]
-            if set(map(type, seq)) != {int}:
-                return None
-            lo, hi = min(seq), max(seq)
+        found = int_key_range(keys)
+        if found is None:
+            return None
+        seq, lo, hi = found
         if lo < 0 or not self._dense_fits(hi, len(seq)):
             return None
         self._grow(hi + 1)
-        return seq  # type: ignore[no-any-return]
+        return seq
 
     def _mapped_keys(self, keys: Iterable[Key]) -> list[int]:
         """The ids of ``keys`` (mapped mode), giving new keys new ids."""
@@ -194,14 +177,8 @@ class LRU2Policy(LRUKPolicy):
         """Bind ``hit``, ``insert``, ``evict`` and ``access_batch`` as closures over the
         structures (for the current mode); they share one reference counter (``ref``, the
         last number given)."""
-        state, h1t, h1r, h2t, h2r, live = (
-            self._state,
-            self._h1t,
-            self._h1r,
-            self._h2t,
-            self._h2r,
-            self._live,
-        )
+        state, h1t, h1r = self._state, self._h1t, self._h1r
+        h2t, h2r, live = self._h2t, self._h2r, self._live
         young, heap, count, compact_at = self._young, self._heap, self._count, self._compact_limit
         ids, kl = self._ids, self._keys
         ref = self._refs
@@ -327,16 +304,8 @@ class LRU2Policy(LRUKPolicy):
             r = ref
             before = len(resident)
             # locals: cheaper to load than the closure's cells
-            st, h1t_, h1r_, h2t_, h2r_, live_, young_, heap_ = (
-                state,
-                h1t,
-                h1r,
-                h2t,
-                h2r,
-                live,
-                young,
-                heap,
-            )
+            st, h1t_, h1r_, h2t_, h2r_ = state, h1t, h1r, h2t, h2r
+            live_, young_, heap_ = live, young, heap
             push, pop_resident = heappush, resident.pop
             misses = bytes_hit = bytes_missed = refused = bytes_refused = 0
             try:

@@ -306,17 +306,18 @@ class LRU2Policy(LRUKPolicy):
             # locals: cheaper to load than the closure's cells
             st, h1t_, h1r_, h2t_, h2r_ = state, h1t, h1r, h2t, h2r
             live_, young_, heap_ = live, young, heap
-            push, pop_resident = heappush, resident.pop
+            push, pop, replace, pop_resident = heappush, heappop, heapreplace, resident.pop
+            mask, neg_inf = _MASK, _NEG_INF
             misses = bytes_hit = bytes_missed = refused = bytes_refused = 0
             try:
                 for i, s, t in zip(seq, sizes, times, strict=True):
-                    if st[i] == 1:  # hit (1 is _RES; a literal loads fastest)
+                    if st[i] == 1:  # hit (literals load fastest: 1 is _RES, 2 _RET, 32 _SHIFT)
                         r += 1
                         q = h1r_[i]
                         if not h2r_[i]:  # its second reference: the page becomes old
                             del young_[i]
                             live_[i] = q
-                            push(heap_, q << 32 | i)  # 32 is _SHIFT
+                            push(heap_, q << 32 | i)
                         h2r_[i] = q
                         h1r_[i] = r
                         h2t_[i] = h1t_[i]
@@ -337,20 +338,20 @@ class LRU2Policy(LRUKPolicy):
                         else:
                             while True:  # ``_top`` inlined
                                 e = heap_[0]
-                                v = e & _MASK
-                                rk = e >> _SHIFT
+                                v = e & mask
+                                rk = e >> 32
                                 if live_[v] != rk:  # stale
-                                    heappop(heap_)
+                                    pop(heap_)
                                     continue
                                 current = h2r_[v]
                                 if current != rk:  # outdated: re-rank
                                     live_[v] = current
-                                    heapreplace(heap_, current << _SHIFT | v)
+                                    replace(heap_, current << 32 | v)
                                     continue
                                 break
-                            heappop(heap_)
+                            pop(heap_)
                             live_[v] = 0
-                        st[v] = _RET
+                        st[v] = 2  # _RET
                         used -= pop_resident(key_of[v])
                     resident[key_of[i]] = s
                     r += 1  # as ``insert``
@@ -361,17 +362,17 @@ class LRU2Policy(LRUKPolicy):
                         h2t_[i] = h1t_[i]
                         h1t_[i] = t
                         live_[i] = q
-                        push(heap_, q << _SHIFT | i)
-                        st[i] = _RES
+                        push(heap_, q << 32 | i)
+                        st[i] = 1  # _RES
                         if len(heap_) > compact_at[0]:
                             _compact(heap_, live_, compact_at)
                         continue
                     h1t_[i] = t
                     h1r_[i] = r
-                    h2t_[i] = _NEG_INF
+                    h2t_[i] = neg_inf
                     h2r_[i] = 0
                     young_[i] = None
-                    st[i] = _RES
+                    st[i] = 1  # _RES
             finally:
                 ref = r
                 count[0] += len(resident) - before

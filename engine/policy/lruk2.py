@@ -17,33 +17,35 @@ from __future__ import annotations
 
 from array import array
 from collections import OrderedDict
-from collections.abc import Callable, Container, Iterable, Iterator, Sequence
-from heapq import heapify, heappop, heappush, heapreplace
+from collections.abc import Container, Iterable, Iterator, Sequence
+from heapq import heappop, heappush, heapreplace
 from typing import Any
 from weakref import ref as weak_ref
 
 from engine.policy.base import Key
 from engine.policy.intkeys import int_key_range
 from engine.policy.lruk import LRUKPolicy
+from engine.policy.rankheap import MASK as _MASK
+from engine.policy.rankheap import SHIFT as _SHIFT
+from engine.policy.rankheap import compact as _compact
+from engine.policy.rankheap import top as _top
 
 _NEG_INF = float("-inf")
 #: ``(misses, bytes_hit, bytes_missed, refused, bytes_refused, used)`` of ``access_batch``
 BatchCounts = tuple[int, int, int, int, int, int]
-#: a heap entry is ``rank << _SHIFT | id``: it orders by rank (unique), its low bits name the page
-_SHIFT = 32
-_MASK = (1 << _SHIFT) - 1
 #: dense ids may run this far past ``2 * slots + batch length`` before the map is kept instead
 _SLACK = 1 << 16
-#: a page's state byte (``_state[id]``): unknown (or invalidated), resident, evicted
-_GONE, _RES, _RET = 0, 1, 2
+#: a page's state byte (``_state[id]``): no history (unknown or invalidated), resident young,
+#: evicted (history kept), resident old; resident is ``state & 1``
+_GONE, _YOUNG, _RET, _OLD = 0, 1, 2, 3
 
 
 class LRU2Policy(LRUKPolicy):
     """LRU-K with ``k = 2``, ``crp = 0``, ``rip = None``; built by ``LRUKPolicy(...)``.
 
     **Ids.** Every key the policy knows has an int id that indexes the per-page arrays:
-    ``_state`` (:data:`_RES` resident, :data:`_RET` evicted with its history kept,
-    :data:`_GONE` no history), ``_h1t``/``_h1r``/``_h2t``/``_h2r`` (HIST(p,1), REF(p,1),
+    ``_state`` (:data:`_YOUNG`/:data:`_OLD` resident, :data:`_RET` evicted with its history
+    kept, :data:`_GONE` no history), ``_h1t``/``_h1r``/``_h2t``/``_h2r`` (HIST(p,1), REF(p,1),
     HIST(p,2), REF(p,2); meaningful only where the state is not ``_GONE``) and ``_live``
     (rank of an old resident page's live heap entry, else 0). While ``_ids`` is
     ``None`` (*dense* mode, the start) every key seen is a plain ``int`` in
@@ -85,7 +87,7 @@ class LRU2Policy(LRUKPolicy):
         super().__init__(k, crp, rip)
         if k != 2 or crp or rip is not None:
             raise ValueError("LRU2Policy is LRU-K with k=2, crp=0, rip=None only")
-        self._state = bytearray()  # by id: _GONE, _RES or _RET
+        self._state = bytearray()  # by id: _GONE, _YOUNG, _RET or _OLD
         self._h1t = array("d")  # by id: HIST(p,1)
         self._h1r = array("q")  # by id: REF(p,1)
         self._h2t = array("d")  # by id: HIST(p,2)
@@ -219,6 +221,7 @@ class LRU2Policy(LRUKPolicy):
                 h1t[i] = now
                 live[i] = q
                 heappush(heap, q << _SHIFT | i)
+                state[i] = _OLD
                 if len(heap) > compact_at[0]:
                     _compact(heap, live, compact_at)
             else:
@@ -227,18 +230,18 @@ class LRU2Policy(LRUKPolicy):
                 h2t[i] = _NEG_INF
                 h2r[i] = 0
                 young[i] = None
-            state[i] = _RES
+                state[i] = _YOUNG
 
         def hit(key: Key, now: float) -> None:
             """HIST(p,2) = HIST(p,1), HIST(p,1) = now (their numbers likewise)."""
             nonlocal ref
             if ids is not None:
                 i = ids.get(key)
-                if i is None or state[i] != _RES:
+                if i is None or not state[i] & 1:
                     raise KeyError(key)
             elif type(key) is int:
                 i = key
-                if not 0 <= i < len(state) or state[i] != _RES:
+                if not 0 <= i < len(state) or not state[i] & 1:
                     raise KeyError(key)
             else:  # another type may equal a key: look it up in the map from now on
                 policy = me()
@@ -247,10 +250,11 @@ class LRU2Policy(LRUKPolicy):
                 return policy.hit(key, now)
             ref += 1
             q = h1r[i]
-            if not h2r[i]:  # its second reference: the page becomes old
+            if state[i] == _YOUNG:  # its second reference: the page becomes old
                 del young[i]
                 live[i] = q
                 heappush(heap, q << _SHIFT | i)
+                state[i] = _OLD
             h2r[i] = q
             h1r[i] = ref
             h2t[i] = h1t[i]
@@ -311,13 +315,22 @@ class LRU2Policy(LRUKPolicy):
             misses = bytes_hit = bytes_missed = refused = bytes_refused = 0
             try:
                 for i, s, t in zip(seq, sizes, times, strict=True):
-                    if st[i] == 1:  # hit (literals load fastest: 1 is _RES, 2 _RET, 32 _SHIFT)
+                    if st[i] == 3:  # hit of an old page (literals load fastest: _OLD)
+                        r += 1
+                        h2r_[i] = h1r_[i]
+                        h1r_[i] = r
+                        h2t_[i] = h1t_[i]
+                        h1t_[i] = t
+                        if count_hit_bytes:
+                            bytes_hit += resident[key_of[i]]
+                        continue
+                    if st[i] == 1:  # _YOUNG: its second reference, the page becomes old
                         r += 1
                         q = h1r_[i]
-                        if not h2r_[i]:  # its second reference: the page becomes old
-                            del young_[i]
-                            live_[i] = q
-                            push(heap_, q << 32 | i)
+                        del young_[i]
+                        live_[i] = q
+                        push(heap_, q << 32 | i)  # 32 is _SHIFT
+                        st[i] = 3
                         h2r_[i] = q
                         h1r_[i] = r
                         h2t_[i] = h1t_[i]
@@ -363,7 +376,7 @@ class LRU2Policy(LRUKPolicy):
                         h1t_[i] = t
                         live_[i] = q
                         push(heap_, q << 32 | i)
-                        st[i] = 1  # _RES
+                        st[i] = 3  # _OLD
                         if len(heap_) > compact_at[0]:
                             _compact(heap_, live_, compact_at)
                         continue
@@ -372,7 +385,7 @@ class LRU2Policy(LRUKPolicy):
                     h2t_[i] = neg_inf
                     h2r_[i] = 0
                     young_[i] = None
-                    st[i] = 1  # _RES
+                    st[i] = 1  # _YOUNG
             finally:
                 ref = r
                 count[0] += len(resident) - before
@@ -424,9 +437,9 @@ class LRU2Policy(LRUKPolicy):
 
     def remove(self, key: Key, now: float, evicted: bool) -> None:
         i = self._find(key)
-        if i is None or self._state[i] != _RES:
+        if i is None or not self._state[i] & 1:
             raise KeyError(key)
-        if self._live[i]:
+        if self._state[i] == _OLD:
             self._live[i] = 0  # its heap entry is stale now
         else:
             del self._young[i]
@@ -438,7 +451,7 @@ class LRU2Policy(LRUKPolicy):
 
     def __contains__(self, key: object) -> bool:
         i = self._find(key)  # type: ignore[arg-type]
-        return i is not None and self._state[i] == _RES
+        return i is not None and self._state[i] & 1 == 1
 
     def __len__(self) -> int:
         return self._count[0]
@@ -453,44 +466,3 @@ class LRU2Policy(LRUKPolicy):
 
     def _compact(self) -> None:
         _compact(self._heap, self._live, self._compact_limit)
-
-
-def _top(
-    heap: list[int],
-    live: array[int],
-    h2r: array[int],
-    skip: Callable[[int], bool] | None = None,
-) -> int | None:
-    """The id of the old page of smallest REF(p,2) for which ``skip(id)`` is false (its
-    entry left on top of the heap when ``skip`` is ``None``), or ``None``; drops stale
-    entries and refreshes outdated ones it meets on top."""
-    skipped: list[int] = []
-    found: int | None = None
-    while heap:
-        e = heap[0]
-        i = e & _MASK
-        rk = e >> _SHIFT
-        if live[i] != rk:
-            heappop(heap)  # stale: the page left (or the entry is of an earlier stay)
-            continue
-        current = h2r[i]
-        if current != rk:  # outdated lower bound: re-rank with the current history
-            live[i] = current
-            heapreplace(heap, current << _SHIFT | i)
-            continue
-        if skip is None or not skip(i):
-            found = i
-            break
-        skipped.append(heappop(heap))
-    for entry in skipped:
-        heappush(heap, entry)
-    return found
-
-
-def _compact(heap: list[int], live: array[int], compact_at: list[int]) -> None:
-    """Drop stale entries from ``heap`` (in place: the closures hold the list); the next
-    compaction comes after >= len(heap) + 64 pushes."""
-    kept = [e for e in heap if live[e & _MASK] == e >> _SHIFT]
-    heapify(kept)
-    heap[:] = kept
-    compact_at[0] = 2 * len(kept) + 64

@@ -5,44 +5,68 @@ lean.
 instance of :class:`LRU2Policy`: the same rules, terms and victims as the general class (see
 its docstring). With CRP 0 every reference is uncorrelated, so ``HIST(p,1) = LAST(p)``, and
 with RIP unbounded the history of every key seen stays (until invalidated). A key's history
-is one 4-tuple ``(HIST(p,1), REF(p,1), HIST(p,2), REF(p,2))`` (``-inf``/``0`` for one
-reference); a hit replaces it with one tuple build and one dict store, touching nothing else
-unless the page gets its second reference. ``hit``, ``insert``, ``evict`` and
-``access_batch`` are closures over the structures (no attribute loads on the hot path).
+is four machine numbers ``HIST(p,1), REF(p,1), HIST(p,2), REF(p,2)`` (``-inf``/``0`` for
+one reference) in flat arrays indexed by the key's integer *id* (see :class:`LRU2Policy`):
+compact, so the histories of many keys stay in the CPU caches, and an eviction or a return
+only flips the page's state byte. A hit shifts the four numbers, touching nothing else unless
+the page gets its second reference. ``hit``, ``insert``, ``evict`` and ``access_batch`` are
+closures over the structures (no attribute loads on the hot path).
 """
 
 from __future__ import annotations
 
+from array import array
 from collections import OrderedDict
-from collections.abc import Container, Iterable, Iterator
-from heapq import heapify, heappop, heappush, heapreplace
+from collections.abc import Container, Iterable, Iterator, Sequence
+from heapq import heappop, heappush, heapreplace
 from typing import Any
 from weakref import ref as weak_ref
 
 from engine.policy.base import Key
+from engine.policy.intkeys import int_key_range
 from engine.policy.lruk import LRUKPolicy
+from engine.policy.rankheap import MASK as _MASK
+from engine.policy.rankheap import SHIFT as _SHIFT
+from engine.policy.rankheap import compact as _compact
+from engine.policy.rankheap import top as _top
 
 _NEG_INF = float("-inf")
-Hist = tuple[float, int, float, int]
 #: ``(misses, bytes_hit, bytes_missed, refused, bytes_refused, used)`` of ``access_batch``
 BatchCounts = tuple[int, int, int, int, int, int]
+#: dense ids may run this far past ``2 * slots + batch length`` before the map is kept instead
+_SLACK = 1 << 16
+#: a page's state byte (``_state[id]``): no history (unknown or invalidated), resident young,
+#: evicted (history kept), resident old; resident is ``state & 1``
+_GONE, _YOUNG, _RET, _OLD = 0, 1, 2, 3
 
 
 class LRU2Policy(LRUKPolicy):
     """LRU-K with ``k = 2``, ``crp = 0``, ``rip = None``; built by ``LRUKPolicy(...)``.
 
-    Invariants: ``_hist`` holds the history of every resident key (so it is the resident
-    set, small and hot), ``_evicted`` that of every evicted key not invalidated since, and
-    no key is in both. A resident page is either *young* (``REF(p,2) == 0``; key in
-    ``_young``, ordered by REF(p,1)) or *old* (key in ``_live`` with the rank of its one live
-    heap entry, an int whose key is ``_owner[rank]``, ``rank <= REF(p,2)``: hits raise
-    REF(p,2) without touching the heap, and the victim search refreshes an outdated entry
-    when it reaches the top). Heap entries whose rank differs from ``_live[key]`` (or whose
-    key is not there) are stale. Reference numbers are unique, so ints identify entries, and
-    ordering by REF(p,2) is ordering by ``(HIST(p,2), REF(p,2))`` as ``now`` never decreases.
+    **Ids.** Every key the policy knows has an int id that indexes the per-page arrays:
+    ``_state`` (:data:`_YOUNG`/:data:`_OLD` resident, :data:`_RET` evicted with its history
+    kept, :data:`_GONE` no history), ``_h1t``/``_h1r``/``_h2t``/``_h2r`` (HIST(p,1), REF(p,1),
+    HIST(p,2), REF(p,2); meaningful only where the state is not ``_GONE``) and ``_live``
+    (rank of an old resident page's live heap entry, else 0). While ``_ids`` is
+    ``None`` (*dense* mode, the start) every key seen is a plain ``int`` in
+    ``[0, len(_state))`` and is its own id: trace keys (dense ints numbered by the readers)
+    need no lookup. The first key that is not (another type, a negative int, or an int far
+    beyond the slots) switches the policy for good to *mapped* mode: ``_ids`` maps key ->
+    id and ``_keys`` id -> key. Either way the decisions are the same.
+
+    **Order.** A resident page is either *young* (``REF(p,2) == 0``; id in ``_young``,
+    ordered by REF(p,1)) or *old* (``_live[id]`` is the rank of its one live heap entry,
+    ``rank <= REF(p,2)``: hits raise REF(p,2) without touching the heap, and the victim
+    search refreshes an outdated entry when it reaches the top). A heap entry is the int
+    ``rank << 32 | id``; an entry whose rank is not ``_live[id]`` is stale (the page left or
+    the entry is of an earlier stay). Reference numbers are unique, so entries order by
+    rank, and ordering by REF(p,2) is ordering by ``(HIST(p,2), REF(p,2))`` as ``now`` never
+    decreases.
 
     Cost: ``hit`` and ``insert`` O(1) (plus a heap push when a page becomes old);
-    ``victim``/``evict`` amortised O(log n) plus the pinned pages skipped.
+    ``victim``/``evict`` amortised O(log n) plus the pinned pages skipped. Memory: one slot
+    per key ever seen in each array, 41 bytes a key (dense mode: up to the largest key, at
+    most about twice the keys seen plus a batch). HIST values are stored as floats.
 
     **Batch protocol** (what :meth:`engine.cache.TierCache.access_many` calls when nothing
     is pinned or coloured): ``access_batch(keys, sizes, times, resident, used, capacity,
@@ -54,19 +78,26 @@ class LRU2Policy(LRUKPolicy):
     It updates ``resident`` in place and returns :data:`BatchCounts`, ``used`` being the
     bytes resident afterwards; ``bytes_hit`` sums the resident sizes of hits when
     ``count_hit_bytes`` (else 0). Same victims, histories and reference numbers as the
-    calls one by one; if it raises, the accesses before the failing one are done.
+    calls one by one; if it raises, the accesses before the failing one are done. Keys
+    that are all non-negative ints (a list, or a memoryview or array of an integer type, as
+    trace replay passes) keep dense mode; any other batch is mapped to ids first.
     """
 
     def __init__(self, k: int = 2, crp: float = 0.0, rip: float | None = None) -> None:
         super().__init__(k, crp, rip)
         if k != 2 or crp or rip is not None:
             raise ValueError("LRU2Policy is LRU-K with k=2, crp=0, rip=None only")
-        self._hist: dict[Key, Hist] = {}  # resident pages
-        self._evicted: dict[Key, Hist] = {}  # evicted pages (RIP unbounded)
-        self._young: OrderedDict[Key, None] = OrderedDict()
-        self._live: dict[Key, int] = {}
+        self._state = bytearray()  # by id: _GONE, _YOUNG, _RET or _OLD
+        self._h1t = array("d")  # by id: HIST(p,1)
+        self._h1r = array("q")  # by id: REF(p,1)
+        self._h2t = array("d")  # by id: HIST(p,2)
+        self._h2r = array("q")  # by id: REF(p,2)
+        self._live = array("q")  # by id: rank of an old page's live heap entry, else 0
+        self._ids: dict[Key, int] | None = None  # None: dense mode (a key is its own id)
+        self._keys: list[Key] = []  # by id, mapped mode only
+        self._young: OrderedDict[int, None] = OrderedDict()  # type: ignore[assignment]
         self._heap: list[int] = []
-        self._owner: dict[int, Key] = {}  # rank of a heap entry -> its key
+        self._count: list[int] = [0]  # resident pages (a list: the closures share it)
         # heap length that triggers dropping stale entries (a list: the closures share it)
         self._compact_limit: list[int] = [64]
         self._bind()  # replaces the base class's own fast paths
@@ -83,18 +114,75 @@ class LRU2Policy(LRUKPolicy):
         self.__dict__.update(state)
         self._bind()
 
+    # -- ids -----------------------------------------------------------------------------
+    def _find(self, key: Key) -> int | None:
+        """The id of ``key`` if it has one (no new id is made)."""
+        if self._ids is None:
+            if type(key) is int:
+                return key if 0 <= key < len(self._state) else None
+            self._to_mapped()
+        assert self._ids is not None
+        return self._ids.get(key)
+
+    def _grow(self, n: int) -> None:
+        """Make ids ``0..n-1`` valid slots (``_GONE`` where new)."""
+        extra = n - len(self._state)
+        if extra > 0:
+            self._state.extend(bytes(extra))
+            zeros = bytes(8 * extra)  # 0 and 0.0
+            for arr in (self._h1t, self._h1r, self._h2t, self._h2r, self._live):
+                arr.frombytes(zeros)
+
+    def _dense_fits(self, hi: int, n: int) -> bool:
+        """Whether dense mode may grow to hold id ``hi`` (memory stays proportionate)."""
+        return hi < 2 * len(self._state) + n + _SLACK and hi < _MASK
+
+    def _to_mapped(self) -> None:
+        """Leave dense mode: every known id keeps its key (= the id) in ``_ids``."""
+        if self._ids is not None:
+            return
+        self._refs = self._last_ref()
+        self._ids = {i: i for i, st in enumerate(self._state) if st != _GONE}
+        self._keys = list(range(len(self._state)))
+        self._bind()
+
+    def _dense_keys(self, keys: Iterable[Key]) -> Sequence[int] | None:
+        """``keys`` as ids for dense mode (growing the slots), or ``None`` when they do not
+        all qualify (then the policy must switch to mapped mode)."""
+        found = int_key_range(keys)
+        if found is None:
+            return None
+        seq, lo, hi = found
+        if lo < 0 or not self._dense_fits(hi, len(seq)):
+            return None
+        self._grow(hi + 1)
+        return seq
+
+    def _mapped_keys(self, keys: Iterable[Key]) -> list[int]:
+        """The ids of ``keys`` (mapped mode), giving new keys new ids."""
+        ids, kl = self._ids, self._keys
+        assert ids is not None
+        out = []
+        get = ids.get
+        n = len(self._state)
+        for k in keys:
+            i = get(k)
+            if i is None:
+                i = ids[k] = n
+                n += 1
+                kl.append(k)
+            out.append(i)
+        self._grow(n)
+        return out
+
     def _bind(self) -> None:
         """Bind ``hit``, ``insert``, ``evict`` and ``access_batch`` as closures over the
-        structures; they share one reference counter (``ref``, the last number given)."""
-        hist, retained, young, live, heap, owner = (
-            self._hist,
-            self._evicted,
-            self._young,
-            self._live,
-            self._heap,
-            self._owner,
-        )
-        compact_at = self._compact_limit
+        structures (for the current mode); they share one reference counter (``ref``, the
+        last number given)."""
+        state, h1t, h1r = self._state, self._h1t, self._h1r
+        h2t, h2r, live = self._h2t, self._h2r, self._live
+        young, heap, count, compact_at = self._young, self._heap, self._count, self._compact_limit
+        ids, kl = self._ids, self._keys
         ref = self._refs
         pop_young = young.popitem
         # No closure holds ``self`` (only a weak reference): a policy is freed as soon as its
@@ -106,51 +194,93 @@ class LRU2Policy(LRUKPolicy):
         ) -> None:
             """A new page starts young; a retained one shifts its history and is old."""
             nonlocal ref
+            if ids is not None:
+                i = ids.get(key)
+                if i is None:
+                    policy = me()
+                    assert policy is not None  # a bound method's owner is alive
+                    i = policy._mapped_keys((key,))[0]
+            elif type(key) is int and 0 <= key < len(state):
+                i = key
+            else:  # a new slot, or the map from now on (the rebound closures carry on)
+                policy = me()
+                assert policy is not None
+                if type(key) is int and key >= 0 and policy._dense_fits(key, 1):
+                    policy._grow(key + 1)
+                    i = key
+                else:
+                    policy._to_mapped()
+                    return policy.insert(key, size, now, color, cost)
             ref += 1
-            old = retained.pop(key, None)
-            if old is None:
-                hist[key] = (now, ref, _NEG_INF, 0)
-                young[key] = None
-                return
-            rk = old[1]
-            hist[key] = (now, ref, old[0], rk)
-            live[key] = rk
-            heappush(heap, rk)
-            owner[rk] = key
-            if len(heap) > compact_at[0]:
-                _compact(heap, live, owner, compact_at)
+            count[0] += 1
+            if state[i] == _RET:  # shift the retained history: the page is old
+                q = h1r[i]
+                h2r[i] = q
+                h1r[i] = ref
+                h2t[i] = h1t[i]
+                h1t[i] = now
+                live[i] = q
+                heappush(heap, q << _SHIFT | i)
+                state[i] = _OLD
+                if len(heap) > compact_at[0]:
+                    _compact(heap, live, compact_at)
+            else:
+                h1t[i] = now
+                h1r[i] = ref
+                h2t[i] = _NEG_INF
+                h2r[i] = 0
+                young[i] = None
+                state[i] = _YOUNG
 
         def hit(key: Key, now: float) -> None:
             """HIST(p,2) = HIST(p,1), HIST(p,1) = now (their numbers likewise)."""
             nonlocal ref
+            if ids is not None:
+                i = ids.get(key)
+                if i is None or not state[i] & 1:
+                    raise KeyError(key)
+            elif type(key) is int:
+                i = key
+                if not 0 <= i < len(state) or not state[i] & 1:
+                    raise KeyError(key)
+            else:  # another type may equal a key: look it up in the map from now on
+                policy = me()
+                assert policy is not None
+                policy._to_mapped()
+                return policy.hit(key, now)
             ref += 1
-            old = hist[key]
-            hist[key] = (now, ref, old[0], old[1])
-            if not old[3]:  # its second reference: the page becomes old
-                del young[key]
-                rk = live[key] = old[1]
-                heappush(heap, rk)
-                owner[rk] = key
+            q = h1r[i]
+            if state[i] == _YOUNG:  # its second reference: the page becomes old
+                del young[i]
+                live[i] = q
+                heappush(heap, q << _SHIFT | i)
+                state[i] = _OLD
+            h2r[i] = q
+            h1r[i] = ref
+            h2t[i] = h1t[i]
+            h1t[i] = now
 
         def evict(now: float, pinned: Container[Key] = ()) -> Key | None:
             """``victim`` + ``remove(evicted=True)`` in one step (the same choice)."""
             if pinned:
                 policy = me()
-                assert policy is not None  # a bound method's owner is alive
+                assert policy is not None
                 key = policy.victim(now, pinned)
                 if key is not None:
                     policy.remove(key, now, True)
                 return key
             if young:
-                key = pop_young(False)[0]  # the least recent young page
+                v = pop_young(False)[0]  # the least recent young page
             else:
-                key = _top(heap, live, hist, owner, ())
-                if key is None:
+                found = _top(heap, live, h2r)
+                if found is None:
                     return None
+                v = found
                 heappop(heap)  # the victim's entry is on top: it goes with the page
-                del owner[live.pop(key)]
-            retained[key] = hist.pop(key)
-            return key
+                live[v] = 0
+            state[v] = _RET
+            count[0] -= 1
+            return v if ids is None else kl[v]
 
         def access_batch(
             keys: Iterable[Key],
@@ -164,32 +294,49 @@ class LRU2Policy(LRUKPolicy):
             """Steps of ``hit``/``evict``/``insert`` for a run of accesses; see
             :class:`LRU2Policy` (the batch protocol) for arguments and results."""
             nonlocal ref
+            policy = me()
+            assert policy is not None
+            seq = policy._dense_keys(keys) if ids is None else None
+            if seq is None:
+                if ids is None:  # these keys need the map: carry on with rebound closures
+                    policy._to_mapped()
+                    return policy.access_batch(  # type: ignore[no-any-return]
+                        keys, sizes, times, resident, used, capacity, count_hit_bytes
+                    )
+                seq = policy._mapped_keys(keys)
+            key_of: Sequence[Key] = range(len(state)) if ids is None else kl
             r = ref
+            before = len(resident)
             # locals: cheaper to load than the closure's cells
-            hist_, retained_, young_, live_, heap_, owner_ = (
-                hist,
-                retained,
-                young,
-                live,
-                heap,
-                owner,
-            )
-            pop_hist, pop_retained, pop_resident = hist_.pop, retained_.pop, resident.pop
+            st, h1t_, h1r_, h2t_, h2r_ = state, h1t, h1r, h2t, h2r
+            live_, young_, heap_ = live, young, heap
+            push, pop, replace, pop_resident = heappush, heappop, heapreplace, resident.pop
+            mask, neg_inf = _MASK, _NEG_INF
             misses = bytes_hit = bytes_missed = refused = bytes_refused = 0
             try:
-                for k, s, t in zip(keys, sizes, times, strict=True):
-                    if k in hist_:  # hit (``hist_`` holds exactly the resident keys)
+                for i, s, t in zip(seq, sizes, times, strict=True):
+                    if st[i] == 3:  # hit of an old page (literals load fastest: _OLD)
                         r += 1
-                        old = hist_[k]
-                        hist_[k] = (t, r, old[0], old[1])
+                        h2r_[i] = h1r_[i]
+                        h1r_[i] = r
+                        h2t_[i] = h1t_[i]
+                        h1t_[i] = t
                         if count_hit_bytes:
-                            bytes_hit += resident[k]
-                        if old[3]:
-                            continue
-                        del young_[k]  # its second reference: the page becomes old
-                        rk = live_[k] = old[1]
-                        heappush(heap_, rk)
-                        owner_[rk] = k
+                            bytes_hit += resident[key_of[i]]
+                        continue
+                    if st[i] == 1:  # _YOUNG: its second reference, the page becomes old
+                        r += 1
+                        q = h1r_[i]
+                        del young_[i]
+                        live_[i] = q
+                        push(heap_, q << 32 | i)  # 32 is _SHIFT
+                        st[i] = 3
+                        h2r_[i] = q
+                        h1r_[i] = r
+                        h2t_[i] = h1t_[i]
+                        h1t_[i] = t
+                        if count_hit_bytes:
+                            bytes_hit += resident[key_of[i]]
                         continue
                     misses += 1
                     bytes_missed += s
@@ -202,42 +349,46 @@ class LRU2Policy(LRUKPolicy):
                         if young_:
                             v = pop_young(False)[0]
                         else:
-                            while True:  # ``_top(())`` inlined
-                                rk = heap_[0]
-                                v = owner_[rk]
-                                if live_.get(v) != rk:
-                                    heappop(heap_)
-                                    del owner_[rk]
+                            while True:  # ``_top`` inlined
+                                e = heap_[0]
+                                v = e & mask
+                                rk = e >> 32
+                                if live_[v] != rk:  # stale
+                                    pop(heap_)
                                     continue
-                                current = hist_[v][3]
-                                if current != rk:
+                                current = h2r_[v]
+                                if current != rk:  # outdated: re-rank
                                     live_[v] = current
-                                    heapreplace(heap_, current)
-                                    del owner_[rk]
-                                    owner_[current] = v
+                                    replace(heap_, current << 32 | v)
                                     continue
                                 break
-                            heappop(heap_)
-                            del owner_[rk]
-                            del live_[v]
-                        retained_[v] = pop_hist(v)
-                        used -= pop_resident(v)
-                    resident[k] = s
+                            pop(heap_)
+                            live_[v] = 0
+                        st[v] = 2  # _RET
+                        used -= pop_resident(key_of[v])
+                    resident[key_of[i]] = s
                     r += 1  # as ``insert``
-                    prev = pop_retained(k, None)
-                    if prev is None:
-                        hist_[k] = (t, r, _NEG_INF, 0)
-                        young_[k] = None
+                    if st[i]:  # _RET: shift the retained history, the page is old
+                        q = h1r_[i]
+                        h2r_[i] = q
+                        h1r_[i] = r
+                        h2t_[i] = h1t_[i]
+                        h1t_[i] = t
+                        live_[i] = q
+                        push(heap_, q << 32 | i)
+                        st[i] = 3  # _OLD
+                        if len(heap_) > compact_at[0]:
+                            _compact(heap_, live_, compact_at)
                         continue
-                    rk = prev[1]
-                    hist_[k] = (t, r, prev[0], rk)
-                    live_[k] = rk
-                    heappush(heap_, rk)
-                    owner_[rk] = k
-                    if len(heap_) > compact_at[0]:
-                        _compact(heap_, live_, owner_, compact_at)
+                    h1t_[i] = t
+                    h1r_[i] = r
+                    h2t_[i] = neg_inf
+                    h2r_[i] = 0
+                    young_[i] = None
+                    st[i] = 1  # _YOUNG
             finally:
                 ref = r
+                count[0] += len(resident) - before
             return misses, bytes_hit, bytes_missed, refused, bytes_refused, used
 
         def refs() -> int:
@@ -250,106 +401,68 @@ class LRU2Policy(LRUKPolicy):
         self._last_ref = refs
 
     # -- introspection -------------------------------------------------------------------
-    def _known(self, key: Key) -> Hist | None:
-        h = self._hist.get(key)
-        return self._evicted.get(key) if h is None else h
+    def _known_id(self, key: Key) -> int | None:
+        """The id of ``key`` when it has history (resident or retained), else ``None``."""
+        i = self._find(key)
+        return None if i is None or self._state[i] == _GONE else i
+
+    def _key(self, i: int) -> Key:
+        return i if self._ids is None else self._keys[i]
 
     def history(self, key: Key) -> tuple[float, ...] | None:
-        h = self._known(key)
-        return None if h is None else (h[0], h[2])
+        i = self._known_id(key)
+        return None if i is None else (self._h1t[i], self._h2t[i])
 
     def history_refs(self, key: Key) -> tuple[int, ...] | None:
-        h = self._known(key)
-        return None if h is None else (h[1], h[3])
+        i = self._known_id(key)
+        return None if i is None else (self._h1r[i], self._h2r[i])
 
     def last(self, key: Key) -> float | None:
-        h = self._known(key)
-        return None if h is None else h[0]
+        i = self._known_id(key)
+        return None if i is None else self._h1t[i]
 
     def retained(self, key: Key, now: float) -> bool:
-        return key in self._evicted
+        i = self._find(key)
+        return i is not None and self._state[i] == _RET
 
     # -- protocol ------------------------------------------------------------------------
     def victim(self, now: float, pinned: Container[Key] = ()) -> Key | None:
-        for key in self._young:
+        for i in self._young:
+            key = self._key(i)
             if not pinned or key not in pinned:
                 return key
-        return _top(self._heap, self._live, self._hist, self._owner, pinned)
+        skip = None if not pinned else (lambda i: self._key(i) in pinned)
+        found = _top(self._heap, self._live, self._h2r, skip)
+        return None if found is None else self._key(found)
 
     def remove(self, key: Key, now: float, evicted: bool) -> None:
-        if key in self._young:
-            del self._young[key]
+        i = self._find(key)
+        if i is None or not self._state[i] & 1:
+            raise KeyError(key)
+        if self._state[i] == _OLD:
+            self._live[i] = 0  # its heap entry is stale now
         else:
-            del self._live[key]  # KeyError when not resident; its heap entry is stale now
-        h = self._hist.pop(key)
-        if evicted:  # kept; an invalidation forgets it
-            self._evicted[key] = h
+            del self._young[i]
+        # kept when evicted; an invalidation forgets it
+        self._state[i] = _RET if evicted else _GONE
+        self._count[0] -= 1
         if len(self._heap) > self._compact_limit[0]:
-            _compact(self._heap, self._live, self._owner, self._compact_limit)
+            _compact(self._heap, self._live, self._compact_limit)
 
     def __contains__(self, key: object) -> bool:
-        return key in self._hist
+        i = self._find(key)  # type: ignore[arg-type]
+        return i is not None and self._state[i] & 1 == 1
 
     def __len__(self) -> int:
-        return len(self._hist)
+        return self._count[0]
 
     def __iter__(self) -> Iterator[Key]:
         """Resident keys in victim order when nothing is pinned: young pages least recent
         first, then by ascending ``(HIST(p,2), REF(p,2))``."""
-        hist = self._hist
-        old = sorted(self._live, key=lambda k: (hist[k][2], hist[k][3]))
-        return iter([*self._young, *old])
+        h2t, h2r, live = self._h2t, self._h2r, self._live
+        old = [e & _MASK for e in self._heap if live[e & _MASK] == e >> _SHIFT]
+        old.sort(key=lambda i: (h2t[i], h2r[i]))
+        return iter([self._key(i) for i in [*self._young, *old]])
 
     def _compact(self) -> None:
-        _compact(self._heap, self._live, self._owner, self._compact_limit)
-
-
-def _top(
-    heap: list[int],
-    live: dict[Key, int],
-    hist: dict[Key, Hist],
-    owner: dict[int, Key],
-    pinned: Container[Key],
-) -> Key | None:
-    """The old unpinned page of smallest REF(p,2) (its entry left on top of the heap when
-    nothing is pinned), or ``None``; drops stale entries and refreshes outdated ones it
-    meets on top."""
-    skipped: list[int] = []
-    found: Key | None = None
-    while heap:
-        rk = heap[0]
-        key = owner[rk]
-        if live.get(key) != rk:
-            heappop(heap)  # stale: the page left (or the entry is of an earlier stay)
-            del owner[rk]
-            continue
-        current = hist[key][3]
-        if current != rk:  # outdated lower bound: re-rank with the current history
-            live[key] = current
-            heapreplace(heap, current)
-            del owner[rk]
-            owner[current] = key
-            continue
-        if not pinned or key not in pinned:
-            found = key
-            break
-        skipped.append(heappop(heap))
-    for entry in skipped:
-        heappush(heap, entry)
-    return found
-
-
-def _compact(
-    heap: list[int], live: dict[Key, int], owner: dict[int, Key], compact_at: list[int]
-) -> None:
-    """Drop stale entries from ``heap`` (in place: the closures hold the list) and their
-    ``owner`` slots; the next compaction comes after >= len(heap) + 64 pushes."""
-    kept = []
-    for rk in heap:
-        if live.get(owner[rk]) == rk:
-            kept.append(rk)
-        else:
-            del owner[rk]
-    heapify(kept)
-    heap[:] = kept
-    compact_at[0] = 2 * len(kept) + 64
+        _compact(self._heap, self._live, self._compact_limit)

@@ -98,6 +98,8 @@ class EngineResult:
     param_wait_s: float
     iterations: int
     clock_excludes_cpu_wait: bool = False
+    #: sequences preempted (recompute) because the KV blocks ran out
+    preemptions: int = 0
     #: one row per iteration: the shapes the simulator's cost model charges
     iteration_log: list[IterationRecord] = field(default_factory=list)
     tokens: list[list[int]] = field(default_factory=list)
@@ -265,6 +267,7 @@ class Engine:
             if tw is not None:
                 tw.on_charge = None
         res.wall_s = end_clock
+        res.preemptions = self.sched.kv.preemptions
         res.clock_excludes_cpu_wait = run_clock.exclude_cpu_wait
         return res
 

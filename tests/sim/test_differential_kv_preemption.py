@@ -145,7 +145,7 @@ def test_differential_kv_preemption(
     n = len(arrivals[0])
     kinds = [e[1] for e in eng_log]
     assert kinds.count("preempt") > 0, "the pool must be small enough to preempt"
-    assert sched.kv.preemptions == node.kv.preemptions == node.preemptions > 0
+    assert res.preemptions == node.kv.preemptions == node.preemptions > 0
     assert kinds.count("block") > 0
     # nothing lost: every request completes exactly once on both sides, with all its tokens
     done = sorted(e[2] for e in eng_log if e[1] == "done")

@@ -153,5 +153,9 @@ def test_differential_kv_preemption(
     assert (res.status == 1).all()
     assert [len(t) for t in res.tokens] == arrivals[2].tolist()
     assert int((cl.ctx.metrics.status == 1).sum()) == n
+    # the shared classifier: a burst starts with a prefill-only iteration; re-admissions
+    # after preemptions run alongside decodes
+    kinds_e = [r.kind for r in res.iteration_log]
+    assert kinds_e[0] == "prefill" and "mixed" in kinds_e and "decode" in kinds_e
     # both pools end empty
     assert sched.reserved == 0 and node.kv.reserved == 0

@@ -65,6 +65,20 @@ class KvAdmission:
     blocks (the simulator's ``sim.prefix.PrefixCache``), or ``None``.
     """
 
+    __slots__ = (
+        "allocators",
+        "block_tokens",
+        "capacity",
+        "log",
+        "needed",
+        "preemptions",
+        "prefix",
+        "reserved",
+        "seqs",
+        "step",
+        "watermark",
+    )
+
     def __init__(
         self,
         capacity: int,

@@ -16,10 +16,11 @@ completion, KV block boundary or arrival, so the replica runs ``k`` decode steps
 timeout (capped by ``max_steps_per_turn`` when other models wait); an arrival that could join
 interrupts it, the step in progress finishes and the replica re-plans.
 
-**KV** (:class:`KvAccount` over :class:`engine.kv.allocator.KVBlockAllocator`, the engine's
-allocator): admission reserves the blocks of the prompt only (never the unknown output
-length) and leaves ``admission_watermark`` of the blocks free; a decoding sequence takes a
-new block when its context crosses a block boundary, i.e. once every ``block_tokens`` steps,
+**KV** (:class:`engine.kv.admission.KvAdmission`, the engine's admission object, over
+:class:`engine.kv.allocator.KVBlockAllocator`, the engine's allocator; the rules:
+``docs/design/admission.md``): admission reserves the blocks of the prompt only (never the
+unknown output length) and leaves ``admission_watermark`` of the blocks free; a decoding
+sequence takes a new block when its context crosses a block boundary, i.e. once every ``block_tokens`` steps,
 at the steps of one residue: sequences are bucketed by that residue, so a step's blocks are
 one bucket, taken in one bulk allocator call. A multi-step segment is checked to fit before
 it starts and takes the blocks of the steps that ran when it ends (an arrival may cut it
@@ -55,12 +56,12 @@ from typing import Any
 import numpy as np
 import simpy
 
+from engine.kv.admission import IterationKind, KvAdmission, iteration_kind
 from engine.kv.allocator import KVBlockAllocator
-from engine.kv.prefix import num_blocks
 from engine.prefetch import HeatMap, PrefetchPlanner
 from sim.context import SimContext
 from sim.metrics import DONE, EV_ADMIT, EV_DONE, EV_PREEMPT, N_ACC, TIERS
-from sim.prefix import PrefixCache, make_prefix_cache
+from sim.prefix import make_prefix_cache
 from sim.streams import lend, pick_streams, stream_turn
 from sim.weights import WeightStore
 
@@ -69,70 +70,8 @@ _NT = len(TIERS)
 FETCH_RETRY_S = 1e-3
 
 
-class KvAccount:
-    """KV blocks of one replica, in bytes, shared by its models.
-
-    With ``allocators`` (one :class:`engine.kv.allocator.KVBlockAllocator` per model, or
-    ``None`` for models without KV) every block taken here is also taken in the engine's
-    allocator (block ids only, no bytes), so the simulator runs the engine's block tables.
-
-    Invariant: ``0 <= reserved <= capacity``; ``reserved`` = sum over live sequences of
-    ``blocks * block_tokens * bytes_per_token``; ``needed`` = their exact token bytes.
-    """
-
-    def __init__(
-        self, capacity: int, block_tokens: int, allocators: list[Any] | None = None
-    ) -> None:
-        self.capacity = capacity
-        self.block_tokens = block_tokens
-        self.reserved = 0
-        self.needed = 0
-        self.allocators = allocators
-        #: per live sequence: [model, tokens, blocks]
-        self.seqs: dict[int, list[int]] = {}
-        #: prefix caching (sim/prefix.py) when on: it does take/give with shared blocks
-        self.prefix: PrefixCache | None = None
-
-    def size(self, tokens: int, bytes_per_token: int) -> tuple[int, int]:
-        """(bytes in whole blocks, exact bytes) of a ``tokens``-token sequence."""
-        return num_blocks(tokens, self.block_tokens) * self.block_tokens * bytes_per_token, (
-            tokens * bytes_per_token
-        )
-
-    def can(self, nbytes: int) -> bool:
-        return self.reserved + nbytes <= self.capacity
-
-    def take(
-        self, rid: int, m: int, tokens: int, bytes_per_token: int, prefill: bool = True
-    ) -> int:
-        """Give new sequence ``rid`` (model ``m``) the blocks of ``tokens`` tokens; returns the
-        prompt tokens a cached prefix saves from prefill (0 without prefix caching)."""
-        if self.prefix is not None:  # [prefix caching] shared blocks: sim/prefix.py
-            return self.prefix.take(rid, m, tokens, bytes_per_token, prefill)
-        blocks = num_blocks(tokens, self.block_tokens)
-        allocs = self.allocators
-        if allocs is not None and (a := allocs[m]) is not None:
-            a.allocate(rid, tokens)
-        self.seqs[rid] = [m, tokens, blocks]
-        self.reserved += blocks * self.block_tokens * bytes_per_token
-        self.needed += tokens * bytes_per_token
-        return 0
-
-    def give(self, rid: int, bytes_per_token: int) -> int:
-        """Release ``rid``'s blocks; returns its exact KV bytes."""
-        if self.prefix is not None:  # [prefix caching] shared blocks: sim/prefix.py
-            return self.prefix.give(rid, bytes_per_token)
-        m, tokens, blocks = self.seqs.pop(rid)
-        allocs = self.allocators
-        if allocs is not None and (a := allocs[m]) is not None:
-            a.free(rid)
-        self.reserved -= blocks * self.block_tokens * bytes_per_token
-        self.needed -= tokens * bytes_per_token
-        return tokens * bytes_per_token
-
-    def fragmentation(self) -> float:
-        """Internal fragmentation of the reserved blocks (0 when nothing is reserved)."""
-        return 1.0 - self.needed / self.reserved if self.reserved else 0.0
+#: the replica's KV account is the engine's admission object (one set of rules, both sides)
+KvAccount = KvAdmission
 
 
 class ComputeNode:
@@ -217,7 +156,7 @@ class ComputeNode:
                 else None
                 for mr in ctx.models
             ]
-        self.kv = KvAccount(kv_bytes, sc.kv.block_tokens, allocs)
+        self.kv = KvAdmission(kv_bytes, sc.kv.block_tokens, allocs, self.watermark)
         self.wake: simpy.Event | None = None
         #: called with this node whenever its load (queued + running) falls (a completion, an
         #: abort); the least-loaded placement's heap listens here
@@ -237,6 +176,8 @@ class ComputeNode:
         #: requests the running turn admitted (0: a decode-only iteration); set at the turn's
         #: start, before its compute, so hooks on the iteration (hwbench.interference) see it
         self.admitted = 0
+        #: what the running iteration runs (:func:`engine.kv.admission.iteration_kind`)
+        self.kind: IterationKind = "decode"
         #: the running turn follows an idle spell (the replica waited for a request)
         self.woke = False
         self._woke = False
@@ -463,8 +404,7 @@ class ComputeNode:
             need = kv.size(self._kv_tokens(rid), bpt)[0]
         else:  # [prefix caching] blocks running sequences already hold cost nothing
             need = self.prefix.need(rid, m, self._kv_tokens(rid), bpt)
-        spare = kv.capacity * self.watermark if self.running else 0.0
-        return kv.reserved + need + spare <= kv.capacity
+        return kv.fits(need, self.running > 0)
 
     def _admit(self, m: int, budget: int) -> tuple[list[int], list[int]]:
         """Admit queued requests of model ``m`` (class order, head of line first) while slots,
@@ -481,6 +421,8 @@ class ComputeNode:
         pf, order = self.pf[m], self._order[m]
         room = self.max_seqs - self.b_n[m] - len(pf)
         first_prompt = not pf  # unchunked: the iteration's first prompt runs whatever its size
+        allows = KvAdmission.budget_allows
+        self.kv.step = self.b_off[m]
         for c in ctx.class_order:
             q = self.queues[m][c]
             while q and room > 0:
@@ -488,9 +430,7 @@ class ComputeNode:
                 sw = self._swapped.get(rid)
                 if sw is None:
                     tokens = self._kv_tokens(rid)
-                    if not mr.is_cnn and (
-                        budget <= 0 or (not self.chunked and tokens > budget and not first_prompt)
-                    ):
+                    if not mr.is_cnn and not allows(tokens, budget, first_prompt, self.chunked):
                         return new, swapped
                 if not self._fits(rid, m):
                     return new, swapped  # head-of-line: never let a lower class overtake
@@ -524,7 +464,7 @@ class ComputeNode:
         """Preempt the most recently admitted sequence of model ``m``; returns the seconds its
         swap-out adds to the iteration (0 for recompute)."""
         order = self._order[m]
-        rid = next(reversed(order))
+        rid = KvAdmission.victim(order)
         del order[rid]
         mr = self.ctx.models[m]
         bpt = mr.kv_bytes_per_token
@@ -553,8 +493,8 @@ class ComputeNode:
                 cost = nbytes / self.ws.links["pcie"].bandwidth
             else:
                 self._gen[rid] = gen
-        if bpt and rid in self.kv.seqs:
-            self.kv.give(rid, bpt)
+        self.kv.step = off
+        self.kv.preempt(rid, bpt)
         met.acc[rid] += self.cum[m]
         met.n_preempted += 1
         self.ctx.trace.rec(self.env.now, EV_PREEMPT, rid, self.idx)
@@ -573,11 +513,10 @@ class ComputeNode:
             return True
         kv = self.kv
         bpt = self.ctx.models[m].kv_bytes_per_token
-        block = kv.block_tokens * bpt
         if lag:
             life = self._life
             lag[:] = [e for e in lag if life.get(e[0]) == e[1]]
-        if kv.reserved + (len(bucket) + len(lag)) * block > kv.capacity:
+        if not kv.can_grow(len(bucket) + len(lag), bpt):
             return False
         if lag:
             self._take_blocks(m, [(rid, s) for rid, _, s in lag])
@@ -595,7 +534,7 @@ class ComputeNode:
         block = bt * self.ctx.models[m].kv_bytes_per_token
         if block == 0 or k <= 1:
             return k
-        room = (kv.capacity - kv.reserved) // block
+        room = kv.free_blocks(self.ctx.models[m].kv_bytes_per_token)
         if self.b_n[m] * (-(-(k - 1) // bt)) <= room:  # an upper bound fits: no walk
             return k
         res = self._res[m]
@@ -623,25 +562,13 @@ class ComputeNode:
 
     def _take_blocks(self, m: int, items: list[tuple[int, int]]) -> None:
         """Give each ``(rid, step)`` the one block its context crosses into at that step
-        (KvAccount's invariant kept here; the engine allocator in one bulk call)."""
-        kv = self.kv
-        bpt = self.ctx.models[m].kv_bytes_per_token
-        seqs, base_of = kv.seqs, self._base_of
-        grown: list[tuple[int, int]] = []
-        needed = 0
-        for rid, s in items:
-            tokens = base_of[rid] + s  # context written in step s -> s + 1
-            st = seqs[rid]
-            d = tokens - st[1]
-            grown.append((rid, d))
-            needed += d
-            st[1] = tokens
-            st[2] += 1
-        kv.reserved += len(items) * kv.block_tokens * bpt
-        kv.needed += needed * bpt
-        alloc = kv.allocators[m] if kv.allocators is not None else None
-        if alloc is not None:
-            alloc.append_many(grown)
+        (:meth:`engine.kv.admission.KvAdmission.grow`, one bulk call)."""
+        base_of = self._base_of
+        self.kv.grow(
+            m,
+            [(rid, base_of[rid] + s, s) for rid, s in items],
+            self.ctx.models[m].kv_bytes_per_token,
+        )
 
     def _start_decoding(
         self, m: int, rid: int, off: int, kv_tokens: int, gen: int, granted: bool = False
@@ -716,6 +643,7 @@ class ComputeNode:
                     ends.append(ent)
             ctx_tok = self.b_base[m] + n * off
             t, fl, by = mr.iter_cost(ptok, sq, len(ends), n, ctx_tok)
+            self.kind = iteration_kind(ptok, n)
             t += extra
             if mr.warm_on:  # warm-up costs (sim.context.ModelRt.rewarm): one iteration
                 if woke:
@@ -781,6 +709,7 @@ class ComputeNode:
             if self.qlen or self._others_running(m):
                 k = min(k, max(self.max_steps - self._quantum, 1))
             k = self._fit_steps(m, off, k)
+            self.kind = iteration_kind(0, n)
             t_step, fl, by = mr.iter_cost(0, 0.0, 0, n, self.b_base[m] + n * (off + (k - 1) / 2.0))
             if mr.warm_on:  # spread over the k steps (an interrupted segment pays its share)
                 t_step += (mr.rewarm(self._since, k) + (mr.wake(t_step) if woke else 0.0)) / k
@@ -848,9 +777,9 @@ class ComputeNode:
         """``rid`` is done: release its blocks, close its counters, record it."""
         ctx = self.ctx
         met = ctx.metrics
-        bpt = ctx.models[m].kv_bytes_per_token
-        if bpt and rid in self.kv.seqs:
-            self.kv.give(rid, bpt)
+        kv = self.kv
+        kv.step = self.b_off[m]
+        kv.finish(rid, ctx.models[m].kv_bytes_per_token)
         del self._order[m][rid]
         del self._life[rid]
         self.running -= 1

@@ -1,5 +1,7 @@
-"""Paged KV cache: block allocator, prefix keys, growable pool, offload, chunked layout."""
+"""Paged KV cache: block allocator, admission rules, prefix keys, growable pool, offload,
+chunked layout."""
 
+from engine.kv.admission import KvAdmission, iteration_kind
 from engine.kv.allocator import (
     ALLOWED_BLOCK_TOKENS,
     Allocation,
@@ -45,6 +47,7 @@ __all__ = [
     "KVOutOfBlocks",
     "KVStats",
     "KVStorage",
+    "KvAdmission",
     "KvStorageModel",
     "OffloadChain",
     "chunk_spans",
@@ -52,6 +55,7 @@ __all__ = [
     "dense_attention",
     "growth_sequence",
     "id_block_keys",
+    "iteration_kind",
     "make_offload_tiers",
     "max_context_tokens",
     "next_pool_size",

@@ -1,8 +1,11 @@
 """Run a workload on the real engine in real time and record every request.
 
 :class:`Engine` serves requests that arrive at given times (seconds after the start) with
-continuous batching (:class:`~engine.runtime.scheduler.BatchScheduler`). One *iteration*
-admits what fits, then runs every layer once: fetch the layer's weights (prefetching the next
+continuous batching (:class:`~engine.runtime.scheduler.BatchScheduler`, the simulator's
+admission object and rules). One *iteration* takes the running sequences' new KV blocks
+(preempting the most recently admitted while they do not fit: recompute, the preempted request
+prefills its prompt and generated tokens again later), admits what fits, then runs every layer
+once: fetch the layer's weights (prefetching the next
 ``window`` layers on a background thread), run the prefill part (new prompts; each gets its
 first token) and the decode part (one more token for every running request). A request is done
 when it has ``output_tokens`` tokens; a dense (no-KV) model produces its one output in the
@@ -31,6 +34,7 @@ import numpy as np
 
 from engine import backend
 from engine.config import PrefetchCfg
+from engine.kv.admission import IterationKind, iteration_kind
 from engine.runtime.clock import RunClock
 from engine.runtime.model import DecoderModel, DenseModel, unpack
 from engine.runtime.prefetcher import Prefetcher
@@ -71,6 +75,8 @@ class IterationRecord(NamedTuple):
     decode_batch: int
     decode_context: int
     param_wait: float
+    #: :func:`engine.kv.admission.iteration_kind` of the iteration
+    kind: IterationKind = "decode"
 
 
 @dataclass
@@ -92,6 +98,8 @@ class EngineResult:
     param_wait_s: float
     iterations: int
     clock_excludes_cpu_wait: bool = False
+    #: sequences preempted (recompute) because the KV blocks ran out
+    preemptions: int = 0
     #: one row per iteration: the shapes the simulator's cost model charges
     iteration_log: list[IterationRecord] = field(default_factory=list)
     tokens: list[list[int]] = field(default_factory=list)
@@ -172,6 +180,8 @@ class Engine:
         self.exclude_cpu_wait = exclude_cpu_wait
         self.xp = model.xp
         self.layouts = [model.cfg.layout(i) for i in range(model.cfg.n_layers)]
+        if isinstance(model, DecoderModel):
+            scheduler.bind(model.kv)  # block tables in the model's allocator (its KV storage)
 
     # -- the run ------------------------------------------------------------------------------
     def run(self, wl: EngineWorkload) -> EngineResult:
@@ -217,8 +227,10 @@ class Engine:
         self.prefetcher = pf
         if pf is not None:
             pf.start()
-        inp = [int(x) for x in wl.inp]
+        #: per request: KV tokens it (re)starts with (prompt + tokens generated before)
+        kv_tok = [int(x) for x in wl.inp]
         seq = [int(a) + int(b) for a, b in zip(wl.inp, wl.out, strict=False)]
+        dense = not isinstance(self.model, DecoderModel)
         nxt = 0
         final = 0
         try:
@@ -235,12 +247,16 @@ class Engine:
                     if nxt < n:
                         self._wait_until(float(wl.arrival[nxt]), clock)
                     continue
-                new = self.sched.admit(inp, seq)
+                for rid in self.sched.grow():  # preempted (recompute): counters close
+                    res.acc[rid] += self.cum
+                    kv_tok[rid] = int(wl.inp[rid]) + len(res.tokens[rid])
+                new = self.sched.admit(kv_tok, budget_free=dense)
                 if not new and not self.sched.running:
                     continue  # cannot happen (fits_alone); guards an endless loop
                 now = clock()
                 for rid in new:
-                    res.start[rid] = now
+                    if res.start[rid] != res.start[rid]:  # NaN: first admission
+                        res.start[rid] = now
                     res.acc[rid] -= self.cum
                 final += self._iteration(new)
         finally:
@@ -251,6 +267,7 @@ class Engine:
             if tw is not None:
                 tw.on_charge = None
         res.wall_s = end_clock
+        res.preemptions = self.sched.kv.preemptions
         res.clock_excludes_cpu_wait = run_clock.exclude_cpu_wait
         return res
 
@@ -282,9 +299,10 @@ class Engine:
         t_start = self.clock()
         wait = 0.0
         if isinstance(self.model, DecoderModel):
-            prefill = [(r, self._prompts[r]) for r in new]
+            prefill = [(r, self._prefill_tokens(r)) for r in new]
             decode = [(r, res.tokens[r][-1]) for r in running]
-            state: Any = self.model.begin(prefill, decode)
+            pos = [sched.ctx[r] for r in running]
+            state: Any = self.model.begin(prefill, decode, positions=pos)
         else:
             rows = [
                 np.random.default_rng([7, r]).standard_normal(self.model.cfg.widths[0]) for r in new
@@ -321,7 +339,10 @@ class Engine:
         if isinstance(self.weights, TieredWeights):
             self.weights.touch(computed)  # the caches see the compute's end (the simulator's)
         ctx = sum(len(self._prompts[r]) + len(res.tokens[r]) for r in running)
-        plens = [len(self._prompts[r]) for r in new]
+        if isinstance(self.model, DecoderModel):
+            plens = [len(toks) for _, toks in prefill]
+        else:
+            plens = [len(self._prompts[r]) for r in new]
         done: list[int] = []
         firsts: list[int] = []
         if isinstance(self.model, DecoderModel):
@@ -353,9 +374,11 @@ class Engine:
                 len(running),
                 ctx,
                 wait,
+                iteration_kind(sum(plens), len(running)),
             )
         )
         res.iterations += 1
+        sched.advance(running)
         res.busy_s += now - t_start
         res.param_wait_s += wait
         self.cum[0] += wait
@@ -363,7 +386,13 @@ class Engine:
             res.end[r] = now
             res.status[r] = 1
             res.acc[r] += self.cum
-            sched.finish(r)
-            if isinstance(self.model, DecoderModel):
-                self.model.release(r)
+            sched.finish(r)  # frees its blocks in the model's allocator
         return len(done)
+
+    def _prefill_tokens(self, r: int) -> np.ndarray:
+        """What request ``r`` prefills: its prompt, then the tokens it generated before a
+        recompute preemption."""
+        gen = self.res.tokens[r]
+        if not gen:
+            return self._prompts[r]  # type: ignore[no-any-return]
+        return np.concatenate([self._prompts[r], np.asarray(gen, dtype=self._prompts[r].dtype)])

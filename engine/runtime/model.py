@@ -23,6 +23,7 @@ with the same weights, so a layer's weights are fetched once per iteration.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Any
@@ -182,6 +183,9 @@ class DecoderModel:
     Sequences: :meth:`begin` allocates a new sequence's prompt blocks and extends running
     ones by one token; :meth:`release` frees a finished sequence. Invariant: a sequence's KV
     holds exactly the tokens whose K/V were written (prompt + decoded tokens fed back).
+    The engine instead lets its scheduler's admission object take the blocks in :attr:`kv`
+    (:class:`engine.kv.admission.KvAdmission`) and gives :meth:`begin` the decode positions;
+    the block tables then cover the written tokens and ``kv``'s token counts may lag.
     """
 
     def __init__(self, cfg: DecoderConfig, kv_tokens: int, xp: ModuleType = np) -> None:
@@ -199,17 +203,26 @@ class DecoderModel:
         self.store = KVStorage(layout, n_blocks, xp)
 
     def begin(
-        self, prefill: list[tuple[int, np.ndarray]], decode: list[tuple[int, int]]
+        self,
+        prefill: list[tuple[int, np.ndarray]],
+        decode: list[tuple[int, int]],
+        positions: Sequence[int] | None = None,
     ) -> IterationState:
-        """Reserve KV for this iteration's tokens; see the class docstring."""
+        """Reserve KV for this iteration's tokens; see the class docstring. ``positions``:
+        each decode row's KV position, when the caller already took this iteration's blocks
+        in :attr:`kv` (``begin`` then allocates nothing)."""
         st = IterationState(prefill, decode)
-        for sid, toks in prefill:
-            self.kv.allocate(sid, len(toks))
+        if positions is None:
+            for sid, toks in prefill:
+                self.kv.allocate(sid, len(toks))
         pos = np.zeros(len(decode), dtype=np.int64)
         tables: list[list[int]] = []
         for i, (sid, _) in enumerate(decode):
-            pos[i] = self.kv.num_tokens(sid)
-            self.kv.append(sid, 1)
+            if positions is None:
+                pos[i] = self.kv.num_tokens(sid)
+                self.kv.append(sid, 1)
+            else:
+                pos[i] = positions[i]
             tables.append(self.kv.block_table(sid))
         bt = self.cfg.block_tokens
         st.pos_d = pos

@@ -1,0 +1,92 @@
+"""The shared admission object (engine.kv.admission): its bookkeeping matches the engine's
+allocator and a per-token reference, and its admission tests are the stated rules."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from engine.kv.admission import KvAdmission, LogEntry, iteration_kind
+from engine.kv.allocator import KVBlockAllocator
+
+BT, BPT = 16, 4
+
+
+@given(
+    prompts=st.lists(st.integers(1, 80), min_size=1, max_size=6),
+    steps=st.integers(0, 70),
+)
+def test_growth_keeps_blocks_equal_to_the_tokens_written(prompts: list[int], steps: int) -> None:
+    """Prompts admitted, then ``steps`` decode steps with a block taken exactly when the
+    written token starts one: the reservation and the allocator always hold
+    ``ceil(tokens / BT)`` blocks per sequence, and the log has one entry per block."""
+    alloc = KVBlockAllocator(BT, BPT, initial_blocks=64, max_bytes=1 << 20)
+    log: list[LogEntry] = []
+    kv = KvAdmission(1 << 20, BT, [alloc], log=log)
+    ctx = {}
+    for rid, p in enumerate(prompts):
+        kv.take(rid, 0, p, BPT)
+        ctx[rid] = p
+    for s in range(steps):
+        items = [(r, ctx[r] + 1, s) for r in ctx if ctx[r] % BT == 0]
+        assert kv.can_grow(len(items), BPT)
+        kv.grow(0, items, BPT)
+        for r in ctx:
+            ctx[r] += 1
+    blocks = sum(-(-t // BT) for t in ctx.values())
+    assert kv.reserved == blocks * BT * BPT
+    assert alloc.num_used_blocks == blocks
+    assert [len(alloc.block_table(r)) for r in ctx] == [-(-t // BT) for t in ctx.values()]
+    assert sum(1 for e in log if e[1] == "block") == blocks - sum(-(-p // BT) for p in prompts)
+    for rid in list(ctx):
+        kv.finish(rid, BPT)
+    assert kv.reserved == 0 and kv.needed == 0 and alloc.num_used_blocks == 0
+    assert [e[2] for e in log if e[1] == "done"] == list(range(len(prompts)))
+
+
+@given(
+    tokens=st.integers(1, 500),
+    budget=st.integers(-5, 500),
+    first=st.booleans(),
+    chunked=st.booleans(),
+)
+def test_budget_rule(tokens: int, budget: int, first: bool, chunked: bool) -> None:
+    stop = budget <= 0 or (not chunked and tokens > budget and not first)
+    assert KvAdmission.budget_allows(tokens, budget, first, chunked) is (not stop)
+
+
+def test_watermark_applies_only_while_something_runs() -> None:
+    kv = KvAdmission(100 * BT * BPT, BT, watermark=0.1)
+    kv.take(0, 0, 80 * BT, BPT)  # 80 of 100 blocks
+    need = kv.size(15 * BT, BPT)[0]
+    assert kv.can(need) and not kv.fits(need, running=True)  # 95 > 90 blocks
+    assert kv.fits(need, running=False)
+    assert kv.fits(kv.size(10 * BT, BPT)[0], running=True)  # exactly 90
+    assert not kv.fits_alone(100 * BT + 1, BPT) and kv.fits_alone(100 * BT, BPT)
+
+
+def test_preempt_frees_counts_and_logs_and_the_victim_is_the_newest() -> None:
+    log: list[LogEntry] = []
+    kv = KvAdmission(10 * BT * BPT, BT, log=log)
+    running = {}
+    for rid in (4, 2, 7):
+        kv.take(rid, 0, BT, BPT)
+        running[rid] = None
+    assert KvAdmission.victim(running) == 7 and KvAdmission.victim([4, 2]) == 2
+    kv.step = 5
+    kv.preempt(7, BPT)
+    assert kv.preemptions == 1 and 7 not in kv.seqs and kv.reserved == 2 * BT * BPT
+    assert log[-1] == (5, "preempt", 7, 0)
+    assert log[:3] == [(0, "admit", 4, BT), (0, "admit", 2, BT), (0, "admit", 7, BT)]
+
+
+def test_iteration_kind() -> None:
+    assert iteration_kind(10, 0) == "prefill"
+    assert iteration_kind(10, 3) == "mixed"
+    assert iteration_kind(0, 3) == "decode"
+
+
+def test_bad_watermark_is_refused() -> None:
+    with pytest.raises(ValueError, match="watermark"):
+        KvAdmission(100, BT, watermark=1.0)

@@ -413,13 +413,10 @@ class Network:
         weight_on = [0.0] * n_links  # unfrozen weight per link
         count_on = [0] * n_links  # unfrozen flows per link; the link is done at 0
         used: list[int] = []  # links in first-use order
-        paths: list[tuple[int, ...]] = []
-        weights: list[float] = []
-        for i, flow in enumerate(flows):
-            w = flow.weight
-            lix = flow.lix
-            paths.append(lix)
-            weights.append(w)
+        paths = [flow.lix for flow in flows]
+        weights = [flow.weight for flow in flows]
+        for i, lix in enumerate(paths):
+            w = weights[i]
             for j in lix:
                 if count_on[j] == 0:
                     used.append(j)
@@ -428,8 +425,9 @@ class Network:
                 count_on[j] += 1
         version = [0] * n_links
         heap: list[tuple[float, int, int, int]] = [  # (share, seq, version, link index)
-            (max(0.0, residual[j]) / weight_on[j], seq, 0, j) for seq, j in enumerate(used)
-        ]
+            ((r if (r := residual[j]) > 0.0 else 0.0) / weight_on[j], seq, 0, j)
+            for seq, j in enumerate(used)
+        ]  # r if r > 0.0 else 0.0 is max(0.0, r), NaN and -0.0 included, without a call
         seq = len(heap)
         heapq.heapify(heap)
         heappop, heappush = heapq.heappop, heapq.heappush
@@ -464,7 +462,8 @@ class Network:
                     if count_on[j]:
                         v = version[j] + 1
                         version[j] = v
-                        heappush(heap, (max(0.0, residual[j]) / weight_on[j], seq, v, j))
+                        r = residual[j]
+                        heappush(heap, ((r if r > 0.0 else 0.0) / weight_on[j], seq, v, j))
                         seq += 1
         for flow, rate in zip(flows, rates, strict=True):
             flow.rate = rate

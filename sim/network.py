@@ -58,6 +58,7 @@ class _Flow:
     __slots__ = (
         "event",
         "fid",
+        "lix",
         "nbytes",
         "path",
         "priority",
@@ -72,6 +73,7 @@ class _Flow:
     ) -> None:
         self.fid = fid
         self.path = path
+        self.lix: tuple[int, ...] = ()  # the path's link indices in its network (set by transfer)
         self.nbytes = nbytes
         self.remaining = float(nbytes)
         self.priority = priority
@@ -109,6 +111,7 @@ class Link:
         self.rate = 0.0  # sum of the rates of the flows on this link (<= bandwidth)
         self._flows: dict[int, _Flow] = {}  # flows using this link, pending ones included
         self._network: Network | None = None
+        self._idx = -1  # position in its network's link list, once attached
 
     def __repr__(self) -> str:
         return f"Link({self.name!r}, {self.bandwidth:.3g} B/s, {self.latency:.3g} s)"
@@ -179,6 +182,7 @@ class Network:
         self.priority_weight = float(priority_weight)
         self.rng = rng
         self.links: dict[str, Link] = {}
+        self._link_list: list[Link] = []  # every attached link, by Link._idx
         self._flows: dict[int, _Flow] = {}  # started flows, in start order
         self._next_id = 0
         self._last = float(env.now)  # time up to which flow progress is accounted
@@ -200,6 +204,8 @@ class Network:
     def _attach(self, link: Link) -> None:
         if link._network is None:
             link._network = self
+            link._idx = len(self._link_list)
+            self._link_list.append(link)
             self.links.setdefault(link.name, link)
         elif link._network is not self:
             raise ValueError(f"link {link.name!r} belongs to another network")
@@ -226,6 +232,7 @@ class Network:
             return event
         weight = 1.0 if self.priority_mode == "strict" else self.priority_weight ** (-priority)
         flow = _Flow(self._next_id, links, int(nbytes), int(priority), weight)
+        flow.lix = tuple(lk._idx for lk in links)
         self._next_id += 1
         flow.event = event
         for link in links:
@@ -340,31 +347,38 @@ class Network:
     def _reallocate(self) -> None:
         """Recompute all rates (weighted max-min fair) and schedule the next completion.
 
-        Cost O(flows x path length) dict operations plus O(links touched) heap operations per
+        Cost O(flows x path length) list operations plus O(links touched) heap operations per
         call; the arithmetic (and so every rate, bit for bit) is the plain progressive filling
-        described in :meth:`_fill`.
+        described in :meth:`_fill`. Each link's ``rate`` is the sum of its flows' rates added
+        in flow start order.
         """
         flows = list(self._flows.values())
-        residual: dict[Link, float] = {}  # filled lazily by _fill; shared across classes
+        links = self._link_list
+        residual = [lk.bandwidth if lk.up else 0.0 for lk in links]  # shared across classes
         if self.priority_mode == "strict":
             classes = sorted({f.priority for f in flows})
             for cls in classes:
                 self._fill([f for f in flows if f.priority == cls], residual)
         else:
             self._fill(flows, residual)
-        for link in self._busy:
-            link.rate = 0.0
-        busy: dict[Link, None] = {}
+        link_rate = [0.0] * len(links)
         soonest: float | None = None
         for flow in flows:
             rate = flow.rate
             if rate > 0:
-                for link in flow.path:
-                    link.rate += rate  # summed in flow start order, as the counters expect
-                    busy[link] = None
+                for j in flow.lix:
+                    link_rate[j] += rate
                 t = flow.remaining / rate
                 if soonest is None or t < soonest:
                     soonest = t
+        for link in self._busy:
+            link.rate = 0.0
+        busy: dict[Link, None] = {}
+        for j, total in enumerate(link_rate):
+            if total > 0:
+                link = links[j]
+                link.rate = total
+                busy[link] = None
         self._busy = busy
         # Invariant: for every link, link.rate <= link.bandwidth (up to float rounding).
         self._timer_gen += 1
@@ -373,13 +387,15 @@ class Network:
             self.env.timeout(max(0.0, soonest)).callbacks.append(partial(self._timer_cb, gen))
 
     @staticmethod
-    def _fill(flows: list[_Flow], residual: dict[Link, float]) -> None:
+    def _fill(flows: list[_Flow], residual: list[float]) -> None:
         """Progressive filling: raise all unfrozen flows' rates in proportion to their
         weights until a link saturates; freeze the flows crossing it; repeat.
 
-        ``residual`` maps a link to its capacity left (a link not yet in it starts at its
-        bandwidth, or 0 while down); it is updated in place, so strict priority classes can
-        fill one after another. Every flow in ``flows`` gets its ``rate``.
+        ``residual[i]`` is the capacity left on the link with ``_idx == i`` (its bandwidth,
+        or 0 while down, before any class is filled); it is updated in place, so strict
+        priority classes can fill one after another. Every flow in ``flows`` gets its
+        ``rate``. Links are addressed by index (``_Flow.lix``), so the loops below do list
+        indexing only.
 
         Links wait in a heap keyed by their fair share per unit weight (residual / unfrozen
         weight), updated lazily as flows freeze: cost O((flows x path length) + pushes x
@@ -392,62 +408,62 @@ class Network:
         (its final share after that round), and those entries are pushed in the order of
         each link's last update, so ties between equal shares break as they always did.
         """
-        weight_on: dict[Link, float] = {}  # unfrozen weight per link, in first-use order
-        count_on: dict[Link, int] = {}  # unfrozen flows per link; the link is done at 0
-        members: dict[Link, list[_Flow]] = {}  # flows per link, in start order
-        for flow in flows:
-            w = flow.weight
-            for link in flow.path:
-                group = members.get(link)
-                if group is None:
-                    members[link] = [flow]
-                    weight_on[link] = 0.0 + w
-                    count_on[link] = 1
-                    if link not in residual:
-                        residual[link] = link.bandwidth if link.up else 0.0
-                else:
-                    group.append(flow)
-                    weight_on[link] += w
-                    count_on[link] += 1
-        version: dict[Link, int] = dict.fromkeys(weight_on, 0)
-        heap: list[tuple[float, int, int, Link]] = [  # (share, seq, version, link)
-            (max(0.0, residual[link]) / w, seq, 0, link)
-            for seq, (link, w) in enumerate(weight_on.items())
-        ]
+        n_links = len(residual)
+        members: list[list[int]] = [[] for _ in range(n_links)]  # flow positions per link
+        weight_on = [0.0] * n_links  # unfrozen weight per link
+        count_on = [0] * n_links  # unfrozen flows per link; the link is done at 0
+        used: list[int] = []  # links in first-use order
+        paths = [flow.lix for flow in flows]
+        weights = [flow.weight for flow in flows]
+        for i, lix in enumerate(paths):
+            w = weights[i]
+            for j in lix:
+                if count_on[j] == 0:
+                    used.append(j)
+                members[j].append(i)
+                weight_on[j] += w
+                count_on[j] += 1
+        version = [0] * n_links
+        heap: list[tuple[float, int, int, int]] = [  # (share, seq, version, link index)
+            ((r if (r := residual[j]) > 0.0 else 0.0) / weight_on[j], seq, 0, j)
+            for seq, j in enumerate(used)
+        ]  # r if r > 0.0 else 0.0 is max(0.0, r), NaN and -0.0 included, without a call
         seq = len(heap)
         heapq.heapify(heap)
         heappop, heappush = heapq.heappop, heapq.heappush
-        frozen: set[int] = set()  # flow ids; membership only
+        frozen = [False] * len(flows)
+        rates = [0.0] * len(flows)
         while heap:
-            share, _, ver, link = heappop(heap)
-            if link not in count_on or ver != version[link]:
+            share, _, ver, top = heappop(heap)
+            if count_on[top] == 0 or ver != version[top]:
                 continue  # stale entry, or every flow on the link already frozen
-            touched: dict[Link, int] = {}  # other links updated this round -> last update
+            touched: dict[int, int] = {}  # other links updated this round -> last update
             step = 0
-            for flow in members[link]:
-                fid = flow.fid
-                if fid in frozen:
+            for i in members[top]:
+                if frozen[i]:
                     continue
-                frozen.add(fid)
-                w = flow.weight
+                frozen[i] = True
+                w = weights[i]
                 rate = w * share
-                flow.rate = rate
-                for lk in flow.path:
-                    residual[lk] -= rate
-                    left = count_on[lk] - 1
+                rates[i] = rate
+                for j in paths[i]:
+                    residual[j] -= rate
+                    left = count_on[j] - 1
+                    count_on[j] = left
                     if left == 0:
-                        del count_on[lk]
                         continue
-                    count_on[lk] = left
-                    weight_on[lk] -= w
-                    if lk is not link:
-                        touched[lk] = step
+                    weight_on[j] -= w
+                    if j != top:
+                        touched[j] = step
                         step += 1
             if touched:
                 order = sorted(touched, key=touched.__getitem__) if len(touched) > 1 else touched
-                for lk in order:
-                    if lk in count_on:
-                        v = version[lk] + 1
-                        version[lk] = v
-                        heappush(heap, (max(0.0, residual[lk]) / weight_on[lk], seq, v, lk))
+                for j in order:
+                    if count_on[j]:
+                        v = version[j] + 1
+                        version[j] = v
+                        r = residual[j]
+                        heappush(heap, ((r if r > 0.0 else 0.0) / weight_on[j], seq, v, j))
                         seq += 1
+        for flow, rate in zip(flows, rates, strict=True):
+            flow.rate = rate

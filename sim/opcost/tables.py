@@ -296,7 +296,9 @@ class EngineTerms(_Strict):
     priced at its own shape."""
     layer_overhead_s: float = Field(default=0.0, ge=0)
     """Seconds per layer and per part of an iteration outside the timed ops (interpreter
-    dispatch, temporaries), fitted; seconds."""
+    dispatch, temporaries); seconds. `pdsim calibrate` leaves it 0 and fits the engine's
+    overhead per iteration (`ops.roofline.iteration_overhead_s`): its probe iterations all
+    run the same layers, so a per-layer share cannot be told apart."""
     iter_gap_s: float = Field(default=0.0, ge=0)
     """Seconds the serving loop spends between two back-to-back iterations (scheduling,
     bookkeeping), measured from the engine's iteration log; seconds."""

@@ -234,9 +234,11 @@ def fetch_probe(
     :data:`PROBE_LOADS`) on the engine with HBM holding 60% of the weights (layers stream
     host -> device every iteration) and again with every weight resident.
 
-    ``bandwidth`` = bytes the copy thread moved over the wall time its reads took, while the
-    engine computed (:mod:`hwbench.engine_fit` compares it with the idle link's rate)."""
-    from hwbench.validate import engine_parts, run_engine
+    ``bandwidth`` = bytes the copy thread's prefetch jobs moved over the time they took less
+    the thread's run-queue waits (``Prefetcher.job_log``: the engine's clock leaves those
+    waits out too, :func:`hwbench.validate.excludes_cpu_wait`), while the engine computed
+    (:mod:`hwbench.engine_fit` compares it with the idle link's rate)."""
+    from hwbench.validate import engine_for, engine_parts, run_engine, workload_for
     from hwbench.workloads import ValidationWorkload
 
     w = ValidationWorkload(
@@ -269,11 +271,14 @@ def fetch_probe(
             # Fresh, warmed stacks for every run, as `pdsim validate` serves each workload:
             # a reused stack would carry the last run's cache times into the next run.
             sdir, rdir = Path(tmp) / f"stream{k}", Path(tmp) / f"resident{k}"
-            es, weights = run_engine(ws, sdir, engine_parts(ws, sdir, xp))
+            eng = engine_for(ws, engine_parts(ws, sdir, xp))
+            es = eng.run(workload_for(ws))
             er, _ = run_engine(wres, rdir, engine_parts(wres, rdir, xp))
             if k:
                 log = tuple(er.iteration_log)
                 runs.append(ProbeRun(ws, tuple(es.iteration_log), wres, log))
-                fetch_s += weights.fetch_s
-                fetch_bytes += weights.fetch_bytes
+                # the copy thread's jobs: seconds less its run-queue waits, and bytes
+                jobs = eng.prefetcher.job_log if eng.prefetcher is not None else []
+                fetch_s += sum(secs for secs, _ in jobs)
+                fetch_bytes += sum(nbytes for _, nbytes in jobs)
     return StreamProbe(fetch_bytes / max(fetch_s, 1e-9), tuple(runs))

@@ -49,7 +49,7 @@ from typing import TYPE_CHECKING
 from engine.errors import InputError
 from sim.models import ModelSpec
 from sim.opcost.shapes import DecoderShape
-from sim.opcost.tables import AttentionTable, GemmTable, OpsProfile
+from sim.opcost.tables import AttentionTable, ElementwiseTable, GemmTable, OpsProfile
 
 if TYPE_CHECKING:
     from sim.costmodel import Profile
@@ -128,7 +128,7 @@ class OpCostModel:
         if split:
             self.gemm_parts["qkv_gemm"] = ((q_n, h), (kv_n, h), (kv_n, h))
             self.gemm_parts["gate_up_gemm"] = ((f_n, h), (f_n, h))
-        self._ew = {t.op: t for t in self.ops.elementwise}
+        self._ew: dict[str, ElementwiseTable] = {t.op: t for t in self.ops.elementwise}
         self.vocab_per_gpu = -(-shape.vocab // tp)
         self._gemm_dtype = {1: "fp8", 2: "bf16", 4: "fp32"}.get(db)
         self._head_dtype = "fp32" if db == 4 else "bf16"  # fp8 models keep a 16-bit lm_head
@@ -402,9 +402,9 @@ class OpCostModel:
         ``fused_iterations: false`` pays a prefill part and a decode part (the iteration
         overhead once)."""
         if self._split() and prefill_tokens > 0 and n_decode > 0:
-            pre = self.iteration_time(prefill_tokens, prefill_sq, n_prompts, 0, 0.0)
-            dec = self.iteration_time(0, 0, 0, n_decode, decode_ctx)
-            return pre + dec - self.ops.roofline.iteration_overhead_s
+            pre_s = self.iteration_time(prefill_tokens, prefill_sq, n_prompts, 0, 0.0)
+            dec_s = self.iteration_time(0, 0, 0, n_decode, decode_ctx)
+            return pre_s + dec_s - self.ops.roofline.iteration_overhead_s
         t = prefill_tokens + n_decode
         if t <= 0 or min(prefill_tokens, prefill_sq, n_prompts, n_decode) < 0 or decode_ctx < 0:
             ops = self.iteration_breakdown(

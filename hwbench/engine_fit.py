@@ -13,9 +13,9 @@ returns :class:`sim.opcost.EngineTerms` plus ``ops.roofline.iteration_overhead_s
   the serving loop's batch set-up and sampling, and each layer's weight pin, tensor views
   and prefetch planning. The per-layer share is not fitted (``layer_overhead_s`` stays 0):
   every probe iteration runs the same layers, so a per-layer term is indistinguishable
-  from a per-iteration one, and a term per layer *and part* was refuted by the mixed
-  iterations (their second part costs no more than its ops; the two-term fit put it below
-  0). The report keeps that two-term solution (``raw_part_overhead_s``) as evidence;
+  from a per-iteration one; a term per layer *and part* rests on the few mixed iterations
+  (one or two of each shape) and changed sign from probe to probe. The report keeps that
+  two-term solution (``raw_part_overhead_s``) as evidence;
 * ``iter_gap_s``: the median gap between back-to-back iterations of the resident open-loop
   runs (measured, not fitted);
 * ``wake_s``: the median extra (measured - modelled) of the iterations that follow an idle

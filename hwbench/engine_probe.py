@@ -31,6 +31,8 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from engine import backend
+
 __all__ = [
     "IDLE_GAP_S",
     "PassPoint",
@@ -234,11 +236,12 @@ def fetch_probe(
     :data:`PROBE_LOADS`) on the engine with HBM holding 60% of the weights (layers stream
     host -> device every iteration) and again with every weight resident.
 
-    ``bandwidth`` = bytes the copy thread's prefetch jobs moved over the time they took less
-    the thread's run-queue waits (``Prefetcher.job_log``: the engine's clock leaves those
-    waits out too, :func:`hwbench.validate.excludes_cpu_wait`), while the engine computed
-    (:mod:`hwbench.engine_fit` compares it with the idle link's rate)."""
-    from hwbench.validate import engine_for, engine_parts, run_engine, workload_for
+    ``bandwidth`` = bytes the weight reads moved over the time they took, while the engine
+    computed (:mod:`hwbench.engine_fit` compares it with the idle link's rate): on NumPy the
+    reading threads' CPU time (``TieredWeights.fetch_cpu_s``; a host -> device copy is CPU
+    work, and the engine's clock leaves the copy thread's run-queue waits out too,
+    :func:`hwbench.validate.excludes_cpu_wait`), on a GPU wall time."""
+    from hwbench.validate import engine_parts, run_engine
     from hwbench.workloads import ValidationWorkload
 
     w = ValidationWorkload(
@@ -271,14 +274,11 @@ def fetch_probe(
             # Fresh, warmed stacks for every run, as `pdsim validate` serves each workload:
             # a reused stack would carry the last run's cache times into the next run.
             sdir, rdir = Path(tmp) / f"stream{k}", Path(tmp) / f"resident{k}"
-            eng = engine_for(ws, engine_parts(ws, sdir, xp))
-            es = eng.run(workload_for(ws))
+            es, weights = run_engine(ws, sdir, engine_parts(ws, sdir, xp))
             er, _ = run_engine(wres, rdir, engine_parts(wres, rdir, xp))
             if k:
                 log = tuple(er.iteration_log)
                 runs.append(ProbeRun(ws, tuple(es.iteration_log), wres, log))
-                # the copy thread's jobs: seconds less its run-queue waits, and bytes
-                jobs = eng.prefetcher.job_log if eng.prefetcher is not None else []
-                fetch_s += sum(secs for secs, _ in jobs)
-                fetch_bytes += sum(nbytes for _, nbytes in jobs)
+                fetch_s += weights.fetch_s if backend.is_gpu(xp) else weights.fetch_cpu_s
+                fetch_bytes += weights.fetch_bytes
     return StreamProbe(fetch_bytes / max(fetch_s, 1e-9), tuple(runs))

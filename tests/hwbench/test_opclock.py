@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import threading
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -57,3 +58,19 @@ def test_elementwise_tables_time_the_engines_ops() -> None:
     out = np.asarray(seen[-3]())  # type: ignore[operator]
     assert out.shape == (16, 8)
     assert np.allclose(np.sqrt((out * out).mean(axis=-1)), 1.0, atol=1e-3)
+
+
+def test_weight_reads_count_their_cpu_time_within_their_wall_time(tmp_path: Path) -> None:
+    """The fetch probe's copy rate on NumPy divides the bytes by the reads' thread CPU time
+    (``fetch_cpu_s``): positive when bytes moved, and never more than the reads' wall
+    time (a thread cannot run longer than it takes)."""
+    from hwbench.validate import run_engine
+    from hwbench.workloads import ValidationWorkload
+
+    w = ValidationWorkload(
+        "t", "streaming", requests=3, rate=1e9, hbm_fraction=0.6, input_low=16,
+        input_high=32, output_low=2, output_high=3, seed=1,
+    )  # fmt: skip
+    _, weights = run_engine(w, tmp_path)
+    assert weights.fetch_bytes > 0
+    assert 0.0 < weights.fetch_cpu_s <= weights.fetch_s + 1e-6

@@ -85,7 +85,7 @@ def excludes_cpu_wait(xp: ModuleType) -> bool:
     """The engine's clock on ``xp`` (:class:`engine.runtime.clock.RunClock`). NumPy: wall time
     less the engine thread's run-queue waits -- its CPU time while it computes (one BLAS
     thread), as the op tables are timed (:func:`hwbench.opprobe.op_clock`), yet advancing
-    while it sleeps or waits for its copy thread: other people's load leaves both. GPU: wall."""
+    while it sleeps or waits for its copy thread: preemption leaves both sides. GPU: wall."""
     return EXCLUDE_CPU_WAIT["gpu" if backend.is_gpu(xp) else "cpu"]
 
 

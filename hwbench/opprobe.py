@@ -157,8 +157,8 @@ def op_clock(xp: ModuleType) -> Callable[[], float]:
     (``time.thread_time``). With ``OPENBLAS_NUM_THREADS=1`` a NumPy op runs on the calling
     thread only, so its CPU time is its cost on an idle core; a preempted thread accrues
     none, so preemption by other processes does not enter the tables (their use of the
-    shared caches and memory bus still does). The engine probe times its
-    iterations on the same clock (:mod:`hwbench.engine_probe`)."""
+    shared caches and memory bus still does). The engine probe times its iterations on
+    the matching clock (:func:`hwbench.validate.excludes_cpu_wait`)."""
     return time.perf_counter if backend.is_gpu(xp) else time.thread_time
 
 

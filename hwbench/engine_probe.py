@@ -31,6 +31,8 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from engine import backend
+
 __all__ = [
     "IDLE_GAP_S",
     "PassPoint",
@@ -234,8 +236,11 @@ def fetch_probe(
     :data:`PROBE_LOADS`) on the engine with HBM holding 60% of the weights (layers stream
     host -> device every iteration) and again with every weight resident.
 
-    ``bandwidth`` = bytes the copy thread moved over the wall time its reads took, while the
-    engine computed (:mod:`hwbench.engine_fit` compares it with the idle link's rate)."""
+    ``bandwidth`` = bytes the weight reads moved over the time they took, while the engine
+    computed (:mod:`hwbench.engine_fit` compares it with the idle link's rate): on NumPy the
+    reading threads' CPU time (``TieredWeights.fetch_cpu_s``; a host -> device copy is CPU
+    work, and the engine's clock leaves the copy thread's run-queue waits out too,
+    :func:`hwbench.validate.excludes_cpu_wait`), on a GPU wall time."""
     from hwbench.validate import engine_parts, run_engine
     from hwbench.workloads import ValidationWorkload
 
@@ -274,6 +279,6 @@ def fetch_probe(
             if k:
                 log = tuple(er.iteration_log)
                 runs.append(ProbeRun(ws, tuple(es.iteration_log), wres, log))
-                fetch_s += weights.fetch_s
+                fetch_s += weights.fetch_s if backend.is_gpu(xp) else weights.fetch_cpu_s
                 fetch_bytes += weights.fetch_bytes
     return StreamProbe(fetch_bytes / max(fetch_s, 1e-9), tuple(runs))

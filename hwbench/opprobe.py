@@ -30,6 +30,7 @@ from __future__ import annotations
 import datetime as _dt
 import math
 import platform
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -41,11 +42,13 @@ import numpy as np
 from engine import backend
 from engine.kv.attention import paged_decode_attention
 from engine.kv.storage import KVLayout, KVStorage
+from hwbench.elementwise_probe import EW_ROWS, elementwise_tables
 from hwbench.probes import time_op
 from sim.costmodel import Profile
 from sim.opcost import (
     AttentionTable,
     Curves,
+    ElementwiseTable,
     GemmTable,
     Grid3,
     OpsProfile,
@@ -58,6 +61,7 @@ __all__ = [
     "cache_bytes",
     "gemm_table",
     "measure_ops",
+    "op_clock",
     "op_floor",
     "origin",
     "prefill_attention",
@@ -81,6 +85,8 @@ class OpGrid:
     decode_context: tuple[int, ...]
     prefill_batch: tuple[int, ...]
     prefill_tokens: tuple[int, ...]
+    #: rows per elementwise-table call (:mod:`hwbench.elementwise_probe`)
+    ew_rows: tuple[int, ...] = EW_ROWS
     warmup: int = 2
     repeats: int = 7
 
@@ -96,7 +102,9 @@ class OpGrid:
             decode_batch=(1, 2, 4, 8, 16),
             decode_context=(16, 64, 128, 256, 512, 768),
             prefill_batch=(1, 2, 4),
-            prefill_tokens=(16, 64, 128, 256, 512),
+            # attention grows as the square of the prompt: knots 1.5x apart keep the
+            # linear interpolation between them within ~4% (2x apart: up to 12% over)
+            prefill_tokens=(16, 64, 128, 192, 256, 384, 512, 768),
             repeats=5,
         )
 
@@ -130,6 +138,7 @@ class OpGrid:
             decode_context=(16, 128),
             prefill_batch=(1, 2),
             prefill_tokens=(16, 64),
+            ew_rows=(1, 64),
             warmup=1,
             repeats=3,
         )
@@ -142,8 +151,21 @@ def _syncer(xp: ModuleType) -> Callable[[], None]:
     return lambda: None
 
 
-def _median(fn: Callable[[], object], grid: OpGrid, sync: Callable[[], None]) -> float:
-    return float(np.median(time_op(fn, grid.warmup, grid.repeats, sync)))
+def op_clock(xp: ModuleType) -> Callable[[], float]:
+    """The clock op tables are timed on: on a GPU, wall time (each call ends with a device
+    synchronisation, so it covers the kernel); on NumPy, the calling thread's CPU time
+    (``time.thread_time``). With ``OPENBLAS_NUM_THREADS=1`` a NumPy op runs on the calling
+    thread only, so its CPU time is its cost on an idle core; a preempted thread accrues
+    none, so preemption by other processes does not enter the tables (their use of the
+    shared caches and memory bus still does). The engine probe times its iterations on
+    the matching clock (:func:`hwbench.validate.excludes_cpu_wait`)."""
+    return time.perf_counter if backend.is_gpu(xp) else time.thread_time
+
+
+def _median(
+    fn: Callable[[], object], grid: OpGrid, sync: Callable[[], None], xp: ModuleType = np
+) -> float:
+    return float(np.median(time_op(fn, grid.warmup, grid.repeats, sync, clock=op_clock(xp))))
 
 
 def origin(xp: ModuleType, when: _dt.datetime, what: str) -> TableOrigin:
@@ -169,7 +191,7 @@ def op_floor(xp: ModuleType, grid: OpGrid) -> float:
     """Seconds of one tiny elementwise op (64 floats): the floor every untabled op pays."""
     a = xp.ones((1, 64), dtype=xp.float32)
     b = xp.ones((1, 64), dtype=xp.float32)
-    return _median(lambda: a + b, grid, _syncer(xp))
+    return _median(lambda: a + b, grid, _syncer(xp), xp)
 
 
 def cache_bytes(xp: ModuleType) -> int:
@@ -219,7 +241,7 @@ def gemm_table(
                     turn[0] = (turn[0] + 1) % len(pool)
                     return x @ pool[turn[0]]
 
-                secs[i, j, li] = _median(call, grid, sync)
+                secs[i, j, li] = _median(call, grid, sync, xp)
             del pool
     g = Grid3(m=list(grid.m), n=list(grid.n), k=list(grid.k), latency_s=secs.tolist())
     kernel = f"{backend.name(xp)} matmul, weights " + (
@@ -300,7 +322,7 @@ def attention_tables(xp: ModuleType, grid: OpGrid, org: TableOrigin) -> list[Att
                     vd[blocks, slots] = kn
                     return paged_decode_attention(q, store, tables, lens, layer=0, xp=xp)
 
-                row.append(_median(step, grid, sync))
+                row.append(_median(step, grid, sync, xp))
             dec.append(row)
         out.append(
             AttentionTable(
@@ -338,7 +360,7 @@ def attention_tables(xp: ModuleType, grid: OpGrid, org: TableOrigin) -> list[Att
                 ) -> object:
                     return prefill_attention(xp, q, kv, kv, lens, store, tables)
 
-                row.append(_median(fill, grid, sync))
+                row.append(_median(fill, grid, sync, xp))
             pre.append(row)
         out.append(
             AttentionTable(
@@ -361,23 +383,27 @@ def attention_tables(xp: ModuleType, grid: OpGrid, org: TableOrigin) -> list[Att
 
 def measure_ops(
     xp: ModuleType, grid: OpGrid, when: _dt.datetime | None = None
-) -> tuple[list[GemmTable], list[AttentionTable], float]:
+) -> tuple[list[GemmTable], list[AttentionTable], list[ElementwiseTable], float]:
     """The GEMM tables (cold weights; and, where the last-level cache size is known,
-    weights resident in it), the attention tables and the op floor (seconds) on ``xp``."""
+    weights resident in it), the attention tables, the elementwise tables
+    (:mod:`hwbench.elementwise_probe`) and the op floor (seconds) on ``xp``."""
     when = when or _dt.datetime.now(_dt.UTC)
     org = origin(xp, when, f"{len(grid.m)}x{len(grid.n)}x{len(grid.k)} GEMM knots")
     gemms = [gemm_table(xp, grid, org)]
     llc = cache_bytes(xp)
     if llc > 0:
         gemms.append(gemm_table(xp, grid, org, resident_bytes=llc))
-    return gemms, attention_tables(xp, grid, org), op_floor(xp, grid)
+    sync = _syncer(xp)
+    ew = elementwise_tables(xp, lambda fn: _median(fn, grid, sync, xp), org, grid.ew_rows)
+    return gemms, attention_tables(xp, grid, org), ew, op_floor(xp, grid)
 
 
 def with_op_tables(profile: Profile, xp: ModuleType, grid: OpGrid) -> Profile:
     """``profile`` with an ``ops`` section measured on ``xp`` (:func:`measure_ops`): the
-    tables, and a roofline for the untabled elementwise ops at the profile's measured memory
-    bandwidth (``memory_efficiency`` 1) plus the measured op floor."""
-    gemms, attention, floor = measure_ops(xp, grid)
-    roof = RooflineTerms(memory_efficiency=1.0, op_floor_s=floor)
-    ops = OpsProfile(roofline=roof, gemm=gemms, attention=attention)
+    tables, and a roofline for the ops no table covers at the profile's measured memory
+    bandwidth (``memory_efficiency`` 1) plus the measured op floor. ``rope`` is marked
+    fused: the engine applies no positional rotation, so it runs no such op."""
+    gemms, attention, ew, floor = measure_ops(xp, grid)
+    roof = RooflineTerms(memory_efficiency=1.0, op_floor_s=floor, fused=["rope"])
+    ops = OpsProfile(roofline=roof, gemm=gemms, attention=attention, elementwise=ew)
     return profile.model_copy(update={"ops": ops})

@@ -190,9 +190,12 @@ def time_op(
     repeats: int,
     sync: Callable[[], None] = lambda: None,
     before: Callable[[], object] | None = None,
+    clock: Callable[[], float] = time.perf_counter,
 ) -> list[float]:
-    """Seconds of ``repeats`` timed calls of ``fn`` after ``warmup`` untimed ones.
-    ``before`` runs untimed ahead of every call (e.g. to drop caches)."""
+    """Seconds of ``repeats`` timed calls of ``fn`` after ``warmup`` untimed ones, read on
+    ``clock`` (default wall time; :func:`hwbench.opprobe.op_clock` picks the calling
+    thread's CPU time for NumPy). ``before`` runs untimed ahead of every call (e.g. to
+    drop caches)."""
     for _ in range(warmup):
         if before is not None:
             before()
@@ -203,10 +206,10 @@ def time_op(
         if before is not None:
             before()
         sync()
-        t0 = time.perf_counter()
+        t0 = clock()
         fn()
         sync()
-        out.append(time.perf_counter() - t0)
+        out.append(clock() - t0)
     return out
 
 

@@ -8,20 +8,19 @@
   arrive in real time (:class:`engine.runtime.engine.Engine`, holding a layer's pins until
   the prefetches planned at its start have landed, so cache decisions do not depend on
   thread timing).
-* **simulator** -- an ordinary scenario folder written by :func:`write_scenario`
-  (``scenario.yaml``, the arrivals as ``trace.csv``, the model as ``catalogue.yaml``, the
-  profile as ``profile.json``): one node, one (unused) parameter server, the same chunking,
-  HBM weight cache, host and NVMe sizes, policies, prefetch window and order
-  (``prefetch.order: after-pin``, the engine's rule), KV budget, batching limits and HBM
-  warm-up. It is loaded and built exactly as ``pdsim run`` builds a scenario (the plain
-  :class:`sim.costmodel.CostModel`, which prices iterations from the profile's op tables and
-  engine terms), so ``pdsim run DIR/scenario.yaml`` reproduces the simulator's figures.
+* **simulator** -- a scenario folder written by :func:`write_scenario` (``scenario.yaml``,
+  ``trace.csv``, ``catalogue.yaml``, ``profile.json``): one node, one (unused) parameter
+  server, the same chunking, HBM weight cache, host and NVMe sizes, policies, prefetch
+  window and order (``prefetch.order: after-pin``), KV budget, batching limits and HBM
+  warm-up, built exactly as ``pdsim run`` builds a scenario (the plain
+  :class:`sim.costmodel.CostModel`: op tables and engine terms), so ``pdsim run
+  DIR/scenario.yaml`` reproduces the simulator's figures.
 
 :func:`compare` turns both request tables into one table of figures: latency and TTFT (P50,
 P99, mean) and throughput with the relative error ``(sim - engine) / engine`` (accuracy),
-and hit rate and bytes per chunk access per tier (consistency: both sides run the same cache
-code on the same accesses, so these must be equal; totals are not compared, as the number of
-iterations follows the timing).
+and hit rate and bytes per chunk access per tier (consistency: the same cache code on the
+same accesses, so these must be equal; totals are not compared). The engine's clock:
+:func:`excludes_cpu_wait`.
 """
 
 from __future__ import annotations
@@ -38,6 +37,7 @@ import numpy as np
 import pandas as pd
 import yaml
 
+from engine import backend
 from engine.cache import TierCache
 from engine.chunkstore import ChunkStore, write_model
 from engine.runtime.engine import Engine, EngineResult, EngineWorkload
@@ -58,6 +58,7 @@ __all__ = [
     "compare",
     "decoder_config",
     "dense_config",
+    "excludes_cpu_wait",
     "median_requests",
     "model_config",
     "run_engine",
@@ -77,8 +78,15 @@ SEED = 7
 #: a layer stays pinned until the prefetches planned at its start have landed, in the engine
 #: (and in the simulator: scenario field ``prefetch.order: after-pin``)
 HOLD_PINS = True
-#: the engine's clock is wall time (engine.runtime.clock), its copy thread's work included
-EXCLUDE_CPU_WAIT = False
+EXCLUDE_CPU_WAIT = {"cpu": True, "gpu": False}  #: by backend; see excludes_cpu_wait
+
+
+def excludes_cpu_wait(xp: ModuleType) -> bool:
+    """The engine's clock on ``xp`` (:class:`engine.runtime.clock.RunClock`). NumPy: wall time
+    less the engine thread's run-queue waits -- its CPU time while it computes (one BLAS
+    thread), as the op tables are timed (:func:`hwbench.opprobe.op_clock`), yet advancing
+    while it sleeps or waits for its copy thread: preemption leaves both sides. GPU: wall."""
+    return EXCLUDE_CPU_WAIT["gpu" if backend.is_gpu(xp) else "cpu"]
 
 
 def decoder_config(spec: ModelSpec | None = None, shrink: int = SHRINK) -> DecoderConfig:
@@ -224,7 +232,7 @@ def engine_for(
         sched,
         window=w.window,
         hold_pins=HOLD_PINS,
-        exclude_cpu_wait=EXCLUDE_CPU_WAIT,
+        exclude_cpu_wait=excludes_cpu_wait(xp),
     )
 
 

@@ -109,6 +109,7 @@ class TieredWeights:
         self._bufs: dict[int, Any] = {}  # layer -> assembled bytes of a multi-chunk layer
         self._parts: dict[int, list[Any]] = {}  # the chunk arrays that buffer was built from
         self.fetch_s = 0.0  # wall seconds spent in fetch() reads, and the bytes they moved
+        self.fetch_cpu_s = 0.0  # the reading threads' CPU seconds in those reads
         self.fetch_bytes = 0
         self._touches = touches if touches is not None else TouchReplay()  # see touch
         self._group = group
@@ -142,11 +143,12 @@ class TieredWeights:
             todo = [c for c in cids if self.store.key(c) not in self.device]
             if not todo:
                 return
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), time.thread_time()
             results = self.store.read_chunks(
                 todo, self._clock(now), count=True, before_promote=self._flush_touches
             )
             self.fetch_s += time.perf_counter() - t0
+            self.fetch_cpu_s += time.thread_time() - c0
             for cid, res in zip(todo, results, strict=True):
                 self.fetch_bytes += int(self.table.size[cid])
                 self._charge(self._tier_of(res.level), 1, int(self.table.size[cid]))

@@ -11,10 +11,10 @@ the SSD link is measured on that filesystem).
 
 Unless ``--no-engine``, calibrate then measures the op tables of :mod:`sim.opcost` on the
 engine's backend (:mod:`hwbench.opprobe`: GEMMs with cold and cache-resident weights, decode
-and prefill attention, the op floor) into the profile's ``ops`` section, serves calibration
-workloads on the real engine and fits its own terms with those tables held fixed
-(:mod:`hwbench.engine_fit`: per-iteration and per-layer overheads, serving-loop gap, extra
-after idle, copy contention; ``ops.engine``), so ``pdsim validate`` -- and ``pdsim run`` of any
+and prefill attention, the engine's elementwise ops, the op floor; on NumPy timed on thread
+CPU time) into the profile's ``ops`` section, serves calibration workloads on the real
+engine and fits its own terms with those tables held fixed (:mod:`hwbench.engine_fit`:
+per-iteration overhead, serving-loop gap, extra after idle, copy contention; ``ops.engine``), so ``pdsim validate`` -- and ``pdsim run`` of any
 scenario naming the profile -- price iterations from it. ``--tiny`` keeps it to seconds.
 
 Impossible results are rejected with exit status 1, the reasons on stderr and nothing
@@ -197,7 +197,7 @@ def calibrate(
         rl = profile.ops.roofline
         table.add_row("op floor (untabled ops)", f"{rl.op_floor_s * 1e6:.3g} us")
         table.add_row("engine: iteration overhead (fit)", f"{rl.iteration_overhead_s * 1e6:.3g} us")
-        table.add_row("engine: per-layer overhead (fit)", f"{eng.layer_overhead_s * 1e6:.3g} us")
+        table.add_row("engine: per-layer overhead", f"{eng.layer_overhead_s * 1e6:.3g} us")
         table.add_row("engine: serving-loop gap", f"{eng.iter_gap_s * 1e6:.3g} us")
         table.add_row("engine: extra after idle", f"{eng.wake_s * 1e6:.3g} us")
         table.add_row("engine: copy contention", f"{eng.copy_contention:.3g}")

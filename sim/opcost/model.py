@@ -49,7 +49,7 @@ from typing import TYPE_CHECKING
 from engine.errors import InputError
 from sim.models import ModelSpec
 from sim.opcost.shapes import DecoderShape
-from sim.opcost.tables import AttentionTable, GemmTable, OpsProfile
+from sim.opcost.tables import AttentionTable, ElementwiseTable, GemmTable, OpsProfile
 
 if TYPE_CHECKING:
     from sim.costmodel import Profile
@@ -118,6 +118,17 @@ class OpCostModel:
             "gate_up_gemm": (2 * -(-shape.ffn // tp), h),
             "down_gemm": (h, -(-shape.ffn // tp)),
         }
+        split = self.ops.engine is not None and self.ops.engine.split_projections
+        q_n, kv_n, f_n = self.q_heads * hd, self.kv_heads * hd, -(-shape.ffn // tp)
+        #: name -> the (n, k) of each GEMM the engine runs for it (split projections: q, k, v
+        #: and gate, up apart; else one merged GEMM)
+        self.gemm_parts: dict[str, tuple[tuple[int, int], ...]] = {
+            name: ((n, k),) for name, (n, k) in self.gemms.items()
+        }
+        if split:
+            self.gemm_parts["qkv_gemm"] = ((q_n, h), (kv_n, h), (kv_n, h))
+            self.gemm_parts["gate_up_gemm"] = ((f_n, h), (f_n, h))
+        self._ew: dict[str, ElementwiseTable] = {t.op: t for t in self.ops.elementwise}
         self.vocab_per_gpu = -(-shape.vocab // tp)
         self._gemm_dtype = {1: "fp8", 2: "bf16", 4: "fp32"}.get(db)
         self._head_dtype = "fp32" if db == 4 else "bf16"  # fp8 models keep a 16-bit lm_head
@@ -173,6 +184,19 @@ class OpCostModel:
             return 0.0
         nbytes = tokens * (dim_in + dim_out) * self.act_bytes
         return self._roofline(0.0, nbytes, 1.0)
+
+    def table_elementwise(
+        self, op: str, tokens: int, width: int, fallback: float
+    ) -> tuple[float, str]:
+        """Seconds of elementwise ``op`` (an :class:`ElementwiseTable` op) over ``tokens`` rows
+        of ``width`` from the profile's table for it, else ``fallback`` (a roofline)."""
+        if tokens <= 0:
+            return 0.0, "not run"
+        table = self._ew.get(op)
+        if table is None:
+            return fallback, "roofline"
+        secs, extra = table.lookup(float(tokens * width))
+        return secs, "table-extrapolated" if extra else "table"
 
     def allreduce_time(self, nbytes: float, group: int) -> tuple[float, str]:
         """Seconds to all-reduce ``nbytes`` bytes across ``group`` GPUs, and its source."""
@@ -253,7 +277,12 @@ class OpCostModel:
         """``{gemm name: (seconds, source)}`` of one layer's GEMMs at ``m`` tokens (memoised)."""
         cached = self._gemm_cache.get(m)
         if cached is None:
-            cached = {name: self.gemm_time(m, n, k) for name, (n, k) in self.gemms.items()}
+            cached = {}
+            for name, parts in self.gemm_parts.items():
+                timed = [self.gemm_time(m, n, k) for n, k in parts]
+                srcs = {src for _, src in timed}
+                src = "table-extrapolated" if "table-extrapolated" in srcs else timed[0][1]
+                cached[name] = (sum(secs for secs, _ in timed), src)
             if len(self._gemm_cache) < 65536:
                 self._gemm_cache[m] = cached
         return cached
@@ -282,11 +311,14 @@ class OpCostModel:
             out.append(OpCost(name, 0.0 if fused else secs * count, "fused" if fused else src))
 
         row_bytes = t * h * self.act_bytes
-        add("embedding", self._roofline(0.0, 2 * row_bytes, 1.0), "roofline")
+        add("embedding", *self.table_elementwise(
+            "embedding", t, h, self._roofline(0.0, 2 * row_bytes, 1.0)))  # fmt: skip
         add("embedding_allreduce", *self.allreduce_time(row_bytes, tp))
-        norm = self.elementwise_time(t, 2 * h, 2 * h)
+        norm, norm_src = self.table_elementwise(
+            "norm", t, h, self.elementwise_time(t, 2 * h, 2 * h)
+        )
         gemms = self._layer_gemms(t)
-        add("input_norm", norm, "roofline", layers)
+        add("input_norm", norm, norm_src, layers)
         add("qkv_gemm", *gemms["qkv_gemm"], layers)
         rope_dim = (self.q_heads + self.kv_heads) * hd
         add("rope", self.elementwise_time(t, rope_dim, rope_dim), "roofline", layers)
@@ -296,13 +328,14 @@ class OpCostModel:
         add("o_gemm", *gemms["o_gemm"], layers)
         ar, ar_src = self.allreduce_time(row_bytes, tp)
         add("allreduce_attn", ar, ar_src, layers)
-        add("post_attn_norm", norm, "roofline", layers)
+        add("post_attn_norm", norm, norm_src, layers)
         add("gate_up_gemm", *gemms["gate_up_gemm"], layers)
         ffn = self.gemms["down_gemm"][1]
-        add("activation", self.elementwise_time(t, 2 * ffn, ffn), "roofline", layers)
+        act = self.table_elementwise("activation", t, ffn, self.elementwise_time(t, 2 * ffn, ffn))
+        add("activation", *act, layers)
         add("down_gemm", *gemms["down_gemm"], layers)
         add("allreduce_mlp", ar, ar_src, layers)
-        add("final_norm", self.elementwise_time(t, h, h), "roofline")
+        add("final_norm", *self.table_elementwise("norm", t, h, self.elementwise_time(t, h, h)))
         add(
             "lm_head",
             *self.gemm_time(n_prompts + n_decode, self.vocab_per_gpu, h, self._head_dtype),
@@ -369,9 +402,9 @@ class OpCostModel:
         ``fused_iterations: false`` pays a prefill part and a decode part (the iteration
         overhead once)."""
         if self._split() and prefill_tokens > 0 and n_decode > 0:
-            pre = self.iteration_time(prefill_tokens, prefill_sq, n_prompts, 0, 0.0)
-            dec = self.iteration_time(0, 0, 0, n_decode, decode_ctx)
-            return pre + dec - self.ops.roofline.iteration_overhead_s
+            pre_s = self.iteration_time(prefill_tokens, prefill_sq, n_prompts, 0, 0.0)
+            dec_s = self.iteration_time(0, 0, 0, n_decode, decode_ctx)
+            return pre_s + dec_s - self.ops.roofline.iteration_overhead_s
         t = prefill_tokens + n_decode
         if t <= 0 or min(prefill_tokens, prefill_sq, n_prompts, n_decode) < 0 or decode_ctx < 0:
             ops = self.iteration_breakdown(

@@ -226,6 +226,40 @@ class CollectiveTable(_Strict):
         return value, scale != 1.0
 
 
+class ElementwiseTable(_Strict):
+    """Measured seconds of one of the serving engine's elementwise ops by the activation
+    elements it reads per call (tokens x width), for ops a profile times rather than prices
+    from a roofline: `norm` (residual add then RMSNorm, width = hidden), `activation`
+    (SiLU of the gate times up, width = MLP width), `embedding` (row gather, width =
+    hidden). Linear between knots; below the first knot the first value, beyond the last
+    linear growth (elementwise work is proportional to the elements)."""
+
+    origin: TableOrigin
+    """Where and when it was measured."""
+    op: Literal["norm", "activation", "embedding"]
+    """The op: `norm`, `activation` or `embedding`."""
+    kernel: str = ""
+    """What was timed, e.g. `engine.runtime.model._rmsnorm after x + y`."""
+    elements: list[int] = Field(min_length=1)
+    """Activation elements per call (tokens x width), ascending."""
+    latency_s: list[float]
+    """Measured seconds at each element count (all > 0)."""
+
+    @model_validator(mode="after")
+    def _check(self) -> ElementwiseTable:
+        if not ascending(self.elements):
+            raise ValueError("elements must be positive and strictly ascending")
+        if len(self.latency_s) != len(self.elements) or any(v <= 0 for v in self.latency_s):
+            raise ValueError("latency_s needs one value > 0 per element count")
+        return self
+
+    def lookup(self, elements: float) -> tuple[float, bool]:
+        """Seconds for ``elements`` and whether it extrapolated beyond the last knot."""
+        i0, i1, w1, scale = interp_axis(self.elements, elements)
+        value = ((1 - w1) * self.latency_s[i0] + w1 * self.latency_s[i1]) * scale
+        return value, scale != 1.0
+
+
 class RooflineTerms(_Strict):
     """Efficiencies and floors used for any op no table covers. A roofline op costs
     ``max(flops / (peak * compute_eff), bytes / (hbm_bandwidth * memory_efficiency)) +
@@ -256,9 +290,15 @@ class EngineTerms(_Strict):
     """`true`: prefill chunks and decodes of an iteration run as one pass of GEMMs (vLLM,
     SGLang); `false`: each layer runs a prefill part and a decode part (pdsim's own engine),
     so the ops are priced twice, once per part."""
+    split_projections: bool = False
+    """`false`: one qkv GEMM and one gate_up GEMM per layer (vLLM's merged weights);
+    `true`: q, k and v, and gate and up, are separate GEMMs (pdsim's own engine), each
+    priced at its own shape."""
     layer_overhead_s: float = Field(default=0.0, ge=0)
     """Seconds per layer and per part of an iteration outside the timed ops (interpreter
-    dispatch, temporaries), fitted; seconds."""
+    dispatch, temporaries); seconds. `pdsim calibrate` leaves it 0 and fits the engine's
+    overhead per iteration (`ops.roofline.iteration_overhead_s`): its probe iterations all
+    run the same layers, so a per-layer share cannot be told apart."""
     iter_gap_s: float = Field(default=0.0, ge=0)
     """Seconds the serving loop spends between two back-to-back iterations (scheduling,
     bookkeeping), measured from the engine's iteration log; seconds."""
@@ -283,6 +323,9 @@ class OpsProfile(_Strict):
     """Attention tables, at most one per (phase, heads, kv_heads, head_dim, kv_dtype)."""
     all_reduce: list[CollectiveTable] = Field(default_factory=list)
     """All-reduce tables, at most one per group size."""
+    elementwise: list[ElementwiseTable] = Field(default_factory=list)
+    """Elementwise op tables (norm, activation, embedding), at most one per op; ops without
+    one are priced by the roofline."""
     engine: EngineTerms | None = None
     """Engine-specific terms fitted by `pdsim calibrate` (null: a fused vLLM-style engine)."""
 
@@ -292,6 +335,7 @@ class OpsProfile(_Strict):
         keys: list[tuple[object, ...]] = [("gemm", t.dtype, t.resident_bytes) for t in self.gemm]
         keys += [(t.phase, t.heads, t.kv_heads, t.head_dim, t.kv_dtype) for t in self.attention]
         keys += [("all_reduce", t.group) for t in self.all_reduce]
+        keys += [("elementwise", t.op) for t in self.elementwise]
         for key in keys:
             if key in seen:
                 raise ValueError(f"two tables for {key}")

@@ -122,7 +122,11 @@ def test_cli_calibrate_tiny_writes_a_valid_profile(
     assert p.ops.roofline.op_floor_s > 0 and p.ops.roofline.iteration_overhead_s == 3e-4
     # measured hardware terms are the probes' (the engine fit does not touch them)
     assert p.gpu == handed.gpu and p.links == handed.links
-    assert "per-layer overhead (fit)" in res.output and "engine fit error" in res.output
+    assert "per-layer overhead" in res.output and "engine fit error" in res.output
+    # the engine's elementwise ops are tables (one per op, at the grid's rows), rope fused
+    assert {t.op for t in p.ops.elementwise} == {"norm", "activation", "embedding"}
+    assert all(len(t.elements) == len(grid.ew_rows) for t in p.ops.elementwise)
+    assert p.ops.roofline.fused == ["rope"]
     # how much of the machine other processes and steal took meanwhile, and how fast a
     # reference workload ran at the start and the end (hwbench.quiet)
     from hwbench.quiet import sample

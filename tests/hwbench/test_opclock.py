@@ -1,0 +1,76 @@
+"""The op tables' clock and the engine's elementwise tables: NumPy ops are timed on the
+calling thread's CPU time (load-robust), the timer reads the clock it is given, and the
+elementwise tables time the engine's own norm / activation / embedding code."""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from hwbench.elementwise_probe import elementwise_tables
+from hwbench.opprobe import op_clock
+from hwbench.probes import time_op
+from sim.opcost import TableOrigin
+
+ORG = TableOrigin(device="cpu", framework="numpy", measured_at="2026-12-01", source="test")
+
+
+def test_numpy_ops_are_timed_on_thread_cpu_time() -> None:
+    assert op_clock(np) is time.thread_time
+
+
+def test_time_op_reads_the_clock_it_is_given() -> None:
+    ticks = iter([0.0, 1.0, 1.0, 3.0, 3.0, 6.0])  # start/end pairs: 1, 2, 3 s
+    calls: list[int] = []
+    out = time_op(lambda: calls.append(1), 1, 3, clock=lambda: next(ticks))
+    assert out == [1.0, 2.0, 3.0] and len(calls) == 4  # one warm-up call, untimed
+
+
+def test_thread_cpu_time_leaves_out_a_wait() -> None:
+    """A call that blocks (as a preempted thread does) accrues no CPU time: the wall clock
+    reads the 50 ms wait, the op clock much less."""
+    clock = op_clock(np)
+    ev = threading.Event()
+    wall = time_op(lambda: ev.wait(0.05), 0, 1)[0]
+    cpu = time_op(lambda: ev.wait(0.05), 0, 1, clock=clock)[0]
+    assert wall >= 0.045 and cpu < 0.02
+
+
+def test_elementwise_tables_time_the_engines_ops() -> None:
+    seen: list[object] = []
+
+    def timer(fn: object) -> float:
+        seen.append(fn)
+        return 1e-6 * len(seen)  # deterministic stand-in for a median
+
+    tables = elementwise_tables(np, timer, ORG, rows=(1, 4, 16), width=8)
+    assert [t.op for t in tables] == ["norm", "activation", "embedding"]
+    for t in tables:
+        assert t.elements == [8, 32, 128]
+    # one timed call per op per row count, in row order: norm, activation, embedding
+    assert tables[0].latency_s == pytest.approx([1e-6, 4e-6, 7e-6])
+    assert tables[2].latency_s == pytest.approx([3e-6, 6e-6, 9e-6])
+    # what was timed is the engine's norm of x + y: finite, unit RMS rows
+    out = np.asarray(seen[-3]())  # type: ignore[operator]
+    assert out.shape == (16, 8)
+    assert np.allclose(np.sqrt((out * out).mean(axis=-1)), 1.0, atol=1e-3)
+
+
+def test_weight_reads_count_their_cpu_time_within_their_wall_time(tmp_path: Path) -> None:
+    """The fetch probe's copy rate on NumPy divides the bytes by the reads' thread CPU time
+    (``fetch_cpu_s``): positive when bytes moved, and never more than the reads' wall
+    time (a thread cannot run longer than it takes)."""
+    from hwbench.validate import run_engine
+    from hwbench.workloads import ValidationWorkload
+
+    w = ValidationWorkload(
+        "t", "streaming", requests=3, rate=1e9, hbm_fraction=0.6, input_low=16,
+        input_high=32, output_low=2, output_high=3, seed=1,
+    )  # fmt: skip
+    _, weights = run_engine(w, tmp_path)
+    assert weights.fetch_bytes > 0
+    assert 0.0 < weights.fetch_cpu_s <= weights.fetch_s + 1e-6

@@ -28,6 +28,7 @@ from __future__ import annotations
 import csv
 import math
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
@@ -378,16 +379,19 @@ def compare(
 
     def lat(df: pd.DataFrame, col: str) -> np.ndarray:
         d = df[df["status"] == "done"]
-        return (d[col] - d["arrival"]).to_numpy(dtype=float)
+        out: np.ndarray = (d[col] - d["arrival"]).to_numpy(dtype=float)
+        return out
+
+    stats: tuple[tuple[str, Callable[[np.ndarray], float]], ...] = (
+        ("p50", lambda x: float(np.percentile(x, 50))),
+        ("p99", lambda x: float(np.percentile(x, 99))),
+        ("mean", lambda x: float(np.mean(x))),
+    )
 
     le, ls = lat(eng, "end"), lat(sim, "end")
     te, ts = lat(eng, "first_token"), lat(sim, "first_token")
     for label, a, b in (("latency", le, ls), ("ttft", te, ts)):
-        for stat, f in (
-            ("p50", lambda x: float(np.percentile(x, 50))),
-            ("p99", lambda x: float(np.percentile(x, 99))),
-            ("mean", lambda x: float(np.mean(x))),
-        ):
+        for stat, f in stats:
             ve, vs = (f(a) if a.size else math.nan), (f(b) if b.size else math.nan)
             rows.append((f"{label}_{stat}", ve, vs, _rel(ve, vs), "rel"))
 

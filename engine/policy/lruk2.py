@@ -300,7 +300,7 @@ class LRU2Policy(LRUKPolicy):
             if seq is None:
                 if ids is None:  # these keys need the map: carry on with rebound closures
                     policy._to_mapped()
-                    return policy.access_batch(  # type: ignore[no-any-return]
+                    return policy.access_batch(
                         keys, sizes, times, resident, used, capacity, count_hit_bytes
                     )
                 seq = policy._mapped_keys(keys)
@@ -450,7 +450,7 @@ class LRU2Policy(LRUKPolicy):
             _compact(self._heap, self._live, self._compact_limit)
 
     def __contains__(self, key: object) -> bool:
-        i = self._find(key)  # type: ignore[arg-type]
+        i = self._find(key)
         return i is not None and self._state[i] & 1 == 1
 
     def __len__(self) -> int:

@@ -394,5 +394,5 @@ class Engine:
         recompute preemption."""
         gen = self.res.tokens[r]
         if not gen:
-            return self._prompts[r]  # type: ignore[no-any-return]
+            return self._prompts[r]
         return np.concatenate([self._prompts[r], np.asarray(gen, dtype=self._prompts[r].dtype)])

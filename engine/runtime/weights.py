@@ -147,8 +147,11 @@ class TieredWeights:
             results = self.store.read_chunks(
                 todo, self._clock(now), count=True, before_promote=self._flush_touches
             )
+            # CPU window inside the wall window: read the CPU clock last at the start and
+            # first at the end, so fetch_cpu_s <= fetch_s up to the clocks' resolution
+            c1 = time.thread_time()
             self.fetch_s += time.perf_counter() - t0
-            self.fetch_cpu_s += time.thread_time() - c0
+            self.fetch_cpu_s += c1 - c0
             for cid, res in zip(todo, results, strict=True):
                 self.fetch_bytes += int(self.table.size[cid])
                 self._charge(self._tier_of(res.level), 1, int(self.table.size[cid]))

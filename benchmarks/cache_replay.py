@@ -6,7 +6,7 @@ the same keys, it times:
 
 * ``plain`` -- the loop a researcher would write: one ``OrderedDict``, ``move_to_end`` on a
   hit, insert and ``popitem(last=False)`` until the bytes fit on a miss;
-* every pdsim policy through :func:`engine.replay.replay` -- the code path of
+* every pdsim policy through :func:`engine.missratio.replay` -- the code path of
   ``pdsim cache replay`` (trace batches, ``TierCache.access_many``, the policy objects);
 * libCacheSim's C ``LRU`` through its Python wheel (``process_trace`` over the same keys
   written as an oracleGeneral file), when ``libcachesim`` is installed; it is optional and
@@ -42,8 +42,8 @@ import numpy as np
 from rich.console import Console
 from rich.table import Table
 
+from engine.missratio import replay
 from engine.policy import policy_names
-from engine.replay import replay
 from engine.traces import Trace, example_trace, read_trace, write_oracle
 
 TRACE_FRACTIONS = (0.01, 0.05, 0.1, 0.2, 0.5)

@@ -9,7 +9,7 @@ machine do not distort them; wall rates are printed too):
   the simulated network, integrity checks, and every checker;
 * ``seeds_per_minute`` -- complete random-fault seeds (build, run, heal, settle, final checks
   incl. linearizability) of the small chaos cluster the tests use
-  (``tests/sim/faults/data/chaos-small.yaml``).
+  (``tests/sim/control/faults/data/chaos-small.yaml``).
 
 Prints a table; the LAST line is one JSON object::
 
@@ -25,9 +25,9 @@ import json
 import time
 from pathlib import Path
 
-from sim.chaos import chaos_scenario, run_seed
-from sim.replay import run_checked
 from sim.scenario import load_scenario, resolved_dict
+from sim.study.chaos import chaos_scenario, run_seed
+from sim.study.recording import run_checked
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -47,7 +47,7 @@ def main() -> int:
     cpu, wall = time.process_time() - c0, time.perf_counter() - w0
     sim_rate, sim_rate_wall = out.sim_time / cpu, out.sim_time / wall
 
-    small = chaos_scenario(load_scenario(ROOT / "tests/sim/faults/data/chaos-small.yaml"))
+    small = chaos_scenario(load_scenario(ROOT / "tests/sim/control/faults/data/chaos-small.yaml"))
     data = resolved_dict(small)
     c0, w0 = time.process_time(), time.perf_counter()
     rows = [run_seed(data, small.source, s, None, False) for s in range(n_seeds)]

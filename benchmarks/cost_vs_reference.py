@@ -3,7 +3,7 @@
 Needs the ``[aic]`` extra (``pip install -e '.[aic]'``); without it the script says so and
 prints ``{"skipped": ...}`` as its last line. Points: Llama-3.1-8B at TP=1 on the shipped
 ``h200-sxm-vllm`` profile, decode steps (batch 1, 8, 32, 128 x context 512, 2048, 8192) and
-one-prompt prefills (128 .. 8192 tokens); pdsim's :meth:`sim.opcost.OpCostModel.iteration_time`
+one-prompt prefills (128 .. 8192 tokens); pdsim's :meth:`sim.serving.opcost.OpCostModel.iteration_time`
 vs aiconfigurator's ``predict_decode_latency`` / ``predict_prefill_latency`` (vLLM backend,
 h200_sxm). Also prints, not scored, Llama-3.1-70B at TP=8. The model shapes are given here
 explicitly (the public Llama-3.1 configurations), not read from the catalogue.
@@ -21,9 +21,9 @@ import statistics
 import sys
 from typing import Any
 
-from sim.models import LlamaShape, ModelEntry, ModelSpec, build_model
-from sim.opcost import OpCostModel
-from sim.opcost.profiles import load_op_profile
+from sim.serving.models import LlamaShape, ModelEntry, ModelSpec, build_model
+from sim.serving.opcost import OpCostModel
+from sim.serving.costmodel import load_profile
 
 SHAPES: dict[str, tuple[str, LlamaShape]] = {
     "llama-3.1-8b": (
@@ -49,7 +49,7 @@ def model(name: str) -> ModelSpec:
 
 def compare(name: str, tp: int, reference: Any) -> list[dict[str, Any]]:
     """Rows ``{phase, batch, tokens, pdsim_ms, reference_ms, ratio}`` for one model and TP."""
-    cm = OpCostModel(load_op_profile("h200-sxm-vllm"), model(name), tp=tp)
+    cm = OpCostModel(load_profile("h200-sxm-vllm"), model(name), tp=tp)
     rows = []
     for b in BATCHES:
         for c in CONTEXTS:

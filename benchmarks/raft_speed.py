@@ -1,11 +1,11 @@
-"""Speed of the standalone Raft metadata service simulation (sim.raft).
+"""Speed of the standalone Raft metadata service simulation (sim.control.raft).
 
 Two figures, both on one core (rates divide by the process CPU time, so other jobs on the
 machine do not distort them; wall rates are printed too):
 
 * ``sim_seconds_per_wall_second`` -- simulated seconds per second of a 5-replica group under
   steady client load (4 closed-loop clients) with the random fault process of
-  :mod:`sim.raft.chaos` (leader crashes, restarts, partitions, 5% loss, 2% duplication) and the
+  :mod:`sim.control.raft.nemesis` (leader crashes, restarts, partitions, 5% loss, 2% duplication) and the
   online safety checkers on; the offline linearizability check is off for this row;
 * ``seeds_per_minute`` -- complete random-fault seeds as the tests run them (3- and
   5-replica groups alternately, 4 s of faults + 1.5 s settling, all checkers including the
@@ -24,7 +24,7 @@ import argparse
 import json
 import time
 
-from sim.raft.chaos import ChaosConfig, run_seed
+from sim.control.raft.nemesis import ChaosConfig, run_seed
 
 
 def main() -> int:
@@ -57,7 +57,7 @@ def main() -> int:
         bad += not rs.ok
     seeds_cpu, seeds_wall = time.process_time() - c0, time.perf_counter() - w0
 
-    print("Raft metadata service (sim.raft), one core")
+    print("Raft metadata service (sim.control.raft), one core")
     print(f"{'figure':44} {'per CPU-s':>12} {'per wall-s':>12}")
     print(
         f"{'simulated s (5 replicas, load + faults)':44} {sim_s / cpu:12.1f} {sim_s / wall:12.1f}"

@@ -20,7 +20,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from sim.sweep import RunCache, Runner, build_points
+from sim.study.sweep import RunCache, Runner, build_points
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -6,7 +6,7 @@ array operations with temporaries (a mean reduction among them), its SiLU-and-mu
 on the 2-core VM a 1 x 256 norm takes ~20 us where the roofline says ~3 us, a 512 x 688
 activation ~1.5 ms where it says ~10 us. :func:`elementwise_tables` therefore times what
 :class:`engine.runtime.model.DecoderModel` runs for each op, over the elements one call
-reads (tokens x width), as :class:`sim.opcost.ElementwiseTable`:
+reads (tokens x width), as :class:`sim.serving.opcost.ElementwiseTable`:
 
 * ``norm`` -- the residual add ``x + y`` then the engine's RMSNorm (the op model's
   "fused residual-add + RMSNorm", which the engine runs unfused), width ``width``;
@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 
 from engine.runtime.model import _rmsnorm, _silu  # the engine's own kernels, timed as run
-from sim.opcost import ElementwiseTable, TableOrigin
+from sim.serving.opcost import ElementwiseTable, TableOrigin
 
 __all__ = ["EW_ROWS", "EW_WIDTH", "elementwise_tables"]
 

@@ -2,12 +2,12 @@
 
 :func:`fit_engine_terms` takes a profile whose ``ops`` section carries the measured op tables
 (:mod:`hwbench.opprobe`) and the engine probe's iterations (:mod:`hwbench.engine_probe`) and
-returns :class:`sim.opcost.EngineTerms` plus ``ops.roofline.iteration_overhead_s``:
+returns :class:`sim.serving.opcost.EngineTerms` plus ``ops.roofline.iteration_overhead_s``:
 
 * ``iteration_overhead_s`` (s per iteration): weighted least squares, on relative error, of
   the closed runs' measured iteration times (:class:`hwbench.engine_probe.PassPoint`, each
   shape weighted by its iteration count) against ``ops + iteration_overhead``, where ``ops``
-  is the op tables' sum for the iteration (:class:`sim.opcost.OpCostModel` with the
+  is the op tables' sum for the iteration (:class:`sim.serving.opcost.OpCostModel` with the
   engine's shape :data:`ENGINE_SHAPE`: a prefill part plus a decode part, q/k/v and
   gate/up as separate GEMMs). It is the engine's work per iteration outside the timed ops:
   the serving loop's batch set-up and sampling, and each layer's weight pin, tensor views
@@ -46,9 +46,9 @@ from typing import Any
 import numpy as np
 
 from hwbench.engine_probe import PassPoint, StreamProbe, after_idle
-from sim.costmodel import Profile
-from sim.models import ModelSpec
-from sim.opcost import EngineTerms, OpCostModel
+from sim.serving.costmodel import Profile
+from sim.serving.models import ModelSpec
+from sim.serving.opcost import EngineTerms, OpCostModel
 
 __all__ = [
     "MAX_ABOVE_PEAK",

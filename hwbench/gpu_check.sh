@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # GPU check: on a machine with a CUDA GPU and CuPy, run the `gpu` tests, calibrate the GPU
-# backend (--quick: hardware probes, then the sim.opcost op tables -- GEMMs and attention --
+# backend (--quick: hardware probes, then the sim.serving.opcost op tables -- GEMMs and attention --
 # timed with CuPy, then the engine's own terms fitted on CuPy engine iterations) and
 # validate that profile on held-out workloads; write everything under OUTDIR.
 #
@@ -49,7 +49,7 @@ rm -rf "$OUT/scratch"
 if [ -f "$OUT/profile-gpu.json" ]; then
     python - "$OUT/profile-gpu.json" >"$OUT/ops.txt" 2>&1 <<'PY'
 import sys
-from sim.costmodel import load_profile
+from sim.serving.costmodel import load_profile
 p = load_profile(sys.argv[1])
 ops = p.ops
 assert ops is not None and ops.engine is not None, "profile has no op tables / engine terms"

@@ -1,10 +1,10 @@
-"""Op tables measured on the engine's array backend, in the schema of :mod:`sim.opcost`.
+"""Op tables measured on the engine's array backend, in the schema of :mod:`sim.serving.opcost`.
 
 ``pdsim calibrate`` times the kernels the engine runs, one op at a time, on the backend it
 serves with (NumPy on a CPU, CuPy on a GPU: :mod:`engine.backend`), and writes them as the
 profile's ``ops`` section -- the same tables an imported aiconfigurator profile carries:
 
-* **GEMM** (:class:`sim.opcost.GemmTable`, dtype ``fp32``: the engine computes in float32)
+* **GEMM** (:class:`sim.serving.opcost.GemmTable`, dtype ``fp32``: the engine computes in float32)
   -- ``x @ w`` with ``x`` ``[m, k]`` and ``w`` ``[k, n]``, over the knots of
   :class:`OpGrid` (every knot combination; interpolation fills the rest), twice: with the
   weights cold (read from memory, as for a model larger than the last-level cache) and
@@ -19,7 +19,7 @@ profile's ``ops`` section -- the same tables an imported aiconfigurator profile 
   every op no table covers (norms, activation, embedding) pays at least.
 
 Each point is the median of ``repeats`` timed calls after ``warmup`` untimed ones (on a GPU
-every timed call ends with a device synchronisation). A table's :class:`sim.opcost.TableOrigin`
+every timed call ends with a device synchronisation). A table's :class:`sim.serving.opcost.TableOrigin`
 says which device, backend and library were timed and when. Nothing here is fitted: the
 engine's own terms (per-layer and per-iteration overheads) are fitted on whole iterations
 with these tables held fixed (:mod:`hwbench.engine_fit`).
@@ -44,8 +44,8 @@ from engine.kv.attention import paged_decode_attention
 from engine.kv.storage import KVLayout, KVStorage
 from hwbench.elementwise_probe import EW_ROWS, elementwise_tables
 from hwbench.probes import time_op
-from sim.costmodel import Profile
-from sim.opcost import (
+from sim.serving.costmodel import Profile
+from sim.serving.opcost import (
     AttentionTable,
     Curves,
     ElementwiseTable,

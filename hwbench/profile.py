@@ -1,4 +1,4 @@
-"""Fit probe measurements into the simulator's :class:`sim.costmodel.Profile` (R16).
+"""Fit probe measurements into the simulator's :class:`sim.serving.costmodel.Profile` (R16).
 
 Fits (all from medians; quartiles stay in the ``fitted`` tables):
 
@@ -39,7 +39,7 @@ import numpy as np
 from engine import backend
 from engine.chunks import MIN_CHUNK_BYTES
 from hwbench.probes import Measurement
-from sim.costmodel import (
+from sim.serving.costmodel import (
     GpuProfile,
     HostProfile,
     LinkProfile,

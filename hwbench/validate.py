@@ -13,7 +13,7 @@
   server, the same chunking, HBM weight cache, host and NVMe sizes, policies, prefetch
   window and order (``prefetch.order: after-pin``), KV budget, batching limits and HBM
   warm-up, built exactly as ``pdsim run`` builds a scenario (the plain
-  :class:`sim.costmodel.CostModel`: op tables and engine terms), so ``pdsim run
+  :class:`sim.serving.costmodel.CostModel`: op tables and engine terms), so ``pdsim run
   DIR/scenario.yaml`` reproduces the simulator's figures.
 
 :func:`compare` turns both request tables into one table of figures: latency and TTFT (P50,
@@ -48,10 +48,10 @@ from engine.runtime.weights import TIER_NAMES, TieredWeights
 from engine.tiers import DeviceTier, HostTier, Level, ObjectStoreTier, SsdTier, TierStack
 from hwbench.workloads import ValidationWorkload, arrivals
 from sim.cluster import build
-from sim.costmodel import CostModel, Profile, load_profile
-from sim.metrics import requests_frame
-from sim.models import ModelSpec, load_catalogue, parse_catalogue
 from sim.scenario import load_scenario
+from sim.serving.costmodel import CostModel, Profile, load_profile
+from sim.serving.metrics import requests_frame
+from sim.serving.models import ModelSpec, load_catalogue, parse_catalogue
 
 __all__ = [
     "CHUNK_BYTES",

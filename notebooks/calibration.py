@@ -14,7 +14,7 @@
 # %% [markdown]
 # # Calibration: a measured profile, and the real engine against the simulator
 #
-# The simulator charges compute and copies from a *profile* (`sim.costmodel.Profile`):
+# The simulator charges compute and copies from a *profile* (`sim.serving.costmodel.Profile`):
 # datasheet numbers for real GPUs, or numbers measured on this machine by `pdsim calibrate`
 # (`hwbench` probes). This notebook
 #
@@ -62,8 +62,8 @@ from hwbench.opprobe import OpGrid, with_op_tables
 from hwbench.validate import decoder_config, sim_catalogue, validate_workload
 from hwbench.workloads import SUITE, get_workload
 from pdsim.cli.validate import LIMITS
-from sim.costmodel import LINK_NAMES, load_profile
-from sim.opcost import OpCostModel
+from sim.serving.costmodel import LINK_NAMES, load_profile
+from sim.serving.opcost import OpCostModel
 
 OUT.mkdir(parents=True, exist_ok=True)
 prof = load_profile(PROFILE)

@@ -20,10 +20,10 @@
 # > **How many servers keep P99 end-to-end latency under 5 s, and sustain the offered load,
 # > at 10, 20 and 30 QPS?**
 #
-# The answer comes from `pdsim plan`'s Python API (`sim.plan`): bisection over the cluster
+# The answer comes from `pdsim plan`'s Python API (`sim.study.plan`): bisection over the cluster
 # size, several seeds per probe (a probe passes only when every seed passes), every run cached
 # by config hash. Runs are bounded by time (`DURATION` seconds of arrivals) and judged on their
-# steady window. Then the sweep machinery (`sim.sweep`) maps P99 against server count around
+# steady window. Then the sweep machinery (`sim.study.sweep`) maps P99 against server count around
 # the answer, reusing the plan's cached runs, and we check which resource saturates first.
 #
 # The default size (20 s runs, 2 seeds) runs in a few minutes; raise `DURATION` and `SEEDS`
@@ -63,9 +63,9 @@ if "ipykernel" not in sys.modules:  # headless script run: no display
     matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
-from sim.plan import run_plan
-from sim.planspec import PlanFile, plan_from_file, run_passes
-from sim.sweep import build_points, execute
+from sim.study.plan import run_plan
+from sim.study.planspec import PlanFile, plan_from_file, run_passes
+from sim.study.sweep import build_points, execute
 
 OUT.mkdir(parents=True, exist_ok=True)
 shipped, scenario_path = plan_from_file(PLAN_FILE)
@@ -137,7 +137,7 @@ else:
     print("the answer is at the bottom of the range (or none): nothing to bracket")
 
 # %% [markdown]
-# ## 3. P99 against cluster size around the answer (`sim.sweep`)
+# ## 3. P99 against cluster size around the answer (`sim.study.sweep`)
 #
 # A sweep over `cluster.servers` at the last load, in the plan's folder: points the plan already
 # ran come from its cache (same scenario, overrides and seed -> same config hash).

@@ -16,7 +16,7 @@
 #
 # A chaos run is deterministic: a *replay file* (scenario fully resolved, seed, the fault
 # schedule actually applied, the hash of the event trace) re-runs it bit for bit
-# (`sim.replay`, `pdsim replay FILE [--until T]`). This notebook
+# (`sim.study.recording`, `pdsim replay FILE [--until T]`). This notebook
 #
 # 1. records a replay file from the `chaos-partition` drill (R17: a majority/minority
 #    partition, a majorities ring, a one-way bridge, each healed) -- or loads one you give it;
@@ -59,12 +59,12 @@ import numpy as np
 import pandas as pd
 
 from sim.cluster import build
-from sim.costmodel import CostModel, load_profile
-from sim.faultinject import attach
-from sim.metrics import requests_frame
-from sim.models import load_catalogue
-from sim.replay import load_replay, replay, run_checked, write_replay
+from sim.control.faultinject import attach
 from sim.scenario import load_scenario
+from sim.serving.costmodel import CostModel, load_profile
+from sim.serving.metrics import requests_frame
+from sim.serving.models import load_catalogue
+from sim.study.recording import load_replay, replay, run_checked, write_replay
 
 OUT.mkdir(parents=True, exist_ok=True)
 

@@ -16,7 +16,7 @@
 #
 # Three questions, all answered by replaying access traces through the *same* eviction
 # policies the simulator and the engine use (`engine.policy`, driven by `engine.cache.TierCache`
-# through `engine.replay.replay`):
+# through `engine.missratio.replay`):
 #
 # 1. **Miss-ratio curves** of every registered policy on the Mooncake KV-block trace shipped
 #    with the package (and on a trace of your own: `EXTRA_TRACE` below), and on synthetic
@@ -62,8 +62,8 @@ import numpy as np
 import pandas as pd
 
 from engine.cache import TierCache
+from engine.missratio import replay
 from engine.policy import make_policy, policy_names
-from engine.replay import replay
 from engine.traces import Trace, example_trace, read_mooncake
 
 OUT.mkdir(parents=True, exist_ok=True)

@@ -22,17 +22,17 @@ from engine.chunks import chunk_model
 from engine.errors import InputError
 from engine.kv.prefix import num_blocks
 from engine.policy.registry import policy_class
-from sim.context import ModelRt, SimContext
-from sim.memory import context_limit, plan_memory
-from sim.metrics import EV_REJECT, REJECTED, TIERS, Metrics, TraceRecorder
-from sim.network import Network
-from sim.node import ComputeNode
-from sim.paramserver import MetadataDirectory, ParamServer
 from sim.rng import RngStreams
 from sim.scenario import Scenario, deployment_labels
-from sim.scheduler import Scheduler
-from sim.weights import WeightStore
-from sim.workload import Workload, make_workload
+from sim.serving.context import ModelRt, SimContext
+from sim.serving.gpumemory import context_limit, plan_memory
+from sim.serving.metrics import EV_REJECT, REJECTED, TIERS, Metrics, TraceRecorder
+from sim.serving.network import Network
+from sim.serving.paramserver import MetadataDirectory, ParamServer
+from sim.serving.paramstore import WeightStore
+from sim.serving.placement import Scheduler
+from sim.serving.replica import ComputeNode
+from sim.serving.workload import Workload, make_workload
 
 #: open-loop arrivals are read this many at a time as plain Python lists
 _ARRIVAL_SLICE = 4096
@@ -242,7 +242,7 @@ class Cluster:
     def rejected_mask(self) -> np.ndarray:
         """Per request: True if it can never run (longer than its model's max context, or a
         KV reservation larger than a node's whole KV capacity). Vectorised, exact integer
-        arithmetic (int64) of :meth:`sim.node.KvAccount.size`."""
+        arithmetic (int64) of :meth:`sim.serving.replica.KvAccount.size`."""
         ctx, wl = self.ctx, self.wl
         kv = min((n.kv for n in ctx.nodes), key=lambda k: k.capacity)  # pools may differ
         bpt = np.array([m.kv_bytes_per_token for m in ctx.models], dtype=np.int64)[wl.model]
@@ -519,7 +519,7 @@ def build(
     host_r = int(host * share)
     nvme_r = int(c.server.nvme * share)
     swap_r = sc.kv.swap_space * g
-    # profile hook (sim.opcost.EngineTerms.copy_contention): a calibrated engine's weight
+    # profile hook (sim.serving.opcost.EngineTerms.copy_contention): a calibrated engine's weight
     # copies run 1 + copy_contention times slower than its idle link while it computes
     eng = profile.ops.engine if profile.ops is not None else None
     pcie_bw = L.pcie.bandwidth * g / (1.0 + (eng.copy_contention if eng is not None else 0.0))

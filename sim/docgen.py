@@ -2,9 +2,9 @@
 
 ``python -m sim.docgen > docs/scenario-reference.md`` regenerates it. The generator walks the
 pydantic models users write files for -- scenario (:class:`sim.scenario.Scenario`, its
-``faults:`` section from :mod:`sim.faults`), plan (:class:`sim.planspec.PlanFile`), sweep
-(:class:`sim.sweep.spec.SweepFile`), calibration profile (:class:`sim.costmodel.Profile`) and
-model catalogue (:class:`sim.models.CatalogueFile`) -- and prints one Markdown table per
+``faults:`` section from :mod:`sim.control.faults`), plan (:class:`sim.study.planspec.PlanFile`), sweep
+(:class:`sim.study.sweep.spec.SweepFile`), calibration profile (:class:`sim.serving.costmodel.Profile`) and
+model catalogue (:class:`sim.serving.models.CatalogueFile`) -- and prints one Markdown table per
 section (field path, type, default, description), followed by the names the registries allow
 (eviction policies, placement policies, workload kinds, fault kinds, shipped models and
 profiles).
@@ -32,14 +32,14 @@ from pydantic_core import PydanticUndefined
 
 from engine.policy import policy_class, policy_names
 from engine.units import parse_duration, parse_rate, parse_size
-from sim import models as _models
-from sim.costmodel import SHIPPED_PROFILES, Profile, load_profile
-from sim.faults import KINDS as FAULT_KINDS
-from sim.models import CatalogueFile, load_catalogue
-from sim.planspec import PlanFile
+from sim.control.faults import KINDS as FAULT_KINDS
 from sim.scenario import Scenario, WorkloadCfg
-from sim.scheduler import PLACEMENTS
-from sim.sweep.spec import SweepFile
+from sim.serving import models as _models
+from sim.serving.costmodel import SHIPPED_PROFILES, Profile, load_profile
+from sim.serving.models import CatalogueFile, load_catalogue
+from sim.serving.placement import PLACEMENTS
+from sim.study.planspec import PlanFile
+from sim.study.sweep.spec import SweepFile
 
 REGENERATE = "python -m sim.docgen > docs/scenario-reference.md"
 
@@ -71,7 +71,7 @@ FILES: tuple[FileKind, ...] = (
     FileKind(
         "Plan file",
         PlanFile,
-        "Capacity planning (`pdsim plan FILE`); see `sim/planspec.py` for the SLO rules and `sim/plan.py` for the search.",
+        "Capacity planning (`pdsim plan FILE`); see `sim/study/planspec.py` for the SLO rules and `sim/study/plan.py` for the search.",
     ),
     FileKind(
         "Sweep file",

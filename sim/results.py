@@ -20,7 +20,7 @@ from typing import Any
 import yaml
 
 from sim.scenario import Scenario, config_hash
-from sim.sweep.cache import as_umask
+from sim.study.sweep.resultcache import as_umask
 
 
 def run_folder_name(sc: Scenario, seed: int) -> str:
@@ -31,7 +31,7 @@ def run_folder_name(sc: Scenario, seed: int) -> str:
 def write_run(root: Path, sc: Scenario, seed: int, result: Any) -> Path:
     """Write ``result`` under ``root``; returns the final folder. Nothing half-written: files
     go to a temporary sibling folder that is renamed into place once complete."""
-    from sim.plots import write_plots
+    from sim.study.plots import write_plots
 
     root.mkdir(parents=True, exist_ok=True)
     final = root / run_folder_name(sc, seed)
@@ -46,7 +46,7 @@ def write_run(root: Path, sc: Scenario, seed: int, result: Any) -> Path:
         result.timeseries.to_parquet(tmp / "timeseries.parquet", index=False)
         write_plots(tmp, result)
         # every run can be replayed bit for bit (pdsim replay): the run, or each variant
-        from sim.replay import run_replay_record, variant_replay_records, write_replay
+        from sim.study.recording import run_replay_record, variant_replay_records, write_replay
 
         if not sc.variants:
             write_replay(tmp / "replay.json", sc, seed, run_replay_record(sc, seed, result))

@@ -22,11 +22,11 @@ import numpy as np
 import pandas as pd
 
 from sim.cluster import Cluster, build, check_feasible
-from sim.costmodel import CostModel, load_profile
-from sim.metrics import TIERS, requests_frame, summarize
-from sim.models import load_catalogue
-from sim.prefix import prefix_summary
 from sim.scenario import Scenario, resolved_dict, variant
+from sim.serving.costmodel import CostModel, load_profile
+from sim.serving.metrics import TIERS, requests_frame, summarize
+from sim.serving.models import load_catalogue
+from sim.serving.prefixcache import prefix_summary
 
 Progress = Callable[[float, str], None]
 
@@ -173,7 +173,7 @@ def _run_one(
     progress: Callable[[float, float], None] | None,
 ) -> tuple[dict[str, Any], pd.DataFrame, pd.DataFrame, str, list[dict[str, Any]]]:
     cl = build(sc, seed, cat, prof, CostModel, base)
-    from sim.faultinject import attach  # control plane + faults (issue 5); None when off
+    from sim.control.faultinject import attach  # control plane + faults (issue 5); None when off
 
     ctl = attach(cl)
     end = cl.run(progress)
@@ -226,8 +226,8 @@ def lookup_metric(summary: dict[str, Any], path: str) -> Any:
 
 def evaluate_claims(sc: Scenario, summaries: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
     """Each claim with the figure this run measured for it (never hard-coded), with
-    ``seeds: 1`` and ``ci_low``, ``ci_high``, ``verdict`` of ``None`` (see :mod:`sim.claims`)."""
-    from sim.claims import single_run_fields
+    ``seeds: 1`` and ``ci_low``, ``ci_high``, ``verdict`` of ``None`` (see :mod:`sim.study.claims`)."""
+    from sim.study.claims import single_run_fields
 
     out = []
     first = next(iter(summaries))
@@ -244,7 +244,7 @@ def evaluate_claims(sc: Scenario, summaries: dict[str, dict[str, Any]]) -> list[
                 measured = (v - b) / b * 100.0
             else:
                 measured = v / b
-        # one run is one seed: no interval, no verdict (``python -m sim.claims`` gives them)
+        # one run is one seed: no interval, no verdict (``python -m sim.study.claims`` gives them)
         out.append({**c.model_dump(), **single_run_fields(measured)})
     return out
 

@@ -22,8 +22,8 @@ from pydantic import BaseModel, Field, model_validator
 from engine.config import CacheCfg, PrefetchCfg, StrictModel
 from engine.configfile import read_mapping, validate_model
 from engine.errors import InputError
-from sim.disagg.config import DisaggCfg
-from sim.faults import FaultsCfg
+from sim.control.faults import FaultsCfg
+from sim.disagg.poolconfig import DisaggCfg
 from sim.sections import (
     ChunkCfg,
     ClassCfg,
@@ -95,7 +95,7 @@ class _M(StrictModel, BaseModel):  # BaseModel named too, so linters see a pydan
 
 
 class CapacityCfg(_M):
-    """A capacity claim (R21, sim/claims.py): per seed, each variant climbs a ladder of offered
+    """A capacity claim (R21, sim/study/claims.py): per seed, each variant climbs a ladder of offered
     loads; its capacity is the highest load up to which every rung passes (not overloaded, no
     request unfinished, every class's P99 end-to-end latency within its `slo`), per GPU."""
 
@@ -133,9 +133,9 @@ class Claim(_M):
     """Variant compared against (`relative`, `ratio`); null: the first variant."""
     expected: float | None = Field(default=None, allow_inf_nan=False)
     """The article's figure in the claim's `kind` (percent for `relative`, x for `ratio`);
-    `python -m sim.claims` gives a verdict against it (sim/claims.py). null: no verdict."""
+    `python -m sim.study.claims` gives a verdict against it (sim/study/claims.py). null: no verdict."""
     capacity: CapacityCfg | None = None
-    """Measure capacity instead of `metric` at the scenario's load (`python -m sim.claims`
+    """Measure capacity instead of `metric` at the scenario's load (`python -m sim.study.claims`
     only; one `pdsim run` reports it as not measured); `metric` then names it."""
 
 

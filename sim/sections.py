@@ -252,7 +252,7 @@ class WarmupCfg(_M):
 class KvCfg(_M):
     """KV accounting: paged blocks; attention ``chunked`` (R12: KV walked in ``chunk_tokens``
     pieces, O(chunk) scratch) or ``unchunked`` (O(context^2) prefill scores), which bounds the
-    longest context a node can serve (:class:`engine.kv.chunks.AttentionMemoryModel`)."""
+    longest context a node can serve (:class:`engine.kv.longctx.AttentionMemoryModel`)."""
 
     block_tokens: Literal[8, 16, 32, 64, 128, 256, 512] = 16
     """Tokens per paged KV block (R9 uses 64-128); one of 8, 16, ..., 512."""

@@ -60,8 +60,8 @@ EXPECTED: dict[str, tuple[str, ...]] = {
 
 #: modules a notebook needs beyond the always-present ones (skipped cleanly where absent)
 NEEDS: dict[str, tuple[str, ...]] = {
-    "chaos-replay": ("sim.replay", "sim.faultinject"),
-    "capacity-planning": ("sim.plan",),
+    "chaos-replay": ("sim.study.recording", "sim.control.faultinject"),
+    "capacity-planning": ("sim.study.plan",),
 }
 
 #: per-cell time limit (s): generous for a loaded 2-core CI machine

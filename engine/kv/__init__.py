@@ -10,14 +10,14 @@ from engine.kv.allocator import (
     KVStats,
 )
 from engine.kv.attention import dense_attention, paged_decode_attention
-from engine.kv.chunks import (
+from engine.kv.footprint import STORAGE_LAYOUTS, KvStorageModel, contiguous_regrowth
+from engine.kv.longctx import (
     AttentionMemoryModel,
     chunk_spans,
     max_context_tokens,
     split_chunks,
     validate_chunk_tokens,
 )
-from engine.kv.footprint import STORAGE_LAYOUTS, KvStorageModel, contiguous_regrowth
 from engine.kv.offload import OffloadChain, make_offload_tiers
 from engine.kv.pool import UNBOUNDED, BlockPool, growth_sequence, next_pool_size
 from engine.kv.prefix import (

@@ -1,6 +1,6 @@
 """Admission and KV reservation, one object for the simulator's replica and the engine.
 
-:class:`KvAdmission` holds the KV blocks of one replica (simulator: :class:`sim.node.ComputeNode`;
+:class:`KvAdmission` holds the KV blocks of one replica (simulator: :class:`sim.serving.replica.ComputeNode`;
 engine: :class:`engine.runtime.scheduler.BatchScheduler`), in bytes, shared by its models.
 The rules (vLLM-like; ``docs/design/admission.md``):
 
@@ -62,7 +62,7 @@ class KvAdmission:
     docstring. The constructor does no I/O.
 
     ``prefix``: an object that takes over :meth:`take`/:meth:`give` with shared prompt
-    blocks (the simulator's ``sim.prefix.PrefixCache``), or ``None``.
+    blocks (the simulator's ``sim.serving.prefixcache.PrefixCache``), or ``None``.
     """
 
     __slots__ = (
@@ -144,7 +144,7 @@ class KvAdmission:
         prompt tokens a cached prefix saves from prefill (0 without prefix caching)."""
         if self.log is not None:
             self.log.append((self.step, "admit", rid, tokens))
-        if self.prefix is not None:  # shared prompt blocks (sim.prefix)
+        if self.prefix is not None:  # shared prompt blocks (sim.serving.prefixcache)
             return int(self.prefix.take(rid, m, tokens, bytes_per_token, prefill))
         blocks = num_blocks(tokens, self.block_tokens)
         allocs = self.allocators

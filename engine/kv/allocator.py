@@ -44,7 +44,7 @@ import numpy as np
 
 from engine.cache import TierCache
 from engine.errors import InputError
-from engine.kv.chunks import DEFAULT_CHUNK_TOKENS, split_chunks, validate_chunk_tokens
+from engine.kv.longctx import DEFAULT_CHUNK_TOKENS, split_chunks, validate_chunk_tokens
 from engine.kv.offload import OffloadChain
 from engine.kv.pool import UNBOUNDED, BlockPool
 from engine.kv.prefix import BlockKey, id_block_keys, token_block_keys

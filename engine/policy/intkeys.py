@@ -1,7 +1,7 @@
 """Batches of keys that are plain non-negative ints (trace keys), for policies whose state
 is indexed by key.
 
-Trace readers number objects densely (``0..n_objects-1``, :mod:`engine.traces.model`), so a
+Trace readers number objects densely (``0..n_objects-1``, :mod:`engine.traces.trace`), so a
 policy can keep per-key state in flat arrays indexed by the key itself;
 :func:`int_key_range` tells whether a batch qualifies and hands it back in a form whose
 iteration yields Python ``int`` objects (list indices must not be numpy scalars).

@@ -13,7 +13,7 @@ iteration that admits it. This is the iteration structure of the simulator's nod
 the same schedule for the same arrivals.
 
 Records (:meth:`EngineResult.frame`) have the columns of the simulator's ``requests.parquet``
-(:func:`sim.metrics.requests_frame`): arrival, start, first_token, end, tokens, status,
+(:func:`sim.serving.metrics.requests_frame`): arrival, start, first_token, end, tokens, status,
 ``param_wait_s`` and ``hits_<tier>`` / ``bytes_<tier>``. Per-request counters follow the
 simulator's rule: a request adds up the counters of every iteration it took part in; bytes
 fetched in an iteration are split evenly over that iteration's batch.

@@ -3,7 +3,7 @@ network (the CNN-like case). Array code takes its module from :mod:`engine.backe
 
 Weights arrive **one layer at a time** as a flat float32 vector (the layer's chunks joined);
 :func:`unpack` cuts it into named tensors by the layer's layout. The layouts below give exactly
-the parameter bytes the simulator's catalogue gives for the same shape (``sim.models``: layers
+the parameter bytes the simulator's catalogue gives for the same shape (``sim.serving.models``: layers
 ``embedding``, ``block0..N-1``, ``lm_head`` with the final norm folded in), so the engine and the
 simulator chunk the same bytes.
 

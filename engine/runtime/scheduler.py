@@ -1,6 +1,6 @@
 """Continuous batching for the engine: admission, KV growth and preemption.
 
-The rules are the simulator node's (:mod:`sim.node`), taken from the object both use,
+The rules are the simulator node's (:mod:`sim.serving.replica`), taken from the object both use,
 :class:`engine.kv.admission.KvAdmission` (``docs/design/admission.md``), so the engine and the
 simulator form the same batches, take the same blocks and preempt the same sequences for the
 same arrivals. Per iteration the engine calls, in the order of a simulator turn:

@@ -9,7 +9,7 @@ backend (cut into tensors by :func:`engine.runtime.model.unpack`). Two sources:
   :class:`engine.tiers.TierStack`: device, host, SSD over the object store; every read from SSD
   or the object store is verified). The device level's cache is the engine's HBM cache.
 
-Accounting (the simulator's rules, :mod:`sim.node` / :mod:`sim.weights`, so the two report the
+Accounting (the simulator's rules, :mod:`sim.serving.replica` / :mod:`sim.serving.paramstore`, so the two report the
 same numbers): each chunk is accessed once per iteration, when its layer is computed
 (:meth:`TieredWeights.layer`): resident in the device level then, it counts one ``hbm`` hit;
 each chunk fetched into the device level (demand or prefetch) counts one in the tier that
@@ -172,7 +172,7 @@ class TieredWeights:
             ids = self._ids[layer]
             keys = [self.store.key(c) for c in ids]
             device = self.device
-            # The simulator's rule (sim.node): resident chunks are pinned first (each access
+            # The simulator's rule (sim.serving.replica): resident chunks are pinned first (each access
             # once, a hit), then the missing ones come in one transfer per round, each pinned
             # as it lands; a round repeats only for chunks a concurrent eviction took.
             missing = [c for c, k in zip(ids, keys, strict=True) if k not in device]
@@ -225,7 +225,7 @@ class TieredWeights:
             for key in self._pinned.pop(layer, []):
                 self.device.unpin(key)
 
-    # -- recency of resident chunks (the simulator's rule, sim.weights) -----------------------
+    # -- recency of resident chunks (the simulator's rule, sim.serving.paramstore) -----------------------
     def touch(self, now: float) -> None:
         """Every resident chunk was used by the iteration that ended at ``now``. As in the
         simulator (one :class:`engine.tiers.chain.TouchReplay` rule), uses are not looked up

@@ -5,7 +5,7 @@ One :class:`TierChain` holds cache levels, fastest first (HBM, pinned host, SSD/
 :class:`engine.cache.TierCache`, above a backing store that always has every object (the object
 store, or parameter servers). It moves no bytes; whoever owns the bytes listens to
 ``on_move`` and ``on_drop``. The engine's :class:`engine.tiers.TierStack` (real bytes) and the
-simulator's :class:`sim.weights.WeightStore` (sizes only, transfers on simulated links) both
+simulator's :class:`sim.serving.paramstore.WeightStore` (sizes only, transfers on simulated links) both
 decide through it, so the same calls give the same decisions on both sides.
 
 The rules:

@@ -5,9 +5,9 @@ from pathlib import Path
 
 from engine.traces.csv_reader import read_csv
 from engine.traces.detect import FORMATS, detect_format, read_trace
-from engine.traces.model import NO_COLOR, Trace, dense_ids
 from engine.traces.mooncake import DEFAULT_BLOCK_TOKENS, DEFAULT_KV_BYTES_PER_TOKEN, read_mooncake
 from engine.traces.oracle import next_access_indices, read_oracle, write_oracle
+from engine.traces.trace import NO_COLOR, Trace, dense_ids
 
 
 def example_trace() -> Path:

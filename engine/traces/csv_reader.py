@@ -25,7 +25,7 @@ import numpy as np
 import pandas as pd
 
 from engine.errors import InputError
-from engine.traces.model import NO_COLOR, Trace, first_decrease
+from engine.traces.trace import NO_COLOR, Trace, first_decrease
 
 REQUIRED = ("time", "key", "size")
 ALLOWED = (*REQUIRED, "color")

@@ -12,9 +12,9 @@ from typing import Literal, get_args
 
 from engine.errors import InputError
 from engine.traces.csv_reader import read_csv
-from engine.traces.model import Trace
 from engine.traces.mooncake import DEFAULT_BLOCK_TOKENS, DEFAULT_KV_BYTES_PER_TOKEN, read_mooncake
 from engine.traces.oracle import read_oracle
+from engine.traces.trace import Trace
 
 TraceFormat = Literal["auto", "csv", "oracle", "mooncake"]
 FORMATS: tuple[str, ...] = get_args(TraceFormat)

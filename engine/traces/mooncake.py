@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 
 from engine.errors import InputError
-from engine.traces.model import Trace, dense_ids
+from engine.traces.trace import Trace, dense_ids
 
 #: K and V, 32 layers, 32 KV heads, head_dim 128, 2 bytes (fp16): LLaMA-2-7B.
 DEFAULT_KV_BYTES_PER_TOKEN = 2 * 32 * 32 * 128 * 2

@@ -21,7 +21,7 @@ import numpy as np
 import numpy.typing as npt
 
 from engine.errors import InputError
-from engine.traces.model import IntArray, Trace, dense_ids, first_decrease
+from engine.traces.trace import IntArray, Trace, dense_ids, first_decrease
 
 RECORD = np.dtype([("time", "<u4"), ("id", "<u8"), ("size", "<u4"), ("next", "<i8")])
 assert RECORD.itemsize == 24  # packed: no padding between fields

@@ -21,7 +21,7 @@ from pdsim.cli.common import (
 )
 from pdsim.cli.format import fmt_value
 from pdsim.cli.sweep import failures_table, run_progress
-from sim.sweep.spec import SEEDS_HELP, parse_seed_option
+from sim.study.sweep.spec import SEEDS_HELP, parse_seed_option
 
 #: below this many paired seeds ``pdsim ab`` warns that its intervals are unreliable
 MIN_SEEDS = 10
@@ -80,8 +80,8 @@ def ab(
     quiet: Annotated[bool, typer.Option("--quiet", help="No progress bar.")] = False,
 ) -> None:
     """Run A and B with the same seeds; print B - A per headline metric with a 95% CI."""
-    from sim.ab import ab_digest, ab_points, run_ab
     from sim.shipped import resolve_scenario
+    from sim.study.ab import ab_digest, ab_points, run_ab
 
     with user_errors():
         if out is not None:

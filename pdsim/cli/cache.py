@@ -2,7 +2,7 @@
 
 ``pdsim cache replay [TRACE]`` reads a trace (CSV, oracleGeneral binary or Mooncake JSONL),
 replays it through every chosen eviction policy at every chosen cache size
-(:func:`engine.replay.replay`), prints a table of request and byte miss ratios and writes
+(:func:`engine.missratio.replay`), prints a table of request and byte miss ratios and writes
 ``replay.csv``, ``mrc.png`` (miss-ratio curves) and ``inputs.json`` into one output folder.
 Outputs are written to a temporary folder next to the destination and moved into place only
 after the replay finished, so bad input never leaves a half-written folder behind.
@@ -29,8 +29,8 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from engine.errors import InputError
+from engine.missratio import CLOCKS, replay
 from engine.policy import policy_class, policy_names
-from engine.replay import CLOCKS, replay
 from engine.traces import (
     DEFAULT_BLOCK_TOKENS,
     DEFAULT_KV_BYTES_PER_TOKEN,
@@ -40,7 +40,7 @@ from engine.traces import (
 )
 from engine.units import format_bytes, parse_size
 from pdsim.cli.common import console, err_console, user_errors
-from sim.sweep.cache import as_umask
+from sim.study.sweep.resultcache import as_umask
 
 app = typer.Typer(
     rich_markup_mode=None,

@@ -5,11 +5,11 @@ probes of :mod:`hwbench.probes` with a progress bar, fits them into the simulato
 schema (:func:`hwbench.profile.fit_profile`) and writes the JSON atomically (temporary file,
 then rename), so a failed run never leaves a half-written profile. The default output is
 ``runs/profiles/<backend>-<hostname>.json`` (outside the tracked ``profiles/``). The profile is re-read through
-:func:`sim.costmodel.parse_profile` before it is written, so what lands on disk always
+:func:`sim.serving.costmodel.parse_profile` before it is written, so what lands on disk always
 validates. Probe scratch files go to a temporary directory (``--workdir`` to choose where:
 the SSD link is measured on that filesystem).
 
-Unless ``--no-engine``, calibrate then measures the op tables of :mod:`sim.opcost` on the
+Unless ``--no-engine``, calibrate then measures the op tables of :mod:`sim.serving.opcost` on the
 engine's backend (:mod:`hwbench.opprobe`: GEMMs with cold and cache-resident weights, decode
 and prefill attention, the engine's elementwise ops, the op floor; on NumPy timed on thread
 CPU time) into the profile's ``ops`` section, serves calibration workloads on the real
@@ -104,7 +104,7 @@ def calibrate(
         xp = array_backend(backend)
         from hwbench.probes import ProbeConfig, plan
         from hwbench.profile import fit_profile
-        from sim.costmodel import parse_profile
+        from sim.serving.costmodel import parse_profile
 
         mode = "tiny" if tiny else "quick" if quick else "full"
         cfg = {"tiny": ProbeConfig.tiny, "quick": ProbeConfig.quick, "full": ProbeConfig.full}[

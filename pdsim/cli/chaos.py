@@ -18,8 +18,8 @@ from pdsim.cli.common import (
     result_name,
     user_errors,
 )
-from sim.sweep.cache import write_atomic
-from sim.sweep.spec import SEEDS_HELP, parse_seed_option
+from sim.study.sweep.resultcache import write_atomic
+from sim.study.sweep.spec import SEEDS_HELP, parse_seed_option
 
 
 def chaos(
@@ -63,8 +63,8 @@ def chaos(
     replay file per failing seed; exits 1 when any seed found a violation. Each seed's row
     is appended to OUT/seeds.jsonl as it finishes: after Ctrl-C, the same command resumes
     and runs only the seeds not yet finished."""
-    from sim.chaos import aggregate, chaos_scenario, run_chaos
     from sim.scenario import config_hash
+    from sim.study.chaos import aggregate, chaos_scenario, run_chaos
 
     with user_errors():
         if out is not None:
@@ -182,10 +182,10 @@ def fault_lines(s: dict[str, Any]) -> list[str]:
 def run_or_report(sc: Any, seed: int, out: Path, **kwargs: Any) -> Any:
     """``run_scenario`` for ``pdsim run``; a run stopped by a checker prints the violation and
     where its replay file went, and exits 1 (no traceback)."""
-    from sim.checkers import CheckerViolation
-    from sim.raft import SafetyViolation
-    from sim.replay import violation_report
+    from sim.control.raft import SafetyViolation
+    from sim.control.runcheckers import CheckerViolation
     from sim.runner import run_scenario
+    from sim.study.recording import violation_report
 
     try:
         return run_scenario(sc, seed, out, **kwargs)

@@ -138,8 +138,8 @@ def load_scenario_arg(text: str | Path, overrides: list[str] | None = None) -> A
     """The scenario a user named (a file, or a shipped scenario's name) with ``overrides``;
     an error in the file blames the file, one an override causes blames ``--set KEY``, and an
     unknown profile names the ``profile`` field and the shipped profiles."""
-    from sim.costmodel import load_profile
     from sim.scenario import load_scenario
+    from sim.serving.costmodel import load_profile
     from sim.shipped import resolve_scenario
 
     path = resolve_scenario(text)

@@ -1,7 +1,7 @@
 """``pdsim cost``: the step time of one iteration, op by op, from the op-level cost model.
 
 ``pdsim cost --model M --profile P --tp N --phase prefill|decode --batch B --context C``
-prices one iteration of a replica of ``N`` GPUs with :class:`sim.opcost.OpCostModel`:
+prices one iteration of a replica of ``N`` GPUs with :class:`sim.serving.opcost.OpCostModel`:
 ``decode`` is one token for each of ``B`` sequences holding ``C`` tokens of context each;
 ``prefill`` is ``B`` prompts of ``C`` tokens each in one pass. It prints a table (op,
 seconds, share, source: measured table or roofline) or, with ``--json``, one JSON object on
@@ -44,9 +44,9 @@ def cost(
     ] = False,
 ) -> None:
     """Print the time of one prefill or decode iteration as a table of ops."""
-    from sim.costmodel import load_profile
-    from sim.models import load_catalogue
-    from sim.opcost import OpCostModel
+    from sim.serving.costmodel import load_profile
+    from sim.serving.models import load_catalogue
+    from sim.serving.opcost import OpCostModel
 
     with user_errors():
         if phase not in PHASES:

@@ -22,12 +22,12 @@ from pdsim.cli.common import (
 )
 from pdsim.cli.format import fmt_value
 from pdsim.cli.sweep import run_progress
-from sim.sweep.spec import SEEDS_HELP, parse_seed_option
+from sim.study.sweep.spec import SEEDS_HELP, parse_seed_option
 
 if TYPE_CHECKING:
     import pandas as pd
 
-    from sim.planspec import PlanFile
+    from sim.study.planspec import PlanFile
 
 
 def plan(
@@ -82,10 +82,10 @@ def plan(
     ] = False,
 ) -> None:
     """Answer a capacity question by bisection over runs (several seeds per probe)."""
-    from sim.plan import run_plan
-    from sim.planreport import plan_json
-    from sim.planspec import plan_from_file
     from sim.shipped import resolve_scenario
+    from sim.study.plan import run_plan
+    from sim.study.planreport import plan_json
+    from sim.study.planspec import plan_from_file
 
     with user_errors():
         if out is not None:
@@ -131,8 +131,8 @@ def _with_options(
     ``--set`` adds to the plan's own overrides), validated again; an error in an option is
     blamed on that option."""
     from engine.configfile import validate_model
-    from sim.planspec import PlanFile
     from sim.scenario import parse_override
+    from sim.study.planspec import PlanFile
 
     upd: dict[str, object] = {}
     if qps:

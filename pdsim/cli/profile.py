@@ -2,7 +2,7 @@
 
 Reads the measured GEMM, attention and all-reduce tables of the installed ``aiconfigurator``
 package (``pip install -e '.[aic]'``) for one system and serving backend
-(:mod:`sim.opcost.aic_import`) and writes a pdsim profile JSON atomically (temporary file,
+(:mod:`sim.serving.opcost.aic_import`) and writes a pdsim profile JSON atomically (temporary file,
 then rename); nothing is written on an error. Host, NVMe and object-store figures come from
 a datasheet profile (``--base``; default: the matching shipped one).
 """
@@ -51,9 +51,9 @@ def import_profile(
     ] = None,
 ) -> None:
     """Write a pdsim profile from SOURCE's measured kernel tables."""
-    from sim.costmodel import load_profile
-    from sim.opcost.aic_import import import_aiconfigurator
-    from sim.opcost.profiles import OP_PROFILES
+    from sim.serving.costmodel import load_profile
+    from sim.serving.opcost.aic_import import import_aiconfigurator
+    from sim.serving.opcost.profiles import OP_PROFILES
 
     with user_errors():
         if source not in SOURCES:

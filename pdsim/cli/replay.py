@@ -25,7 +25,7 @@ def replay(
     """Re-run FILE with its seed. Without --until: report whether the event-trace hash and
     the applied fault schedule match (exit 1 if not). With --until T: stop at T and print the
     state (Raft replicas, servers, nodes, cuts, faults applied so far) as JSON."""
-    from sim.replay import replay as do_replay
+    from sim.study.recording import replay as do_replay
 
     with user_errors():
         rep = do_replay(file, until)

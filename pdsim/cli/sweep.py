@@ -21,7 +21,7 @@ from pdsim.cli.common import (
     user_errors,
 )
 from pdsim.cli.format import fmt_value
-from sim.sweep.spec import SEEDS_HELP, parse_seed_option
+from sim.study.sweep.spec import SEEDS_HELP, parse_seed_option
 
 
 @contextlib.contextmanager
@@ -136,10 +136,10 @@ def sweep(
 ) -> None:
     """Run a sweep; results go to OUT/results.parquet (and a plot, sweep.png), each run
     cached under OUT/runs/."""
-    from sim.plots import sweep_plot
     from sim.shipped import resolve_scenario
-    from sim.sweep import build_points, execute, parse_grid, seed_list
-    from sim.sweep.spec import load_sweep_file, override_text, resolve_scenario_path
+    from sim.study.plots import sweep_plot
+    from sim.study.sweep import build_points, execute, parse_grid, seed_list
+    from sim.study.sweep.spec import load_sweep_file, override_text, resolve_scenario_path
 
     with user_errors():
         if out is not None:

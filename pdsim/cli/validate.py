@@ -115,7 +115,7 @@ def validate(
         from engine.errors import InputError
         from hwbench.validate import plot_cdfs, validate_workload
         from hwbench.workloads import SUITE, get_workload
-        from sim.costmodel import load_profile
+        from sim.serving.costmodel import load_profile
 
         if out is not None:
             check_out_dir(out)

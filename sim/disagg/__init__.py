@@ -5,8 +5,8 @@ HBM. See docs/disaggregation.md.
 ``sim.scenario`` imports this package for its schema, so only modules that do not import the
 scenario are re-exported here; the coordinator is ``sim.disagg.coordinator``."""
 
-from sim.disagg.config import DisaggCfg, PoolCfg, StoreCfg
 from sim.disagg.layout import Slot, place_pools
+from sim.disagg.poolconfig import DisaggCfg, PoolCfg, StoreCfg
 from sim.disagg.routing import ROUTERS
 from sim.disagg.store import TIER_NAMES, KvStore
 

@@ -2,8 +2,8 @@
 
 Each pool gets its own memory plan and cost model (its ``tp``, its GPU profile): the
 scenario with ``cluster.tp`` set to the pool's ``tp`` (``pp = 1``) goes through the same
-:func:`sim.memory.plan_memory` and :func:`sim.cluster._model_rt` as an aggregated replica, and
-every replica is the same :class:`sim.node.ComputeNode`, told its role. A replica's view of
+:func:`sim.serving.gpumemory.plan_memory` and :func:`sim.cluster._model_rt` as an aggregated replica, and
+every replica is the same :class:`sim.serving.replica.ComputeNode`, told its role. A replica's view of
 the run context (:class:`PoolContext`) is the run's context with its pool's models.
 """
 
@@ -15,21 +15,21 @@ from typing import TYPE_CHECKING, Any
 from engine.errors import InputError
 from sim.disagg.coordinator import Disagg
 from sim.disagg.layout import Slot, place_pools
-from sim.disagg.prefix import trace_blocks
+from sim.disagg.promptblocks import trace_blocks
 from sim.disagg.store import KvStore
-from sim.memory import ReplicaMemory, plan_memory
 from sim.scenario import Scenario
+from sim.serving.gpumemory import ReplicaMemory, plan_memory
 
 if TYPE_CHECKING:
-    from sim.context import SimContext
-    from sim.costmodel import CostModel, Profile
-    from sim.models import ModelSpec
+    from sim.serving.context import SimContext
+    from sim.serving.costmodel import CostModel, Profile
+    from sim.serving.models import ModelSpec
 
 POOLS: tuple[str, ...] = ("prefill", "decode")
 
 
 class PoolContext:
-    """The run's :class:`sim.context.SimContext` as one pool's replica sees it: the same
+    """The run's :class:`sim.serving.context.SimContext` as one pool's replica sees it: the same
     object for everything but ``models`` (the pool's, costed at its ``tp`` and GPU)."""
 
     def __init__(self, base: Any, models: list[Any]) -> None:
@@ -55,7 +55,7 @@ def pool_profile(sc: Scenario, role: str, profile: Any) -> Any:
     name = getattr(sc.disaggregation, role).profile
     if name is None:
         return profile
-    from sim.costmodel import load_profile
+    from sim.serving.costmodel import load_profile
 
     try:
         return load_profile(name)
@@ -119,8 +119,8 @@ def build_pools(
 ) -> Disagg:
     """Make every replica of both pools (appended to ``ctx.nodes``, in slot order) and the
     coordinator that links them."""
-    from sim.node import ComputeNode
-    from sim.weights import WeightStore
+    from sim.serving.paramstore import WeightStore
+    from sim.serving.replica import ComputeNode
 
     d = sc.disaggregation
     c = sc.cluster

@@ -25,7 +25,7 @@ starts or when it would land (the control plane's reachability, ``faults`` on), 
 after ``retry`` to a live decode replica the prefill replica reaches, re-chosen; a decode
 replica that died before its KV landed is replaced by another; with none live and reachable
 the transfer waits. Requests a killed replica held go back to the prefill
-hop (:class:`sim.degrade.Degrader`), starting over. No request is dropped silently.
+hop (:class:`sim.control.degrade.Degrader`), starting over. No request is dropped silently.
 """
 
 from __future__ import annotations
@@ -37,20 +37,20 @@ import numpy as np
 import simpy
 
 from engine.cache import TierCache
-from sim.disagg.config import DisaggCfg
+from sim.disagg.poolconfig import DisaggCfg
 from sim.disagg.routing import make_router
 from sim.disagg.store import KvStore
-from sim.metrics import EV_ARRIVE
-from sim.network import LinkDown
-from sim.scheduler import Placement, Scheduler
+from sim.serving.metrics import EV_ARRIVE
+from sim.serving.network import LinkDown
+from sim.serving.placement import Placement, Scheduler
 
 if TYPE_CHECKING:
-    from sim.context import SimContext
+    from sim.serving.context import SimContext
 
 
 class Disagg:
     """See the module docstring. ``prefill`` / ``decode``: the pools' replicas
-    (:class:`sim.node.ComputeNode` with ``role`` set); ``blocks``: each request's prefix
+    (:class:`sim.serving.replica.ComputeNode` with ``role`` set); ``blocks``: each request's prefix
     block ids (``[]`` when unknown); ``gpus``: GPUs of both pools."""
 
     def __init__(

@@ -1,4 +1,4 @@
-"""engine.replay.replay: hand-checked LRU case, an LRU reference model, and invariants that
+"""engine.missratio.replay: hand-checked LRU case, an LRU reference model, and invariants that
 hold for every registered policy (enumerated at run time)."""
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from engine.errors import InputError
+from engine.missratio import COLUMNS, replay
 from engine.policy import policy_names
-from engine.replay import COLUMNS, replay
 from engine.traces import NO_COLOR, Trace
 
 POLICIES = [p for p in policy_names() if p != "none"]

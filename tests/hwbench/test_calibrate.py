@@ -15,9 +15,9 @@ from hwbench.opprobe import OpGrid
 from hwbench.probes import ProbeConfig, run_probes
 from hwbench.profile import LINK_MAP, fit_profile
 from pdsim.cli import app
-from sim.costmodel import CostModel, Profile, load_profile, parse_profile
-from sim.models import load_catalogue
-from sim.opcost import EngineTerms
+from sim.serving.costmodel import CostModel, Profile, load_profile, parse_profile
+from sim.serving.models import load_catalogue
+from sim.serving.opcost import EngineTerms
 
 runner = CliRunner()
 
@@ -106,7 +106,7 @@ def test_cli_calibrate_tiny_writes_a_valid_profile(
     p = load_profile(out)
     assert p.name == "mine" and p.source == "measured" and p.hostname
     assert "wrote" in res.output and not list(out.parent.glob("*.tmp"))
-    # op tables measured on the backend (sim.opcost schema), handed to the engine fit
+    # op tables measured on the backend (sim.serving.opcost schema), handed to the engine fit
     (handed,) = seen
     assert handed.ops is not None and handed.ops.engine is None
     assert p.ops is not None and p.ops.engine is not None

@@ -26,8 +26,8 @@ from hwbench.opprobe import OpGrid, gemm_table, origin, prefill_attention
 from hwbench.probes import Measurement
 from hwbench.profile import CEILINGS, check_profile
 from hwbench.validate import decoder_config, sim_catalogue
-from sim.costmodel import CostModel, Profile, load_profile
-from sim.opcost import EngineTerms, GemmTable, Grid3, OpCostModel, OpsProfile, TableOrigin
+from sim.serving.costmodel import CostModel, Profile, load_profile
+from sim.serving.opcost import EngineTerms, GemmTable, Grid3, OpCostModel, OpsProfile, TableOrigin
 
 SPEC = sim_catalogue(decoder_config())[decoder_config().name]
 ORIGIN = TableOrigin(device="cpu", framework="numpy", measured_at="2026-12-01", source="test")
@@ -159,7 +159,7 @@ def test_simulator_runs_weight_copies_slower_by_the_contention(tmp_path: Path) -
     from sim.scenario import validate as validate_scenario
 
     sc = validate_scenario({"name": "t", "deployments": [{"model": "llama-2-7b"}]})
-    from sim.models import load_catalogue
+    from sim.serving.models import load_catalogue
 
     cat = load_catalogue()
     prof = load_profile(sc.profile)

@@ -15,7 +15,7 @@ import pytest
 from hwbench.elementwise_probe import elementwise_tables
 from hwbench.opprobe import op_clock
 from hwbench.probes import time_op
-from sim.opcost import TableOrigin
+from sim.serving.opcost import TableOrigin
 
 ORG = TableOrigin(device="cpu", framework="numpy", measured_at="2026-12-01", source="test")
 

@@ -31,10 +31,10 @@ from hwbench.validate import (
 )
 from hwbench.workloads import SUITE, ValidationWorkload, arrivals, get_workload
 from pdsim.cli import app
-from sim.costmodel import Profile, load_profile
-from sim.memory import plan_memory
-from sim.opcost import EngineTerms, OpsProfile
 from sim.scenario import validate as validate_scenario
+from sim.serving.costmodel import Profile, load_profile
+from sim.serving.gpumemory import plan_memory
+from sim.serving.opcost import EngineTerms, OpsProfile
 
 
 def engine_profile() -> Profile:

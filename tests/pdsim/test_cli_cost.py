@@ -8,9 +8,9 @@ import pytest
 from typer.testing import CliRunner
 
 from pdsim.cli import app
-from sim.costmodel import load_profile as load_op_profile
-from sim.models import load_catalogue
-from sim.opcost import OP_NAMES, OpCostModel
+from sim.serving.costmodel import load_profile as load_op_profile
+from sim.serving.models import load_catalogue
+from sim.serving.opcost import OP_NAMES, OpCostModel
 
 runner = CliRunner()
 

@@ -14,7 +14,7 @@ from engine.errors import InputError
 from pdsim.cli import app
 from pdsim.cli.format import fmt_value, summary_rows
 from sim.shipped import SHIPPED_DIR, shipped_scenarios
-from sim.sweep.spec import SEEDS_HELP, parse_seed_option
+from sim.study.sweep.spec import SEEDS_HELP, parse_seed_option
 
 runner = CliRunner()
 ROOT = Path(__file__).resolve().parents[2]

@@ -71,10 +71,10 @@ def _no_work(*_: Any, **__: Any) -> Any:
 
 COMMANDS = {
     "run": (["run", "tiny.yaml"], "sim.runner.run_scenario"),
-    "chaos": (["chaos", str(CHAOS_SMALL), "--seeds", "1"], "sim.chaos.run_chaos"),
-    "sweep": (["sweep", "--scenario", "tiny.yaml", "--grid", "cluster.servers=1,2"], "sim.sweep.execute"),
-    "ab": (["ab", "tiny.yaml", "--b", "cluster.servers=3", "--seeds", "2"], "sim.ab.run_ab"),
-    "plan": (["plan", "plan-tiny.yaml"], "sim.plan.run_plan"),
+    "chaos": (["chaos", str(CHAOS_SMALL), "--seeds", "1"], "sim.study.chaos.run_chaos"),
+    "sweep": (["sweep", "--scenario", "tiny.yaml", "--grid", "cluster.servers=1,2"], "sim.study.sweep.execute"),
+    "ab": (["ab", "tiny.yaml", "--b", "cluster.servers=3", "--seeds", "2"], "sim.study.ab.run_ab"),
+    "plan": (["plan", "plan-tiny.yaml"], "sim.study.plan.run_plan"),
     "validate": (["validate", "--profile", "a100-80gb"], "hwbench.validate.validate_workload"),
 }  # fmt: skip
 
@@ -170,9 +170,9 @@ def test_chaos_names_its_folder_and_replays_by_scenario_and_refuses_another(here
 def test_chaos_keeps_finished_seeds_on_ctrl_c_and_resumes_from_them(
     here: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import sim.chaos
+    import sim.study.chaos
 
-    real = sim.chaos.run_seed
+    real = sim.study.chaos.run_seed
     calls: list[int] = []
 
     def interrupted_at_third(*args: Any) -> Any:
@@ -181,15 +181,15 @@ def test_chaos_keeps_finished_seeds_on_ctrl_c_and_resumes_from_them(
             raise KeyboardInterrupt
         return real(*args)
 
-    monkeypatch.setattr(sim.chaos, "run_seed", interrupted_at_third)
+    monkeypatch.setattr(sim.study.chaos, "run_seed", interrupted_at_third)
     out = here / "c"
     r = runner.invoke(app, ["chaos", str(CHAOS_SMALL), "--seeds", "1-4", "--out", str(out)])
     assert r.exit_code == 130 and "2 finished seeds kept" in r.output, r.output
     rows = [json.loads(x) for x in (out / "seeds.jsonl").read_text().splitlines()]
     assert [x["seed"] for x in rows] == [1, 2]
-    monkeypatch.setattr(sim.chaos, "run_seed", real)
+    monkeypatch.setattr(sim.study.chaos, "run_seed", real)
     ran: list[int] = []
-    monkeypatch.setattr(sim.chaos, "run_seed", lambda *a: ran.append(a[2]) or real(*a))
+    monkeypatch.setattr(sim.study.chaos, "run_seed", lambda *a: ran.append(a[2]) or real(*a))
     r = runner.invoke(app, ["chaos", str(CHAOS_SMALL), "--seeds", "1-4", "--out", str(out)])
     assert r.exit_code == 0, r.output
     assert ran == [3, 4]  # only the seeds not finished before
@@ -223,8 +223,8 @@ def test_validate_writes_under_runs_by_default(here: Path, monkeypatch: pytest.M
     runs/validate-PROFILE-HASH, not a validate-out/ of the working folder."""
     import hwbench.validate
     from engine.errors import InputError
-    from sim.costmodel import load_profile
-    from sim.opcost import EngineTerms, OpsProfile
+    from sim.serving.costmodel import load_profile
+    from sim.serving.opcost import EngineTerms, OpsProfile
 
     def stop(*_: Any, **__: Any) -> Any:
         raise InputError("stopped by the test")

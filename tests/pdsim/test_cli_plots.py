@@ -13,8 +13,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-import sim.plots as plots
-from sim.ab import MetricDiff
+import sim.study.plots as plots
+from sim.study.ab import MetricDiff
 
 
 @pytest.fixture

@@ -9,7 +9,7 @@ from pathlib import Path
 from typer.testing import CliRunner
 
 from pdsim.cli import app
-from sim.replay import replay
+from sim.study.recording import replay
 
 ROOT = Path(__file__).resolve().parents[2]
 VARIANTS = """\

@@ -11,9 +11,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sim.node import KvAccount
 from sim.runner import run_scenario
 from sim.scenario import validate
+from sim.serving.replica import KvAccount
 
 SMALL: dict[str, Any] = {
     "name": "small",
@@ -48,8 +48,8 @@ def _sc(**patch: Any) -> Any:
 
 def _cluster_run(sc: Any, seed: int = 0) -> Any:
     from sim.cluster import build
-    from sim.costmodel import CostModel, load_profile
-    from sim.models import load_catalogue
+    from sim.serving.costmodel import CostModel, load_profile
+    from sim.serving.models import load_catalogue
 
     cl = build(sc, seed, load_catalogue(), load_profile(sc.profile), CostModel)
     cl.run()
@@ -218,8 +218,8 @@ def test_cold_start_warmup_keeps_first_fetches_off_the_object_store() -> None:
 def test_fetches_survive_a_dropped_link() -> None:
     """A parameter server's NIC drops traffic for a while: nodes retry and finish."""
     from sim.cluster import build
-    from sim.costmodel import CostModel, load_profile
-    from sim.models import load_catalogue
+    from sim.serving.costmodel import CostModel, load_profile
+    from sim.serving.models import load_catalogue
 
     sc = _sc(
         cluster={
@@ -270,7 +270,7 @@ def test_closed_loop_keeps_at_most_clients_in_flight() -> None:
 
 def test_diurnal_arrivals_peak_where_the_rate_peaks() -> None:
     from sim.scenario import WorkloadCfg
-    from sim.workload import diurnal_arrivals
+    from sim.serving.workload import diurnal_arrivals
 
     cfg = WorkloadCfg(kind="diurnal", rate=100.0, period=100.0, amplitude=0.8, requests=20000)
     t = diurnal_arrivals(cfg, cfg.requests, np.random.default_rng(0))
@@ -283,8 +283,8 @@ def test_diurnal_arrivals_peak_where_the_rate_peaks() -> None:
 @pytest.mark.parametrize("placement", ["shard", "chunk"])
 def test_ring_placement_unit(placement: str) -> None:
     from sim.cluster import build
-    from sim.costmodel import CostModel, load_profile
-    from sim.models import load_catalogue
+    from sim.serving.costmodel import CostModel, load_profile
+    from sim.serving.models import load_catalogue
 
     sc = _sc(
         cluster={"servers": 1, "param_servers": 4, "server": {"host": "1GiB"}},

@@ -9,13 +9,13 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 
 from engine.units import parse_duration, parse_rate, parse_size
 from sim import docgen
-from sim.costmodel import GpuProfile, LinkProfile, Profile
-from sim.faults import KINDS, FaultSpec, RaftCfg, RandomFaultsCfg
-from sim.models import CatalogueFile, LayerSpec, LlamaShape, ResNetShape
-from sim.planspec import PlanFile, SloCfg
+from sim.control.faults import KINDS, FaultSpec, RaftCfg, RandomFaultsCfg
 from sim.scenario import GpuCfg, ReplicaCfg, Scenario, StepCfg, WorkloadCfg
-from sim.scheduler import PLACEMENTS
-from sim.sweep.spec import SweepFile
+from sim.serving.costmodel import GpuProfile, LinkProfile, Profile
+from sim.serving.models import CatalogueFile, LayerSpec, LlamaShape, ResNetShape
+from sim.serving.placement import PLACEMENTS
+from sim.study.planspec import PlanFile, SloCfg
+from sim.study.sweep.spec import SweepFile
 
 REFERENCE = Path(__file__).parents[2] / "docs" / "scenario-reference.md"
 

@@ -69,10 +69,10 @@ OPS = st.tuples(
 
 def _load_and_check(path: Path) -> None:
     from sim.cluster import check_feasible
-    from sim.costmodel import load_profile
-    from sim.faults import check_faults
-    from sim.models import load_catalogue
+    from sim.control.faults import check_faults
     from sim.scenario import load_scenario
+    from sim.serving.costmodel import load_profile
+    from sim.serving.models import load_catalogue
 
     sc = load_scenario(path)
     base = path.parent

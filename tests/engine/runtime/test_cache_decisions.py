@@ -58,8 +58,8 @@ def _record(cache: Any, log: list[tuple[Any, ...]], key_of: Any) -> None:
 @pytest.mark.parametrize("policy", ["lru", "lru-k", "pin"])
 def test_engine_and_simulator_hbm_caches_decide_identically(tmp_path: Path, policy: str) -> None:
     from sim.cluster import build
-    from sim.costmodel import CostModel, load_profile
     from sim.scenario import validate
+    from sim.serving.costmodel import CostModel, load_profile
 
     w = replace(
         get_workload("stream-045"), hbm_fraction=0.6, seed=3, requests=6, rate=50.0, policy=policy
@@ -139,7 +139,7 @@ def test_engine_run_and_simulator_run_admit_and_evict_the_same_chunks(
 
     hv.build = recording_build
     try:
-        from sim.costmodel import load_profile
+        from sim.serving.costmodel import load_profile
 
         # Layers that compute longer than a chunk's transfer (as on the engine's CPU), so
         # the simulator's prefetches land while the current layer is pinned.

@@ -67,7 +67,7 @@ def test_streaming_through_the_tiers_gives_the_resident_logits(tmp_path: Path) -
 
 
 def test_records_have_the_simulator_schema_and_consistent_times(tmp_path: Path) -> None:
-    from sim.metrics import TIERS
+    from sim.serving.metrics import TIERS
 
     tw = tiered(tmp_path, CFG, device_bytes=sum(CFG.layer_bytes()) // 2)
     tw.warm()

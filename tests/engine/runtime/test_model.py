@@ -32,7 +32,7 @@ def _run(model: DecoderModel, layers: list, prefill: list, decode: list):  # typ
 
 
 def test_layer_bytes_match_the_catalogue_llama_shape() -> None:
-    from sim.models import parse_catalogue
+    from sim.serving.models import parse_catalogue
 
     text = (
         "models:\n  - name: t\n    kind: decoder\n    dtype_bytes: 4\n"

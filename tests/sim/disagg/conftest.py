@@ -6,9 +6,9 @@ import copy
 from typing import Any
 
 from sim.cluster import Cluster, build
-from sim.costmodel import CostModel, load_profile
-from sim.models import load_catalogue
 from sim.scenario import Scenario, validate
+from sim.serving.costmodel import CostModel, load_profile
+from sim.serving.models import load_catalogue
 
 BASE: dict[str, Any] = {
     "name": "disagg-test",

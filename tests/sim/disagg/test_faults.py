@@ -9,11 +9,11 @@ from typing import Any
 import numpy as np
 
 from sim.cluster import build
-from sim.costmodel import CostModel, load_profile
-from sim.faultinject import attach
-from sim.metrics import DONE
-from sim.models import load_catalogue
+from sim.control.faultinject import attach
 from sim.runner import run_scenario
+from sim.serving.costmodel import CostModel, load_profile
+from sim.serving.metrics import DONE
+from sim.serving.models import load_catalogue
 
 from .conftest import scenario
 

@@ -10,7 +10,7 @@ from typer.testing import CliRunner
 from engine.errors import InputError
 from pdsim.cli import app
 from sim.disagg.layout import place_pools, servers_used
-from sim.metrics import DONE
+from sim.serving.metrics import DONE
 
 from .conftest import run, scenario
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from sim.metrics import DONE
+from sim.serving.metrics import DONE
 
 from .conftest import KV_BYTES_PER_TOKEN, run, scenario
 

@@ -1,0 +1,1 @@
+"""The serving model: replicas, iterations, costs, weights, KV, network, workload, metrics."""

@@ -1,0 +1,201 @@
+"""Shared run state handed to every simulator component, and each deployed model's pricing.
+
+:class:`ModelRt` is one deployed model prepared for the hot loop: its chunk table as plain
+arrays, per-layer chunk ranges, the share of an iteration's compute each layer takes, and the
+cost of an iteration (:meth:`ModelRt.iter_cost`: the cost model's price plus the engine's
+warm-up terms). Chunk keys inside the simulator are ints ``model_index << 32 | chunk_id``
+(compact and cheap to hash; equivalent to the tuple ``(model, chunk_id)``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+import numpy as np
+import simpy
+
+from sim.scenario import Scenario
+from sim.serving.metrics import Metrics, TraceRecorder
+
+if TYPE_CHECKING:
+    from engine.prefetch import HeatMap
+    from sim.disagg.coordinator import Disagg
+    from sim.rng import RngStreams
+    from sim.serving.costmodel import CostModel
+    from sim.serving.network import Network
+    from sim.serving.paramserver import MetadataDirectory, ParamServer
+    from sim.serving.replica import ComputeNode
+
+CTX_BUCKET_BITS = 6  # decode cost table knots: every 64 tokens of total batch context
+CTX_BUCKET = 1 << CTX_BUCKET_BITS
+
+
+@dataclass
+class ModelRt:
+    """One deployed model, prepared for the hot loop (see the module docstring)."""
+
+    idx: int
+    name: str
+    is_cnn: bool
+    cost: CostModel
+    layer_start: np.ndarray  # chunk ids of layer l: [layer_start[l], layer_start[l + 1])
+    chunk_size: np.ndarray  # int64 bytes per chunk id
+    chunk_head: np.ndarray  # int64 head group per chunk id (-1 with "layer" sharding)
+    layer_frac: np.ndarray  # share of an iteration's compute spent in layer l (sums to 1)
+    kv_bytes_per_token: int
+    total_bytes: int
+    max_context: int = 1 << 30  # longest sequence one node can hold (KV + attention scratch)
+    n_layers: int = field(init=False)
+    n_chunks: int = field(init=False)
+    nonempty_layers: int = field(init=False)
+    base: int = field(init=False)
+    layer_chunks: list[int] = field(init=False)
+    layer_bytes: list[int] = field(init=False)
+    #: warm-up costs of the cost model (``CostModel.wake_s``, ``wake_hide``, ``rewarm_s``,
+    #: ``rewarm_decay``; see sim.serving.replica) and whether any is charged (the hot loop's one check)
+    wake_s: float = field(init=False)
+    wake_hide: float = field(init=False)
+    rewarm_s: float = field(init=False)
+    rewarm_decay: float = field(init=False)
+    warm_on: bool = field(init=False)
+    #: the cost model's ``iter_gap_s``: serving-loop seconds charged once per iteration
+    iter_gap_s: float = field(init=False)
+    #: decode cost per (batch, knot): (seconds, slope per token, flops, slope, bytes, slope)
+    _dec_memo: dict[tuple[int, int], tuple[float, float, float, float, float, float]] = field(
+        init=False, default_factory=dict, repr=False
+    )
+
+    def __post_init__(self) -> None:
+        self.n_layers = int(self.layer_start.shape[0] - 1)
+        self.n_chunks = int(self.chunk_size.shape[0])
+        counts = np.diff(self.layer_start)
+        self.layer_chunks = [int(c) for c in counts]
+        self.nonempty_layers = int((counts > 0).sum())
+        self.base = self.idx << 32
+        self.wake_s = float(getattr(self.cost, "wake_s", 0.0))
+        self.wake_hide = float(getattr(self.cost, "wake_hide", 0.0))
+        if self.wake_hide < 0:
+            raise ValueError(f"wake_hide must be >= 0, got {self.wake_hide}")
+        self.rewarm_s = float(getattr(self.cost, "rewarm_s", 0.0))
+        self.rewarm_decay = float(getattr(self.cost, "rewarm_decay", 0.0))
+        self.warm_on = self.wake_s > 0 or self.rewarm_s > 0
+        self.iter_gap_s = float(getattr(self.cost, "iter_gap_s", 0.0))
+        if self.iter_gap_s < 0:
+            raise ValueError(f"iter_gap_s must be >= 0, got {self.iter_gap_s}")
+        if not 0.0 <= self.rewarm_decay < 1.0:
+            raise ValueError(f"rewarm_decay must be in [0, 1), got {self.rewarm_decay}")
+        cs = np.concatenate([[0], np.cumsum(self.chunk_size)])
+        self.layer_bytes = [
+            int(cs[self.layer_start[i + 1]] - cs[self.layer_start[i]]) for i in range(self.n_layers)
+        ]
+
+    def key(self, chunk_id: int) -> int:
+        return self.base | chunk_id
+
+    def wake(self, compute_s: float) -> float:
+        """Extra seconds of the first iteration after an idle spell, whose own compute takes
+        ``compute_s``: ``wake_s - wake_hide * compute_s``, floored at 0."""
+        return max(self.wake_s - self.wake_hide * compute_s, 0.0)
+
+    def rewarm(self, since: int, steps: int) -> float:
+        """Extra seconds of decode steps ``since + 1 .. since + steps`` after a prefill: step
+        ``j`` costs ``rewarm_s * rewarm_decay ** (j - 1)`` (a geometric sum)."""
+        if self.rewarm_s <= 0 or steps <= 0:
+            return 0.0
+        r = self.rewarm_decay  # in [0, 1) (checked at construction); 0.0 ** 0 == 1.0
+        return float(self.rewarm_s * r**since * (1.0 - r**steps) / (1.0 - r))
+
+    def iter_cost(
+        self, prefill_tokens: int, prefill_sq: float, n_prompts: int, n_dec: int, ctx: float
+    ) -> tuple[float, float, float]:
+        """``(seconds, flops, bytes)`` of one iteration: the serving loop's ``iter_gap_s`` plus
+        its compute -- ``prefill_tokens`` prompt tokens (chunks whose squared lengths plus twice
+        length x prior context sum to ``prefill_sq``; ``n_prompts`` of them end their prompt and
+        sample a token) and one decode step of ``n_dec`` sequences holding ``ctx`` context
+        tokens in total; CNN models: one forward pass over ``n_prompts`` samples. ``flops`` and
+        ``bytes`` are the replica's (model FLOPs and HBM bytes read, for MFU and MBU).
+
+        A cost model with ``fused_iterations`` runs both in ONE pass over the weights
+        (:meth:`sim.serving.costmodel.CostModel.iteration_time`); otherwise a prefill pass plus a decode
+        pass (the project's engine). Decode-only lookups are memoised by batch and total
+        context, interpolated linearly between knots every ``CTX_BUCKET`` tokens -- exact
+        wherever the cost is linear in context (the roofline is, between kinks)."""
+        cost = self.cost
+        if self.is_cnn:
+            t = float(cost.cnn_batch_time(max(n_prompts, 1)))
+            return t + self.iter_gap_s, 0.0, 0.0
+        if prefill_tokens <= 0:
+            if n_dec <= 0:
+                return self.iter_gap_s, 0.0, 0.0
+            knot = int(ctx) >> CTX_BUCKET_BITS
+            key = (n_dec, knot)
+            d = self._dec_memo.get(key)
+            if d is None:
+                lo = self._raw(0, 0.0, 0, n_dec, float(knot << CTX_BUCKET_BITS))
+                hi = self._raw(0, 0.0, 0, n_dec, float((knot + 1) << CTX_BUCKET_BITS))
+                d = self._dec_memo[key] = (
+                    lo[0],
+                    (hi[0] - lo[0]) / CTX_BUCKET,
+                    lo[1],
+                    (hi[1] - lo[1]) / CTX_BUCKET,
+                    lo[2],
+                    (hi[2] - lo[2]) / CTX_BUCKET,
+                )
+            x = ctx - (knot << CTX_BUCKET_BITS)
+            return (
+                self.iter_gap_s + d[0] + d[1] * x,
+                d[2] + d[3] * x,
+                d[4] + d[5] * x,
+            )
+        t, f, b = self._raw(prefill_tokens, prefill_sq, n_prompts, n_dec, ctx)
+        return t + self.iter_gap_s, f, b
+
+    def _raw(
+        self, prefill_tokens: int, prefill_sq: float, n_prompts: int, n_dec: int, ctx: float
+    ) -> tuple[float, float, float]:
+        cost = self.cost
+        work = getattr(cost, "iteration_work", None)
+        f = b = 0.0
+        if work is not None:
+            c, k, f, b = work(prefill_tokens, prefill_sq, n_prompts, n_dec, ctx)
+            if getattr(cost, "fused_iterations", True):
+                return c + k, f, b
+        t = 0.0
+        if prefill_tokens > 0:
+            t += float(cost.prefill_time(int(prefill_tokens), round(prefill_sq)))
+        if n_dec > 0:
+            t += float(cost.decode_step_time(int(n_dec), int(ctx)))
+        return t, f, b
+
+    def iter_time(
+        self, prefill_tokens: int, prefill_sq: float, n_prompts: int, n_dec: int, ctx: float
+    ) -> float:
+        """Seconds of one iteration (:meth:`iter_cost`)."""
+        return self.iter_cost(prefill_tokens, prefill_sq, n_prompts, n_dec, ctx)[0]
+
+
+@dataclass
+class SimContext:
+    """Everything a component needs: environment, config, models, network, recorders."""
+
+    env: simpy.Environment
+    sc: Scenario
+    models: list[ModelRt]
+    network: Network
+    metrics: Metrics
+    trace: TraceRecorder
+    rngs: RngStreams
+    class_order: list[int]  # class indices, protected classes first
+    protected: list[bool]  # per class index
+    nodes: list[ComputeNode] = field(default_factory=list)
+    servers: list[ParamServer] = field(default_factory=list)
+    #: the chunk directory (a Raft-replicated one when faults are on); the cluster sets it
+    #: right after building the context, before anything runs
+    directory: MetadataDirectory = field(init=False)
+    heat: HeatMap | None = None
+    #: callback(rid) set by the cluster (closed loop)
+    on_complete: Callable[[int], None] | None = None
+    #: the coordinator of a disaggregated cluster
+    disagg: Disagg | None = None

@@ -1,0 +1,301 @@
+"""Import measured kernel tables from the ``aiconfigurator`` package into a pdsim profile.
+
+aiconfigurator (NVIDIA, Apache-2.0) ships per-system kernel timings as Parquet files under
+``aiconfigurator_core/systems/data/<system>/<family>/<backend>/<version>/`` and the system's
+hardware figures in ``systems/<system>.yaml``. Latencies there are milliseconds; all-reduce
+message sizes are bf16 elements. Times are stored in seconds to 4 significant digits.
+This module reads (per backend, the newest version that has
+the file):
+
+* ``gemm/.../gemm_perf.parquet`` -> :class:`GemmTable` for bf16 (``torch.nn.functional.linear``
+  or the only bf16 kernel) and fp8 per-tensor (``CutlassFP8ScaledMMLinearKernel``), on the m
+  knots of :data:`M_KNOTS` that were measured and every measured n and k. A grid cell that was
+  not measured is estimated from the nearest measured (n, k) at the same m, scaled by
+  ``n * k`` (counted in ``GemmTable.kernel``'s note);
+* ``attention/.../context_attention_perf.parquet`` and ``generation_attention_perf.parquet``
+  -> :class:`AttentionTable` per head layout (bf16 KV, no sliding window, head_dim 128,
+  the most-measured kernel). Decode rows are at ``step`` tokens generated after a 1-token
+  prompt, so their context is ``step + 1``;
+* ``comm/.../custom_allreduce_perf.parquet`` -> :class:`CollectiveTable` per group size (the
+  CUDA-graph variant when present), bytes = elements x 2.
+
+There are no elementwise tables in the package (it times norms and activations with a
+bandwidth formula); the profile's roofline terms take that formula's figures
+(``mem_bw_empirical_scaling_factor`` -> ``memory_efficiency``,
+``mem_empirical_constant_latency`` -> ``op_floor_s``). Host memory, NVMe and object-store
+figures are not in the package and come from ``base`` (a datasheet profile).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from pathlib import Path
+from typing import Any, Literal
+
+import pandas as pd
+import yaml
+
+from engine.errors import InputError
+from sim.serving.costmodel import GpuProfile, LinkProfile, LinksProfile, Profile
+from sim.serving.opcost.tables import (
+    AttentionTable,
+    CollectiveTable,
+    Curves,
+    GemmTable,
+    Grid3,
+    OpsProfile,
+    RooflineTerms,
+    TableOrigin,
+)
+
+#: m (token) knots kept from a GEMM table when measured there
+M_KNOTS: tuple[int, ...] = (
+    1, 2, 4, 8, 16, 32, 48, 64, 96, 128, 192, 256, 384, 512, 768, 1024, 1536, 2048, 3072,
+    4096, 8192, 16384, 32768,
+)  # fmt: skip
+HEAD_DIMS: tuple[int, ...] = (128,)
+MS = 1e-3  # aiconfigurator latencies are milliseconds
+
+
+def _sec(ms: float) -> float:
+    """Milliseconds to seconds, rounded to 4 significant digits (keeps shipped JSON small)."""
+    return float(f"{ms * MS:.4g}")
+
+
+def installed_systems_dir() -> tuple[Path, str]:
+    """``(systems directory, package version)`` of the installed aiconfigurator;
+    :class:`InputError` saying how to install it when it is missing."""
+    try:
+        from importlib.metadata import version
+        from importlib.util import find_spec
+
+        spec = find_spec("aiconfigurator_core")
+        if spec is None or not spec.submodule_search_locations:
+            raise ImportError
+        root = Path(next(iter(spec.submodule_search_locations))) / "systems"
+        return root, version("aiconfigurator")
+    except Exception:  # any failure means "not usable"
+        raise InputError(
+            "the aiconfigurator package is not installed; install it with "
+            "`pip install -e '.[aic]'` (or pass --systems-dir)"
+        ) from None
+
+
+def _newest(root: Path, system: str, family: str, backend: str, filename: str) -> Path | None:
+    base = root / "data" / system / family / backend
+    if not base.is_dir():
+        return None
+    found = [p for p in base.glob(f"*/{filename}") if p.is_file()]
+
+    def key(p: Path) -> tuple[int, ...]:  # "0.24.0" -> (0, 24, 0); "1.3.0rc20" -> (1, 3, 0, 20)
+        return tuple(int(x) for x in re.findall(r"\d+", p.parent.name))
+
+    return max(found, key=key) if found else None
+
+
+def _origin(df: pd.DataFrame, path: Path, root: Path, pkg: str) -> TableOrigin:
+    row = df.iloc[0]
+    return TableOrigin(
+        device=str(row.get("device", "unknown")),
+        framework=f"{str(row.get('framework', 'unknown')).lower()} {row.get('version', '')}".strip(),
+        measured_at=f"shipped in aiconfigurator {pkg} (collection date not recorded)",
+        source=f"aiconfigurator {pkg}: systems/{path.relative_to(root).as_posix()}",
+    )
+
+
+def _gemm_table(
+    df: pd.DataFrame, dtype: Literal["bf16", "fp8"], origin: TableOrigin, kernel: str
+) -> GemmTable:
+    ms = [m for m in M_KNOTS if m in set(df["m"])]
+    ns, ks = sorted(set(df["n"])), sorted(set(df["k"]))
+    by = {(int(r.m), int(r.n), int(r.k)): _sec(float(r.latency)) for r in df.itertuples()}
+    measured_nk = sorted({(n, k) for (_, n, k) in by})
+    filled = 0
+    grid = []
+    for m in ms:
+        plane = []
+        for n in ns:
+            row = []
+            for k in ks:
+                v = by.get((m, n, k))
+                if v is None:
+                    near = [nk for nk in measured_nk if (m, *nk) in by]
+                    n2, k2 = min(near, key=lambda nk: abs(math.log(nk[0] * nk[1] / (n * k))))
+                    v = float(f"{by[(m, n2, k2)] * (n * k) / (n2 * k2):.4g}")
+                    filled += 1
+                row.append(v)
+            plane.append(row)
+        grid.append(plane)
+    note = (
+        f"{kernel}; {filled} of {len(ms) * len(ns) * len(ks)} cells estimated" if filled else kernel
+    )
+    return GemmTable(
+        origin=origin, dtype=dtype, kernel=note, grid=Grid3(m=ms, n=ns, k=ks, latency_s=grid)
+    )
+
+
+def _gemms(root: Path, system: str, backend: str, pkg: str) -> list[GemmTable]:
+    path = _newest(root, system, "gemm", backend, "gemm_perf.parquet")
+    if path is None:
+        return []
+    df = pd.read_parquet(path)
+    out = []
+    choices: tuple[tuple[Literal["bf16", "fp8"], str, str], ...] = (
+        ("bf16", "bfloat16", "torch.nn.functional.linear"),
+        ("fp8", "fp8", "CutlassFP8ScaledMMLinearKernel"),
+    )
+    for dtype, src, preferred in choices:
+        sub = df[df["gemm_dtype"] == src]
+        if sub.empty:
+            continue
+        kernels = sub["kernel_source"].value_counts()
+        kernel = preferred if preferred in kernels.index else str(kernels.index[0])
+        sub = (
+            sub[sub["kernel_source"] == kernel]
+            .groupby(["m", "n", "k"], as_index=False)["latency"]
+            .median()
+        )
+        out.append(_gemm_table(sub, dtype, _origin(df, path, root, pkg), kernel))
+    return out
+
+
+def _attention(root: Path, system: str, backend: str, pkg: str) -> list[AttentionTable]:
+    out: list[AttentionTable] = []
+    files: tuple[tuple[Literal["prefill", "decode"], str], ...] = (
+        ("prefill", "context_attention_perf.parquet"),
+        ("decode", "generation_attention_perf.parquet"),
+    )
+    for phase, filename in files:
+        path = _newest(root, system, "attention", backend, filename)
+        if path is None:
+            continue
+        df = pd.read_parquet(path)
+        origin = _origin(df, path, root, pkg)
+        keep = df["head_dim"].isin(HEAD_DIMS)
+        for col, value in (("kv_cache_dtype", "bfloat16"), ("window_size", 0), ("beam_width", 1)):
+            if col in df.columns:
+                keep &= df[col] == value
+        df = df[keep]
+        if df.empty:
+            continue
+        kernel = str(df["kernel_source"].value_counts().index[0])
+        df = df[df["kernel_source"] == kernel].copy()
+        df["x"] = df["isl"] if phase == "prefill" else df["step"] + 1
+        keys = ["num_heads", "num_key_value_heads", "head_dim"]
+        for (heads, kvh, hd), grp in df.groupby(keys):
+            g = grp.groupby(["batch_size", "x"], as_index=False)["latency"].median()
+            batches = sorted(int(b) for b in g["batch_size"].unique())
+            xs, ys = [], []
+            for b in batches:
+                cur = g[g["batch_size"] == b].sort_values("x")
+                xs.append([int(v) for v in cur["x"]])
+                ys.append([_sec(float(v)) for v in cur["latency"]])
+            out.append(
+                AttentionTable(
+                    origin=origin, phase=phase, heads=int(heads), kv_heads=int(kvh),
+                    head_dim=int(hd), kv_dtype="bf16", kernel=kernel,
+                    curves=Curves(batch=batches, x=xs, latency_s=ys),
+                )
+            )  # fmt: skip
+    return out
+
+
+def _allreduce(root: Path, system: str, backend: str, pkg: str) -> list[CollectiveTable]:
+    path = _newest(root, system, "comm", backend, "custom_allreduce_perf.parquet")
+    if path is None:
+        return []
+    df = pd.read_parquet(path)
+    origin = _origin(df, path, root, pkg)
+    if "backend" in df.columns and (df["backend"] == "vllm_graph").any():
+        df = df[df["backend"] == "vllm_graph"]
+    out = []
+    for group, grp in df.groupby("num_gpus"):
+        g = (
+            grp.groupby("message_size", as_index=False)["latency"]
+            .median()
+            .sort_values("message_size")
+        )
+        out.append(
+            CollectiveTable(
+                origin=origin, group=int(group), kernel=str(grp["kernel_source"].iloc[0]),
+                bytes=[int(v) * 2 for v in g["message_size"]],
+                latency_s=[_sec(float(v)) for v in g["latency"]],
+            )
+        )  # fmt: skip
+    return out
+
+
+def import_aiconfigurator(
+    system: str,
+    backend: str,
+    base: Profile,
+    name: str,
+    systems_dir: Path | None = None,
+) -> Profile:
+    """A profile named ``name`` from aiconfigurator's tables for ``system`` / ``backend``
+    (from ``systems_dir``, default the installed package's), host and storage figures from
+    ``base``. :class:`InputError` when the system or backend has no tables."""
+    if systems_dir is None:
+        root, pkg = installed_systems_dir()
+    else:
+        root, pkg = Path(systems_dir), "(tables from a directory)"
+    spec_path = root / f"{system}.yaml"
+    systems = sorted(p.stem for p in root.glob("*.yaml")) if root.is_dir() else []
+    if not spec_path.is_file():
+        raise InputError(
+            f"--system {system!r} not found in {root}; allowed: {', '.join(systems) or 'none'}"
+        )
+    spec: dict[str, Any] = yaml.safe_load(spec_path.read_text("utf-8")) or {}
+    gpu_spec, node = spec.get("gpu", {}), spec.get("node", {})
+    ops = OpsProfile(
+        roofline=RooflineTerms(
+            memory_efficiency=float(gpu_spec.get("mem_bw_empirical_scaling_factor", 0.8)),
+            op_floor_s=float(gpu_spec.get("mem_empirical_constant_latency", 3e-6)),
+            fused=["rope"],
+        ),
+        gemm=_gemms(root, system, backend, pkg),
+        attention=_attention(root, system, backend, pkg),
+        all_reduce=_allreduce(root, system, backend, pkg),
+    )
+    if not (ops.gemm or ops.attention or ops.all_reduce):
+        raise InputError(
+            f"--backend {backend!r}: no gemm, attention or all-reduce tables for {system}"
+        )
+    g = base.gpu
+    gpu = GpuProfile(
+        hbm_bytes=int(gpu_spec.get("mem_capacity", g.hbm_bytes)),
+        hbm_bandwidth=float(gpu_spec.get("mem_bw", g.hbm_bandwidth)),
+        flops_fp16=float(gpu_spec.get("bfloat16_tc_flops", g.flops_fp16)),
+        flops_fp32=g.flops_fp32,
+        compute_efficiency=g.compute_efficiency,
+        kernel_launch_s=g.kernel_launch_s,
+        per_layer_overhead_s=g.per_layer_overhead_s,
+    )
+    lat = float(node.get("p2p_latency", base.links.nvlink.latency))
+    links = LinksProfile(
+        pcie=LinkProfile(bandwidth=float(node.get("pcie_bw", base.links.pcie.bandwidth)), latency=base.links.pcie.latency),
+        nvlink=LinkProfile(bandwidth=float(node.get("intra_node_bw", base.links.nvlink.bandwidth)), latency=lat),
+        rdma=LinkProfile(bandwidth=float(node.get("inter_node_bw", base.links.rdma.bandwidth)), latency=base.links.rdma.latency),
+        nvme=base.links.nvme,
+        object_store=base.links.object_store,
+    )  # fmt: skip
+    return Profile(
+        name=name,
+        source="measured",
+        measured_at=None,
+        hostname=None,
+        notes=(
+            f"Op tables imported from aiconfigurator {pkg} (NVIDIA, Apache-2.0; see NOTICE) for "
+            f"system {system}, backend {backend}: GEMM, attention and all-reduce kernel timings. "
+            f"GPU memory, bandwidth, bf16 peak and NVLink/PCIe/NIC bandwidths from its "
+            f"{system}.yaml; fp32 peak, overheads, host DRAM, NVMe, object store and link "
+            f"latencies (except NVLink) from the datasheet profile {base.name!r}. Elementwise ops "
+            f"use the roofline (aiconfigurator has no elementwise tables). Each table's origin "
+            f"says where it was measured."
+        ),
+        gpu=gpu,
+        host=base.host,
+        links=links,
+        ops=ops,
+    )

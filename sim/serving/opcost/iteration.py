@@ -1,0 +1,440 @@
+"""The op-level cost model: one serving iteration of a decoder as a sum of per-GPU ops.
+
+An iteration (vLLM v1 / SGLang style) runs prefill chunks and decodes of one replica in one
+fused pass, so the weights are read once. For ``T = prefill_tokens + n_decode`` tokens on a
+tensor-parallel group of ``tp`` GPUs (heads, KV heads, MLP width and vocabulary split ``tp``
+ways; KV heads replicated when fewer than ``tp``), the ops are, per GPU:
+
+================== ========= ==============================================================
+op                 count     shape / bytes
+================== ========= ==============================================================
+embedding          1         lookup: reads ``T * hidden`` elements
+embedding_allreduce 1        all-reduce of ``T * hidden`` elements (tp > 1; vocab-parallel)
+input_norm         layers    fused residual-add + RMSNorm: reads and writes ``2 * hidden``
+qkv_gemm           layers    GEMM ``m = T``, ``n = (heads + 2 kv_heads) head_dim / tp``,
+                             ``k = hidden``
+rope               layers    elementwise over q and k
+attention_prefill  layers    causal attention of the prompt chunks (by tokens and squares)
+attention_decode   layers    paged decode attention (by batch and mean context)
+o_gemm             layers    GEMM ``n = hidden``, ``k = heads head_dim / tp``
+allreduce_attn     layers    all-reduce of ``T * hidden`` elements (tp > 1)
+post_attn_norm     layers    as input_norm
+gate_up_gemm       layers    GEMM ``n = 2 ffn / tp``, ``k = hidden``
+activation         layers    SiLU-and-mul: reads ``2 ffn / tp``, writes ``ffn / tp``
+down_gemm          layers    GEMM ``n = hidden``, ``k = ffn / tp``
+allreduce_mlp      layers    as allreduce_attn
+final_norm         1         RMSNorm: reads ``hidden``, writes ``hidden``
+lm_head            1         GEMM ``m = n_prompts + n_decode`` (last prompt token and each
+                             decode only), ``n = vocab / tp``, ``k = hidden``, bf16
+iteration_overhead 1         the profile's ``ops.roofline.iteration_overhead_s``
+================== ========= ==============================================================
+
+Each op's time comes from the profile's measured tables (:mod:`sim.serving.opcost.tables`) where one
+covers it, else from the roofline ``max(flops / (peak * eff), bytes / (hbm_bw * mem_eff)) +
+op_floor_s`` (all-reduce: a ring, ``2 (g - 1) / g * bytes / (nvlink_bw * link_eff) + 2 (g - 1)
+* nvlink_latency``). :meth:`OpCostModel.iteration_breakdown` says which was used per op:
+``table``, ``table-extrapolated`` (beyond the last knot), ``table-scaled`` (an attention table
+of the same head size and GQA group with a different head count, scaled by heads),
+``roofline``, ``fused`` (the profile says the engine fuses it: 0 s), ``overhead``, or
+``not run`` (0 s: no prompt tokens, no decodes, or no all-reduce at ``tp = 1``).
+Peak FLOP/s is the profile's ``flops_fp16`` for 2-byte weights, twice that for 1-byte (fp8)
+weights, ``flops_fp32`` otherwise. TP groups are assumed to sit inside one NVLink domain.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from engine.errors import InputError
+from sim.serving.models import ModelSpec
+from sim.serving.opcost.shapes import DecoderShape
+from sim.serving.opcost.tables import AttentionTable, ElementwiseTable, GemmTable, OpsProfile
+
+if TYPE_CHECKING:
+    from sim.serving.costmodel import Profile
+
+#: the op names of an iteration, in execution order
+OP_NAMES: tuple[str, ...] = (
+    "embedding",
+    "embedding_allreduce",
+    "input_norm",
+    "qkv_gemm",
+    "rope",
+    "attention_prefill",
+    "attention_decode",
+    "o_gemm",
+    "allreduce_attn",
+    "post_attn_norm",
+    "gate_up_gemm",
+    "activation",
+    "down_gemm",
+    "allreduce_mlp",
+    "final_norm",
+    "lm_head",
+    "iteration_overhead",
+    "layer_overhead",
+)
+#: links :meth:`OpCostModel.copy_time` accepts (the profile's links plus on-device memories)
+COPY_LINKS: tuple[str, ...] = ("pcie", "nvlink", "rdma", "nvme", "object_store", "hbm", "dram")
+
+
+@dataclass(frozen=True)
+class OpCost:
+    """One op of an iteration: total seconds over its layers and where the time came from."""
+
+    name: str
+    seconds: float
+    source: str
+
+
+class OpCostModel:
+    """Iteration times of one decoder replica (``tp`` GPUs) on one profile; see the module
+    docstring for the op list. Holds no state between calls apart from memoised GEMM sums."""
+
+    def __init__(self, profile: Profile, model: ModelSpec, tp: int = 1) -> None:
+        shape = DecoderShape.from_model(model)
+        if tp < 1 or shape.heads % tp:
+            raise InputError(f"tp={tp} must be >= 1 and divide the {shape.heads} heads")
+        self.profile = profile
+        self.model = model
+        self.shape = shape
+        self.tp = tp
+        self.ops: OpsProfile = profile.ops or OpsProfile()
+        gpu = profile.gpu
+        db = shape.dtype_bytes
+        self.peak = gpu.flops_fp16 * (2.0 if db == 1 else 1.0) if db <= 2 else gpu.flops_fp32
+        self.hbm_bw = gpu.hbm_bandwidth
+        n_attn = max(1, shape.n_layers)
+        kv_elem = model.kv_bytes_per_token / (2 * n_attn * shape.kv_heads * shape.head_dim)
+        self.kv_dtype = "fp8" if kv_elem <= 1 else ("bf16" if kv_elem <= 2 else "fp32")
+        self.kv_elem_bytes = max(1.0, kv_elem)
+        self.q_heads = shape.heads // tp
+        self.kv_heads = max(1, shape.kv_heads // tp)
+        hd, h = shape.head_dim, shape.hidden
+        self.gemms: dict[str, tuple[int, int]] = {  # name -> (n, k) per GPU
+            "qkv_gemm": ((self.q_heads + 2 * self.kv_heads) * hd, h),
+            "o_gemm": (h, self.q_heads * hd),
+            "gate_up_gemm": (2 * -(-shape.ffn // tp), h),
+            "down_gemm": (h, -(-shape.ffn // tp)),
+        }
+        split = self.ops.engine is not None and self.ops.engine.split_projections
+        q_n, kv_n, f_n = self.q_heads * hd, self.kv_heads * hd, -(-shape.ffn // tp)
+        #: name -> the (n, k) of each GEMM the engine runs for it (split projections: q, k, v
+        #: and gate, up apart; else one merged GEMM)
+        self.gemm_parts: dict[str, tuple[tuple[int, int], ...]] = {
+            name: ((n, k),) for name, (n, k) in self.gemms.items()
+        }
+        if split:
+            self.gemm_parts["qkv_gemm"] = ((q_n, h), (kv_n, h), (kv_n, h))
+            self.gemm_parts["gate_up_gemm"] = ((f_n, h), (f_n, h))
+        self._ew: dict[str, ElementwiseTable] = {t.op: t for t in self.ops.elementwise}
+        self.vocab_per_gpu = -(-shape.vocab // tp)
+        self._gemm_dtype = {1: "fp8", 2: "bf16", 4: "fp32"}.get(db)
+        self._head_dtype = "fp32" if db == 4 else "bf16"  # fp8 models keep a 16-bit lm_head
+        #: the engine's own terms (sim.serving.opcost.tables.EngineTerms); None: fused, none extra
+        self.engine = self.ops.engine
+        # per dtype: the table timed with weights resident in the smallest cache that holds
+        # this model's weights per GPU, else the one timed with cold weights
+        weights = model.param_bytes / tp
+        self._gemm_tables: dict[str, GemmTable] = {}
+        for t in sorted(self.ops.gemm, key=lambda t: (t.resident_bytes == 0, t.resident_bytes)):
+            if (t.resident_bytes == 0 or weights <= t.resident_bytes) and (
+                t.dtype not in self._gemm_tables
+            ):
+                self._gemm_tables[t.dtype] = t
+        self._attn = {phase: self._attention_table(phase) for phase in ("prefill", "decode")}
+        self._ar = {t.group: t for t in self.ops.all_reduce}
+        self.act_bytes = 2 if db <= 2 else db  # activations are 16-bit unless fp32
+        self._gemm_cache: dict[int, dict[str, tuple[float, str]]] = {}
+        # (tokens, logits rows) -> seconds of every op but attention
+        self._fixed_cache: dict[tuple[int, int], float] = {}
+        self._pre_cache: dict[int, float] = {}  # by token count: the ops before lm_head
+        self._tail_cache: dict[int, tuple[float, float]] = {}  # by sampled rows: lm_head, overhead
+
+    # -- single ops ------------------------------------------------------------------------------
+    def _roofline(self, flops: float, nbytes: float, eff: float) -> float:
+        rl = self.ops.roofline
+        return (
+            max(flops / (self.peak * eff), nbytes / (self.hbm_bw * rl.memory_efficiency))
+            + rl.op_floor_s
+        )
+
+    def gemm_time(self, m: int, n: int, k: int, dtype: str | None = None) -> tuple[float, str]:
+        """Seconds for one ``m x k @ k x n`` GEMM with weights of ``dtype`` (default: the
+        model's) and its source (``table``, ``table-extrapolated`` or ``roofline``)."""
+        if m <= 0:
+            return 0.0, "not run"
+        dtype = dtype or self._gemm_dtype
+        table = self._gemm_tables.get(dtype or "")
+        if table is not None:
+            secs, extra = table.grid.lookup(m, n, k)
+            return secs, "table-extrapolated" if extra else "table"
+        wbytes = {"fp8": 1, "bf16": 2, "fp32": 4}.get(dtype or "", self.shape.dtype_bytes)
+        act = 2  # activations stay 16-bit
+        nbytes = n * k * wbytes + (m * k + m * n) * act
+        return self._roofline(2.0 * m * n * k, nbytes, self.ops.roofline.gemm_efficiency), (
+            "roofline"
+        )
+
+    def elementwise_time(self, tokens: int, dim_in: int, dim_out: int) -> float:
+        """Seconds for an elementwise kernel reading ``dim_in`` and writing ``dim_out``
+        activation elements per token (always a roofline: memory-bound)."""
+        if tokens <= 0:
+            return 0.0
+        nbytes = tokens * (dim_in + dim_out) * self.act_bytes
+        return self._roofline(0.0, nbytes, 1.0)
+
+    def table_elementwise(
+        self, op: str, tokens: int, width: int, fallback: float
+    ) -> tuple[float, str]:
+        """Seconds of elementwise ``op`` (an :class:`ElementwiseTable` op) over ``tokens`` rows
+        of ``width`` from the profile's table for it, else ``fallback`` (a roofline)."""
+        if tokens <= 0:
+            return 0.0, "not run"
+        table = self._ew.get(op)
+        if table is None:
+            return fallback, "roofline"
+        secs, extra = table.lookup(float(tokens * width))
+        return secs, "table-extrapolated" if extra else "table"
+
+    def allreduce_time(self, nbytes: float, group: int) -> tuple[float, str]:
+        """Seconds to all-reduce ``nbytes`` bytes across ``group`` GPUs, and its source."""
+        if group <= 1 or nbytes <= 0:
+            return 0.0, "not run"
+        table = self._ar.get(group)
+        if table is not None:
+            secs, extra = table.lookup(nbytes)
+            return secs, "table-extrapolated" if extra else "table"
+        link = self.profile.links.nvlink
+        eff = self.ops.roofline.link_efficiency
+        steps = 2 * (group - 1)
+        return steps / group * nbytes / (link.bandwidth * eff) + steps * link.latency, "roofline"
+
+    def copy_time(self, nbytes: int, link: str) -> float:
+        """``latency + nbytes / bandwidth`` over ``link`` (one of :data:`COPY_LINKS`)."""
+        if link == "hbm":
+            return nbytes / self.hbm_bw
+        if link == "dram":
+            return nbytes / self.profile.host.dram_bandwidth
+        if link not in COPY_LINKS:
+            raise ValueError(f"unknown link {link!r}; allowed: {', '.join(COPY_LINKS)}")
+        lp = getattr(self.profile.links, link)
+        return float(lp.latency + nbytes / lp.bandwidth)
+
+    def _attention_table(self, phase: str) -> tuple[AttentionTable, float] | None:
+        """The table for this layout (scale 1), else one of the same head size, KV dtype and
+        GQA group with the nearest head count (scale = heads ratio), else None."""
+        group = self.q_heads // self.kv_heads
+        best: tuple[AttentionTable, float] | None = None
+        for t in self.ops.attention:
+            if (t.phase, t.head_dim, t.kv_dtype) != (phase, self.shape.head_dim, self.kv_dtype):
+                continue
+            if (t.heads, t.kv_heads) == (self.q_heads, self.kv_heads):
+                return t, 1.0
+            if t.kv_heads * group == t.heads:
+                scale = self.q_heads / t.heads
+                if best is None or abs(scale - 1) < abs(best[1] - 1):
+                    best = (t, scale)
+        return best
+
+    def prefill_attention_time(self, tokens: int, sq: float, n_prompts: int) -> tuple[float, str]:
+        """Seconds of causal attention for prompt chunks of ``tokens`` tokens in all whose
+        squared lengths sum to ``sq``, on one layer. Looked up as ``T**2 / sq`` prompts of
+        ``sq / T`` tokens (exact for equal prompts)."""
+        if tokens <= 0:
+            return 0.0, "not run"
+        sq = max(float(sq), float(tokens))
+        found = self._attn["prefill"]
+        if found is not None:
+            table, scale = found
+            secs, extra = table.curves.lookup(tokens * tokens / sq, sq / tokens, x_power=2.0)
+            src = "table-scaled" if scale != 1.0 else "table"
+            return secs * scale, "table-extrapolated" if extra else src
+        hd, qh, kvh = self.shape.head_dim, self.q_heads, self.kv_heads
+        flops = 4.0 * qh * hd * sq / 2  # QK^T and PV over the causal half
+        nbytes = tokens * (2 * qh + 2 * kvh) * hd * 2 + tokens * 2 * kvh * hd * self.kv_elem_bytes
+        return self._roofline(flops, nbytes, self.ops.roofline.attention_efficiency), "roofline"
+
+    def decode_attention_time(self, batch: int, context: float) -> tuple[float, str]:
+        """Seconds of paged decode attention for ``batch`` sequences holding ``context``
+        tokens of KV in all, on one layer (looked up at the mean context per sequence)."""
+        if batch <= 0:
+            return 0.0, "not run"
+        found = self._attn["decode"]
+        if found is not None:
+            table, scale = found
+            secs, extra = table.curves.lookup(batch, max(1.0, context / batch), x_power=1.0)
+            src = "table-scaled" if scale != 1.0 else "table"
+            return secs * scale, "table-extrapolated" if extra else src
+        hd, qh, kvh = self.shape.head_dim, self.q_heads, self.kv_heads
+        flops = 4.0 * qh * hd * context
+        nbytes = context * 2 * kvh * hd * self.kv_elem_bytes + batch * 2 * qh * hd * 2
+        return self._roofline(flops, nbytes, self.ops.roofline.attention_efficiency), "roofline"
+
+    # -- iterations ------------------------------------------------------------------------------
+    def _layer_gemms(self, m: int) -> dict[str, tuple[float, str]]:
+        """``{gemm name: (seconds, source)}`` of one layer's GEMMs at ``m`` tokens (memoised)."""
+        cached = self._gemm_cache.get(m)
+        if cached is None:
+            cached = {}
+            for name, parts in self.gemm_parts.items():
+                timed = [self.gemm_time(m, n, k) for n, k in parts]
+                srcs = {src for _, src in timed}
+                src = "table-extrapolated" if "table-extrapolated" in srcs else timed[0][1]
+                cached[name] = (sum(secs for secs, _ in timed), src)
+            if len(self._gemm_cache) < 65536:
+                self._gemm_cache[m] = cached
+        return cached
+
+    def iteration_breakdown(
+        self,
+        prefill_tokens: int,
+        prefill_sq: int,
+        n_prompts: int,
+        n_decode: int,
+        decode_ctx: float,
+    ) -> list[OpCost]:
+        """Every op of one fused iteration (see the module docstring) with its source."""
+        if min(prefill_tokens, prefill_sq, n_prompts, n_decode) < 0 or decode_ctx < 0:
+            raise ValueError("iteration arguments must be >= 0")
+        s, tp, rl = self.shape, self.tp, self.ops.roofline
+        t = prefill_tokens + n_decode
+        if t == 0:
+            return [OpCost(name, 0.0, "not run") for name in OP_NAMES]
+        layers = s.n_layers
+        h, hd = s.hidden, s.head_dim
+        out: list[OpCost] = []
+
+        def add(name: str, secs: float, src: str, count: int = 1) -> None:
+            fused = name in rl.fused
+            out.append(OpCost(name, 0.0 if fused else secs * count, "fused" if fused else src))
+
+        row_bytes = t * h * self.act_bytes
+        add("embedding", *self.table_elementwise(
+            "embedding", t, h, self._roofline(0.0, 2 * row_bytes, 1.0)))  # fmt: skip
+        add("embedding_allreduce", *self.allreduce_time(row_bytes, tp))
+        norm, norm_src = self.table_elementwise(
+            "norm", t, h, self.elementwise_time(t, 2 * h, 2 * h)
+        )
+        gemms = self._layer_gemms(t)
+        add("input_norm", norm, norm_src, layers)
+        add("qkv_gemm", *gemms["qkv_gemm"], layers)
+        rope_dim = (self.q_heads + self.kv_heads) * hd
+        add("rope", self.elementwise_time(t, rope_dim, rope_dim), "roofline", layers)
+        secs, src = self.prefill_attention_time(prefill_tokens, prefill_sq, n_prompts)
+        add("attention_prefill", secs, src, layers)
+        add("attention_decode", *self.decode_attention_time(n_decode, decode_ctx), layers)
+        add("o_gemm", *gemms["o_gemm"], layers)
+        ar, ar_src = self.allreduce_time(row_bytes, tp)
+        add("allreduce_attn", ar, ar_src, layers)
+        add("post_attn_norm", norm, norm_src, layers)
+        add("gate_up_gemm", *gemms["gate_up_gemm"], layers)
+        ffn = self.gemms["down_gemm"][1]
+        act = self.table_elementwise("activation", t, ffn, self.elementwise_time(t, 2 * ffn, ffn))
+        add("activation", *act, layers)
+        add("down_gemm", *gemms["down_gemm"], layers)
+        add("allreduce_mlp", ar, ar_src, layers)
+        add("final_norm", *self.table_elementwise("norm", t, h, self.elementwise_time(t, h, h)))
+        add(
+            "lm_head",
+            *self.gemm_time(n_prompts + n_decode, self.vocab_per_gpu, h, self._head_dtype),
+        )
+        add("iteration_overhead", rl.iteration_overhead_s, "overhead")
+        per_layer = self.engine.layer_overhead_s if self.engine is not None else 0.0
+        add("layer_overhead", per_layer, "overhead" if per_layer else "not run", layers + 2)
+        return out
+
+    def _split(self) -> bool:
+        """Whether iterations run as a prefill part plus a decode part (EngineTerms)."""
+        return self.engine is not None and not self.engine.fused_iterations
+
+    def _parts(
+        self,
+        prefill_tokens: int,
+        prefill_sq: int,
+        n_prompts: int,
+        n_decode: int,
+        decode_ctx: float,
+    ) -> list[list[OpCost]]:
+        """The op lists of an iteration: one fused list, or (engine with
+        ``fused_iterations: false``) the prefill part's and the decode part's, the iteration
+        overhead charged once (on the first part that runs)."""
+        if not self._split() or prefill_tokens <= 0 or n_decode <= 0:
+            return [
+                self.iteration_breakdown(
+                    prefill_tokens, prefill_sq, n_prompts, n_decode, decode_ctx
+                )
+            ]
+        pre = self.iteration_breakdown(prefill_tokens, prefill_sq, n_prompts, 0, 0.0)
+        dec = self.iteration_breakdown(0, 0, 0, n_decode, decode_ctx)
+        dec = [OpCost(o.name, 0.0, o.source) if o.name == "iteration_overhead" else o for o in dec]
+        return [pre, dec]
+
+    def iteration_ops(
+        self,
+        prefill_tokens: int,
+        prefill_sq: int,
+        n_prompts: int,
+        n_decode: int,
+        decode_ctx: float,
+    ) -> dict[str, float]:
+        """``{op_name: seconds}`` of one fused iteration (every name of :data:`OP_NAMES`)."""
+        out: dict[str, float] = {}
+        for part in self._parts(prefill_tokens, prefill_sq, n_prompts, n_decode, decode_ctx):
+            for op in part:
+                out[op.name] = out.get(op.name, 0.0) + op.seconds
+        return out
+
+    def iteration_time(
+        self,
+        prefill_tokens: int,
+        prefill_sq: int,
+        n_prompts: int,
+        n_decode: int,
+        decode_ctx: float,
+    ) -> float:
+        """Seconds of one fused iteration: ``prefill_tokens`` prompt tokens in ``n_prompts``
+        chunks whose squared lengths sum to ``prefill_sq``, plus one token for each of
+        ``n_decode`` sequences holding ``decode_ctx`` context tokens in all. Weights are read
+        once; an empty iteration costs 0. Equals the sum of :meth:`iteration_ops`; the parts
+        that depend only on the token count and the logits rows are memoised. An engine with
+        ``fused_iterations: false`` pays a prefill part and a decode part (the iteration
+        overhead once)."""
+        if self._split() and prefill_tokens > 0 and n_decode > 0:
+            pre_s = self.iteration_time(prefill_tokens, prefill_sq, n_prompts, 0, 0.0)
+            dec_s = self.iteration_time(0, 0, 0, n_decode, decode_ctx)
+            return pre_s + dec_s - self.ops.roofline.iteration_overhead_s
+        t = prefill_tokens + n_decode
+        if t <= 0 or min(prefill_tokens, prefill_sq, n_prompts, n_decode) < 0 or decode_ctx < 0:
+            ops = self.iteration_breakdown(
+                prefill_tokens, prefill_sq, n_prompts, n_decode, decode_ctx
+            )  # raises on negative arguments; 0 for an empty iteration
+            return float(sum(op.seconds for op in ops))
+        sampled = n_prompts + n_decode
+        fixed = self._fixed_cache.get((t, sampled))
+        if fixed is None:
+            # the ops before lm_head depend on t only, lm_head and the overhead on `sampled`
+            # only: memoised apart, added in the breakdown's order (bit-identical to its sum)
+            pre = self._pre_cache.get(t)
+            tail = self._tail_cache.get(sampled)
+            if pre is None or tail is None:
+                pre, lm, over = 0.0, 0.0, 0.0
+                for op in self.iteration_breakdown(t, t, sampled, 0, 0.0):
+                    if op.name == "lm_head":
+                        lm = op.seconds
+                    elif op.name == "iteration_overhead":
+                        over = op.seconds
+                    elif op.name not in ("attention_prefill", "attention_decode"):
+                        pre += op.seconds
+                tail = (lm, over)
+                if len(self._pre_cache) < 65536:
+                    self._pre_cache[t] = pre
+                    self._tail_cache[sampled] = tail
+            fixed = pre + tail[0] + tail[1]
+            if len(self._fixed_cache) < 65536:
+                self._fixed_cache[(t, sampled)] = fixed
+        layers = self.shape.n_layers
+        attn = self.prefill_attention_time(prefill_tokens, prefill_sq, n_prompts)[0]
+        attn += self.decode_attention_time(n_decode, decode_ctx)[0]
+        return fixed + layers * attn

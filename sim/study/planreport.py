@@ -1,0 +1,181 @@
+"""The answers of a capacity plan: frontier rows, their sentences, ``plan.json`` and the plot.
+
+A row is one question (``min-size`` at a load, ``max-qps`` at a size) for one alternative:
+the answer, its cost, the replica shape at the answer, why there is none, and the utilisation
+of every resource at the boundary probe with the one that saturates first.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from sim.study.planspec import RESOURCES, PlanFile, Probe
+
+
+@dataclass
+class PlanResult:
+    """The frontier (one row per question x alternative x load or size) and its files."""
+
+    frontier: pd.DataFrame
+    folder: Path
+    answers: list[str]
+    #: a compare plan's answer (``aggregated``, ``disaggregated``, ``choice``; sim.disagg)
+    compare: dict[str, Any] | None = None
+
+
+def replica_shape(sc: Any) -> dict[str, int]:
+    c = sc.cluster
+    return {
+        "servers": c.servers,
+        "gpus": c.gpus,
+        "tp": c.tp,
+        "pp": c.pp,
+        "replicas": c.replicas,
+    }
+
+
+def _lookup(data: dict[str, Any], path: str) -> Any:
+    cur: Any = data
+    for part in path.split("."):
+        if isinstance(cur, list) and part.isdigit() and int(part) < len(cur):
+            cur = cur[int(part)]
+        elif isinstance(cur, dict) and part in cur:
+            cur = cur[part]
+        else:
+            return None
+    return cur
+
+
+def _why_none(top: Probe, spec: PlanFile) -> str:
+    """Why even the top of the size range fails: infeasible, a capacity limit, or a latency
+    floor that more servers cannot lower (with the value reached there)."""
+    if top.infeasible:
+        return top.reasons[0]
+    reached = "; ".join(r.split(": ", 1)[1] for r in top.reasons[:2])
+    if top.overloaded > 0:
+        return (
+            f"capacity: {spec.size_key}={top.size} is overloaded at {top.qps:g} QPS "
+            f"(achieved {top.achieved:.4g} req/s); raise size_range ({reached})"
+        )
+    return (
+        f"latency floor: {spec.size_key}={top.size} sustains {top.qps:g} QPS but misses the "
+        f"SLO ({reached}); more {spec.size_key} cannot lower it"
+    )
+
+
+def frontier_row(
+    question: str,
+    alt: dict[str, Any],
+    qps: float | None,
+    size: int | None,
+    boundary: Probe,
+    spec: PlanFile,
+    resolved: dict[str, Any],
+    shape: dict[str, int] | None = None,
+) -> dict[str, Any]:
+    answered = size if question == "min-size" else qps
+    cost: float | None = None
+    if spec.costs and answered is not None:
+        cost = 0.0
+        for k, c in spec.costs.items():
+            v = size if k == spec.size_key else alt.get(k, _lookup(resolved, k))
+            cost += c * float(v or 0)
+    util = boundary.utilisation
+    sat = max(RESOURCES, key=lambda r: util[r]) if any(util.values()) else None
+    row: dict[str, Any] = {"question": question, **alt, "qps": qps, "size": size}
+    shape = shape or {}
+    if spec.gpu_hour_cost is not None and answered is not None and "gpus" in shape:
+        cost = spec.gpu_hour_cost * shape["gpus"]
+    reason = None
+    if answered is None:
+        reason = (
+            _why_none(boundary, spec) if question == "min-size" else "; ".join(boundary.reasons[:2])
+        )
+    row.update(
+        answered=answered is not None,
+        cost=cost,
+        **({k: v for k, v in shape.items()} if answered is not None else {}),
+        reason=reason,
+        boundary_size=boundary.size,
+        boundary_qps=boundary.qps,
+        boundary_passed=boundary.passed,
+        boundary_pass_fraction=boundary.pass_fraction,
+        saturates_first=sat,
+        **{f"util_{r}": util[r] for r in RESOURCES},
+    )
+    return row
+
+
+def answer_sentence(r: dict[str, Any], spec: PlanFile) -> str:
+    alt = ", ".join(f"{k}={r[k]}" for k in spec.alternatives)
+    alt = f" with {alt}" if alt else ""
+    sat = r.get("saturates_first")
+    sat = sat if isinstance(sat, str) else None  # a frame's missing value is NaN
+    blame = f"; saturates first: {sat} ({r[f'util_{sat}']:.2f})" if sat else ""
+    cost = f", cost {r['cost']:g}" if r.get("cost") is not None else ""
+    gpus = (
+        f" ({r['gpus']:g} GPUs{cost})" if r.get("gpus") == r.get("gpus") and r.get("gpus") else cost
+    )
+    if r["question"] == "min-size":
+        if r["size"] is None or r["size"] != r["size"]:  # None, or NaN in a frame
+            lo, hi = spec.size_range
+            return f"{r['qps']:g} QPS{alt}: no {spec.size_key} in [{lo}, {hi}] meets the SLOs: {r['reason']}"
+        return f"{r['qps']:g} QPS{alt}: smallest {spec.size_key} = {int(r['size'])}{gpus}{blame}"
+    if r["qps"] is None or r["qps"] != r["qps"]:
+        return f"{spec.size_key}={r['size']}{alt}: fails the SLOs even at {spec.qps_range[0]:g} QPS"
+    top = " (top of qps_range: capacity not reached)" if r["qps"] >= spec.qps_range[1] else ""
+    return f"{spec.size_key}={r['size']}{alt}: highest QPS = {r['qps']:g}{top}{blame}"
+
+
+def plan_json(res: PlanResult) -> dict[str, Any]:
+    """The plan's answer as one JSON-ready object: ``answer`` (the cheapest passing min-size
+    answer of the first load -- by cost, else by GPUs -- or, when none passes, the first
+    row's reason) with ``servers``, ``gpus``, ``tp``, ``pp``, ``meets_slo``, ``reason``,
+    ``qps``, ``cost``; and every row of the ``frontier``."""
+    rows = json.loads(res.frontier.to_json(orient="records")) if not res.frontier.empty else []
+    if res.compare is not None:
+        return {**res.compare, "answers": res.answers, "frontier": rows, "folder": str(res.folder)}
+    ms = [r for r in rows if r["question"] == "min-size"]
+    answer: dict[str, Any] = {"meets_slo": False, "reason": "the plan asked no min-size question"}
+    if ms:
+        q0 = ms[0]["qps"]
+        first = [r for r in ms if r["qps"] == q0]
+        ok = [r for r in first if r["answered"]]
+        if ok:
+            best = min(
+                ok, key=lambda r: (r["cost"] if r["cost"] is not None else 0, r.get("gpus") or 0)
+            )
+            answer = {
+                "qps": q0,
+                "servers": best.get("servers"),
+                "gpus": best.get("gpus"),
+                "tp": best.get("tp"),
+                "pp": best.get("pp"),
+                "replicas": best.get("replicas"),
+                "cost": best["cost"],
+                "meets_slo": True,
+                "reason": None,
+                "saturates_first": best.get("saturates_first"),
+            }
+        else:
+            answer = {
+                "qps": q0,
+                "servers": None,
+                "gpus": None,
+                "tp": None,
+                "pp": None,
+                "meets_slo": False,
+                "reason": " | ".join(r["reason"] or "" for r in first),
+            }
+    return {"answer": answer, "answers": res.answers, "frontier": rows, "folder": str(res.folder)}
+
+
+def plot_frontier(df: pd.DataFrame, spec: PlanFile, path: Path) -> None:
+    from sim.study.plots import frontier_plot
+
+    frontier_plot(df, spec.size_key, list(spec.alternatives), spec.qps_range[1], path)

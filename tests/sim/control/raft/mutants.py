@@ -1,0 +1,187 @@
+"""Single-point mutants of ``sim.control.raft`` for the mutation harness (tests/sim/control/raft/test_mutation.py).
+
+Each :class:`Mutant` is a bug a real engineer could write, in one line of one function: the
+function's source text with ``old`` replaced by ``new`` (``old`` must occur exactly once), compiled
+in the function's module and patched over the original in-process (:meth:`Mutant.applied`); no
+file is edited. ``kind`` says what the bug breaks: ``safety`` or ``liveness``.
+"""
+
+from __future__ import annotations
+
+import inspect
+import textwrap
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+from sim.control.raft import log as raft_log
+from sim.control.raft import node as raft_node
+
+
+@dataclass(frozen=True)
+class Mutant:
+    name: str
+    doc: str
+    owner: Any  # the class whose method is replaced
+    method: str
+    old: str
+    new: str
+    kind: str = "safety"
+
+    def patched(self) -> Any:
+        """The mutated function (raises if ``old`` is not found exactly once)."""
+        fn = getattr(self.owner, self.method)
+        src = textwrap.dedent(inspect.getsource(fn))
+        if src.count(self.old) != 1:
+            raise AssertionError(f"{self.name}: {self.old!r} occurs {src.count(self.old)} times")
+        module = inspect.getmodule(fn)
+        assert module is not None
+        scope: dict[str, Any] = {}
+        exec(
+            compile(src.replace(self.old, self.new), f"<mutant {self.name}>", "exec"),
+            module.__dict__,
+            scope,
+        )
+        return scope[self.method]
+
+    @contextmanager
+    def applied(self) -> Iterator[None]:
+        """Patch the mutant in for the duration of the block."""
+        new_fn = self.patched()
+        orig = self.owner.__dict__[self.method]
+        setattr(self.owner, self.method, new_fn)
+        try:
+            yield
+        finally:
+            setattr(self.owner, self.method, orig)
+
+
+N = raft_node.RaftNode
+L = raft_log.RaftLog
+
+MUTANTS: list[Mutant] = [
+    Mutant(
+        "vote-without-log-check",
+        "a vote is granted without the up-to-date log check",
+        N,
+        "_on_request_vote",
+        "and self.log.up_to_date(m.last_log_index, m.last_log_term)",
+        "",
+    ),
+    Mutant(
+        "vote-not-recorded",
+        "a granted vote is not recorded (voted_for stays as it was)",
+        N,
+        "_on_request_vote",
+        "self.voted_for = m.src",
+        "pass",
+    ),
+    Mutant(
+        "prev-term-unchecked",
+        "AppendEntries checks prevLogIndex but not prevLogTerm",
+        N,
+        "_on_append",
+        "if m.prev_index > log.last_index or log.term_at(m.prev_index) != m.prev_term:",
+        "if m.prev_index > log.last_index:",
+    ),
+    Mutant(
+        "truncate-matching",
+        "a follower truncates from the first new entry even when it matches",
+        N,
+        "_on_append",
+        "if log.term_at(index) == e.term:",
+        "if False:",
+    ),
+    Mutant(
+        "majority-off-by-one",
+        "majority computed as n // 2 instead of n // 2 + 1",
+        N,
+        "__init__",
+        "self.majority = len(self.members) // 2 + 1",
+        "self.majority = len(self.members) // 2",
+    ),
+    Mutant(
+        "log-slice-off-by-one",
+        "the entries sent start one index late (slice from start)",
+        L,
+        "slice",
+        "self._entries[start - 1 : start - 1 + max_count]",
+        "self._entries[start : start + max_count]",
+    ),
+    Mutant(
+        "commit-checks-last-term",
+        "commit rule checks the leader's last log term, not the term at the majority index",
+        N,
+        "_advance_commit",
+        "self.log.term_at(n) != self.current_term",
+        "self.log.last_term != self.current_term",
+    ),
+    Mutant(
+        "stale-append-reply-accepted",
+        "the leader accepts AppendEntries replies from earlier terms",
+        N,
+        "_on_append_reply",
+        "if self.role is not Role.LEADER or m.term != self.current_term:",
+        "if self.role is not Role.LEADER:",
+    ),
+    Mutant(
+        "no-stepdown-on-append-reply",
+        "the leader does not step down on a higher term in an AppendEntries reply",
+        N,
+        "_on_append_reply",
+        "self._set_term(m.term)",
+        "pass",
+        "liveness",
+    ),
+    Mutant(
+        "stale-append-resets-timer",
+        "a follower resets its election timer on AppendEntries from a stale leader",
+        N,
+        "_on_append",
+        "def _on_append(self, m: AppendEntries) -> None:\n",
+        "def _on_append(self, m: AppendEntries) -> None:\n    self._reset_election_deadline()\n",
+        "liveness",
+    ),
+    Mutant(
+        "next-index-past-hint",
+        "nextIndex after a rejection is set one past the follower's conflict hint",
+        N,
+        "_on_append_reply",
+        "min(m.conflict_index, self.next_index[p])",
+        "min(m.conflict_index + 1, self.next_index[p])",
+        "liveness",
+    ),
+    Mutant(
+        "follower-commits-past-match",
+        "a follower commits up to leaderCommit bounded by its last index, not the match",
+        N,
+        "_on_append",
+        "self._commit_to(min(m.leader_commit, match))",
+        "self._commit_to(min(m.leader_commit, log.last_index))",
+    ),
+    Mutant(
+        "stale-vote-reply-counted",
+        "a candidate counts granted votes from earlier terms",
+        N,
+        "_on_vote_reply",
+        "if self.role is Role.CANDIDATE and m.term == self.current_term and m.granted:",
+        "if self.role is Role.CANDIDATE and m.granted:",
+    ),
+    Mutant(
+        "leader-commit-is-last-index",
+        "the leader sends its last log index as leaderCommit instead of its commit index",
+        N,
+        "_send_append",
+        "entries, self.commit_index",
+        "entries, self.log.last_index",
+    ),
+    Mutant(
+        "up-to-date-ignores-term",
+        "the voting rule compares log lengths only (ignores the last term)",
+        L,
+        "up_to_date",
+        "if last_term != self.last_term:",
+        "if False:",
+    ),
+]

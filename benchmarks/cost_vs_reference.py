@@ -21,9 +21,9 @@ import statistics
 import sys
 from typing import Any
 
+from sim.serving.costmodel import load_profile
 from sim.serving.models import LlamaShape, ModelEntry, ModelSpec, build_model
 from sim.serving.opcost import OpCostModel
-from sim.serving.costmodel import load_profile
 
 SHAPES: dict[str, tuple[str, LlamaShape]] = {
     "llama-3.1-8b": (

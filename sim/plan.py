@@ -208,7 +208,7 @@ class Planner:
 
 def _infeasible(sc: Any) -> str | None:
     """Why the scenario ``sc`` cannot be built (memory, replica shape), or ``None``."""
-    from sim.cluster import check_feasible
+    from sim.feasible import check_feasible
     from sim.costmodel import load_profile
     from sim.models import load_catalogue
 

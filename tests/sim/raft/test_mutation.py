@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from sim.chaos import chaos_scenario, run_seed
+from sim.raft.node import RaftNode
 from sim.scenario import load_scenario, resolved_dict
 
 from .mutants import MUTANTS, Mutant
@@ -65,6 +66,10 @@ def test_each_mutant_patches_in_and_restores_the_original(m: Mutant) -> None:
     with m.applied():
         patched = m.owner.__dict__[m.method]
         assert patched is not orig and patched.__code__.co_filename.startswith("<mutant")
+        if isinstance(m.owner, type) and issubclass(RaftNode, m.owner):
+            # the replica really runs the mutant: no class between RaftNode and the
+            # owner (in the MRO) defines the method
+            assert getattr(RaftNode, m.method) is patched
     assert m.owner.__dict__[m.method] is orig
 
 

@@ -2,7 +2,8 @@
 
 A standalone SimPy component: :class:`RaftGroup` builds ``n`` replicas over any
 :class:`Transport` (default :class:`SimTransport`). See ``sim/raft/node.py`` for the protocol
-and the diskless-restart caveat, ``sim/raft/checkers.py`` for what is checked online, and
+and the diskless-restart caveat (its handlers are in ``sim/raft/election.py`` and
+``sim/raft/replication.py``), ``sim/raft/checkers.py`` for what is checked online, and
 ``sim/raft/linearizability.py`` for the offline client-history check.
 """
 

@@ -1,12 +1,10 @@
 """Assembly of one simulated cluster from a validated scenario, and its run loop.
 
-:func:`check_feasible` rejects impossible configurations before anything runs or is written
-(unknown model or policy, a chunk size out of range, a model larger than the whole cluster,
-a coupled node that cannot hold its weights, ...). :func:`build` wires the components:
-workload -> scheduler -> compute nodes (weights in tiered caches, KV accounting) <-> network
-<-> parameter servers (directory on a consistent-hash ring) <-> object store.
-:meth:`Cluster.run` advances simulated time in slices (for a progress callback) until every
-request is final or the time cap is hit.
+:func:`build` checks the scenario (:func:`sim.feasible.check_feasible`, re-exported here) and
+wires the components: workload -> scheduler -> compute nodes (weights in tiered caches, KV
+accounting) <-> network <-> parameter servers (directory on a consistent-hash ring) <->
+object store. :meth:`Cluster.run` advances simulated time in slices (for a progress callback)
+until every request is final or a stop condition holds (duration, stall, too many waiting).
 """
 
 from __future__ import annotations
@@ -18,21 +16,23 @@ from typing import Any
 import numpy as np
 import simpy
 
-from engine.chunks import chunk_model
 from engine.errors import InputError
 from engine.kv.prefix import num_blocks
-from engine.policy.registry import policy_class
+from sim.feasible import check_feasible, gpu_host
 from sim.rng import RngStreams
-from sim.scenario import Scenario, deployment_labels
+from sim.scenario import Scenario
 from sim.serving.context import ModelRt, SimContext
-from sim.serving.gpumemory import context_limit, plan_memory
+from sim.serving.gpumemory import plan_memory
 from sim.serving.metrics import EV_REJECT, REJECTED, TIERS, Metrics, TraceRecorder
+from sim.serving.modelrt import model_rt
 from sim.serving.network import Network
 from sim.serving.paramserver import MetadataDirectory, ParamServer
 from sim.serving.paramstore import WeightStore
 from sim.serving.placement import Scheduler
 from sim.serving.replica import ComputeNode
 from sim.serving.workload import Workload, make_workload
+
+__all__ = ["Cluster", "CountingEnvironment", "build", "check_feasible", "replica_share"]
 
 #: open-loop arrivals are read this many at a time as plain Python lists
 _ARRIVAL_SLICE = 4096
@@ -53,176 +53,12 @@ class CountingEnvironment(simpy.Environment):
         _simpy_step(self)
 
 
-def _gpu_host(sc: Scenario, profile: Any) -> tuple[int, int]:
-    """(usable HBM per GPU, host memory per server) with profile defaults."""
-    c = sc.cluster
-    return (c.gpu.hbm or int(profile.gpu.hbm_bytes), c.server.host or int(profile.host.dram_bytes))
-
-
 def replica_share(sc: Scenario) -> float:
     """The share of a server's host memory, NVMe and object-store link one replica gets (its
     GPUs over the server's; the number of servers it spans when wider than one)."""
     c = sc.cluster
     g = c.gpus_per_replica
     return g / c.gpus_per_server if g <= c.gpus_per_server else float(c.servers_per_replica)
-
-
-def _check_shape(sc: Scenario) -> None:
-    c = sc.cluster
-    g, gps = c.gpus_per_replica, c.gpus_per_server
-    src = sc.source
-    if g <= gps:
-        if gps % g:
-            raise InputError(
-                f"a replica of tp x pp = {g} GPUs does not divide a server of {gps} GPUs; "
-                f"use tp x pp in {', '.join(str(d) for d in range(1, gps + 1) if gps % d == 0)}",
-                source=src,
-                where="cluster.tp",
-            )
-    else:
-        if g % gps:
-            raise InputError(
-                f"a replica of tp x pp = {g} GPUs wider than a server must span whole servers "
-                f"of {gps} GPUs (a multiple of {gps})",
-                source=src,
-                where="cluster.tp",
-            )
-        if c.servers % c.servers_per_replica:
-            raise InputError(
-                f"{c.servers} servers do not split into replicas of {c.servers_per_replica} "
-                f"servers each; use a multiple of {c.servers_per_replica}",
-                source=src,
-                where="cluster.servers",
-            )
-
-
-def _check_names(sc: Scenario, catalogue: dict[str, Any]) -> None:
-    """Every name a scenario refers to exists: models, eviction policies, workload classes of
-    deployments and of degradation, and a protected class for isolated streams."""
-    src = sc.source
-    for i, d in enumerate(sc.deployments):
-        if d.model not in catalogue:
-            raise InputError(
-                f"unknown model {d.model!r}; allowed: {', '.join(sorted(catalogue))}",
-                source=src,
-                where=f"deployments[{i}].model",
-            )
-    for field in ("hbm_policy", "host_policy", "nvme_policy"):
-        try:
-            policy_class(getattr(sc.cache, field))
-        except InputError as err:
-            raise InputError(str(err), source=src, where=f"cache.{field}") from None
-    names = [c.name for c in sc.workload.classes]
-    for i, d in enumerate(sc.deployments):
-        if d.cls is not None and d.cls not in names:
-            raise InputError(
-                f"{d.cls!r} is not a workload class; classes: {', '.join(names)}",
-                source=src,
-                where=f"deployments[{i}].cls",
-            )
-    for p in sc.degradation.protected:
-        if sc.degradation.enabled and p not in names:
-            raise InputError(
-                f"{p!r} is not a workload class; classes: {', '.join(names)}",
-                source=src,
-                where="degradation.protected",
-            )
-    if sc.cluster.replica.streams == "isolated":
-        prio = [d.cls in sc.degradation.protected for d in sc.deployments]
-        if all(prio) or not any(prio):
-            raise InputError(
-                "streams: isolated needs deployments of a protected class (cls in "
-                f"degradation.protected: {sc.degradation.protected}) and of another class",
-                source=src,
-                where="cluster.replica.streams",
-            )
-
-
-def check_feasible(sc: Scenario, catalogue: dict[str, Any], profile: Any) -> None:
-    """Raise :class:`InputError` (naming the scenario file and field) for impossible configs."""
-    _check_names(sc, catalogue)
-    src = sc.source
-    hbm, host = _gpu_host(sc, profile)
-    c = sc.cluster
-    specs = [catalogue[d.model] for d in sc.deployments]
-    if sc.disaggregation.enabled:
-        from sim.disagg.build import check_pools
-
-        mem = check_pools(sc, specs, profile)
-    else:
-        _check_shape(sc)
-        mem = plan_memory(sc, specs, hbm, profile.name)
-    total = sum(s.param_bytes for s in specs)
-    cluster_bytes = (
-        c.gpus * hbm + c.servers * (host + c.server.nvme) + c.param_servers * (c.ps.dram + c.ps.ssd)
-    )
-    if total > cluster_bytes:
-        raise InputError(
-            f"the models need {total / 2**30:.1f} GiB of weights but the whole cluster holds "
-            f"{cluster_bytes / 2**30:.1f} GiB in all tiers; add servers or memory",
-            source=src,
-            where="deployments",
-        )
-    largest_layer = max(max(s.layer_bytes()) for s in specs)
-    if sc.mode == "pd" and mem.weight_cache < 2 * largest_layer:
-        raise InputError(
-            f"a replica's HBM weight cache ({mem.weight_cache / 2**30:.2f} GiB) must hold "
-            f"two of the largest layer ({largest_layer / 2**20:.0f} MiB) to pipeline",
-            source=src,
-            where="cluster.gpu.weight_cache_fraction",
-        )
-    if sc.workload.kind == "trace" and not sc.workload.trace:
-        raise InputError("a trace workload needs a trace file", source=src, where="workload.trace")
-    try:
-        chunk_model("probe", [1], sc.chunks.size)
-    except ValueError as err:
-        raise InputError(str(err), source=src, where="chunks.size") from None
-
-
-def _model_rt(
-    i: int, spec: Any, sc: Scenario, profile: Any, cost_cls: Any, kv_budget: int
-) -> ModelRt:
-    c = sc.cluster
-    cost = cost_cls(profile, spec, tp=c.tp, pp=c.pp, gpus_per_server=c.gpus_per_server)
-    if sc.mode == "coupled":
-        # weights stay resident and are never streamed: one chunk per layer (a 70B model in
-        # 4 MiB chunks would be 34k cache entries per replica for nothing)
-        sizes = np.array(spec.layer_bytes(), dtype=np.int64)
-        starts = np.concatenate([[0], np.cumsum(sizes > 0)]).astype(np.int64)
-        chunk_size = sizes[sizes > 0]
-        chunk_head = np.full(chunk_size.shape, -1, dtype=np.int64)
-        total = int(sizes.sum())
-    else:
-        table = chunk_model(
-            spec.name,
-            spec.layer_bytes(),
-            sc.chunks.size,
-            sc.deployments[i].version,
-            sc.chunks.sharding,
-            heads=max(spec.heads, 1),
-        )
-        starts = np.zeros(table.n_layers + 1, dtype=np.int64)
-        for layer in range(table.n_layers):
-            starts[layer + 1] = table.layer_slice(layer).stop
-        chunk_size, chunk_head = table.size.astype(np.int64), table.head.astype(np.int64)
-        total = table.total_bytes
-    lt = np.array([float(cost.layer_time(layer, 1)) for layer in range(len(spec.layers))])
-    frac = lt / lt.sum() if lt.sum() > 0 else np.full(len(lt), 1.0 / len(lt))
-    max_ctx = context_limit(sc, spec, kv_budget)  # storage + attention memory, R12
-    label = deployment_labels(sc.deployments)[i]
-    return ModelRt(
-        idx=i,
-        name=label,
-        is_cnn=spec.kind == "cnn",
-        cost=cost,
-        layer_start=starts,
-        chunk_size=chunk_size,
-        chunk_head=chunk_head,
-        layer_frac=frac,
-        kv_bytes_per_token=int(spec.kv_bytes_per_token),
-        total_bytes=total,
-        max_context=max_ctx,
-    )
 
 
 class Cluster:
@@ -381,6 +217,17 @@ class Cluster:
         set) or when no request has arrived or finished for ``metrics.stall_timeout``
         simulated seconds while some are unfinished; ``stop_reason`` then says which, and the
         unfinished requests stay ``pending`` in the results."""
+        self._start()
+        self.stop_reason = self._advance(progress)
+        if "w0" not in self.snaps:
+            self.snaps["w0"] = self.snapshot()
+        if "w1" not in self.snaps or self.wl.closed_loop:
+            self.snaps["w1"] = self.snapshot()
+        return self._end_time()
+
+    def _start(self) -> None:
+        """Start the replicas, the arrivals (open or closed loop), the sampler, the hot-shard
+        process when enabled and the snapshots at the steady window's ends, in that order."""
         ctx, env = self.ctx, self.env
         sc = ctx.sc
         for node in ctx.nodes:
@@ -399,6 +246,12 @@ class Cluster:
         env.process(self._snap_at(w0))
         if not self.wl.closed_loop:
             env.process(self._snap_at(w1))
+
+    def _advance(self, progress: Callable[[float, float], None] | None) -> str | None:
+        """Run the environment in slices until every request is final (returns None) or a
+        stop condition holds (returns why: duration, stall, too many waiting)."""
+        ctx, env = self.ctx, self.env
+        sc = ctx.sc
         cap = sc.duration if sc.duration > 0 else float("inf")
         stall = sc.metrics.stall_timeout
         max_waiting = sc.metrics.max_waiting
@@ -408,31 +261,24 @@ class Cluster:
         seen, seen_at = -1, 0.0
         while met.n_final < n:
             if env.now >= cap:
-                self.stop_reason = f"the scenario's duration ({cap:g} s) ended the run"
-                break
+                return f"the scenario's duration ({cap:g} s) ended the run"
             mark = met.n_final + met.n_arrived
             if mark != seen:
                 seen, seen_at = mark, float(env.now)
             elif env.now - seen_at >= stall:
-                self.stop_reason = (
+                return (
                     f"no request arrived or finished for {stall:g} simulated seconds "
                     "(metrics.stall_timeout)"
                 )
-                break
             env.run(until=min(env.now + step, cap))
             if max_waiting is not None and sum(nd.qlen for nd in ctx.nodes) > max_waiting:
-                self.stop_reason = (
+                return (
                     f"more than {max_waiting} requests waited (metrics.max_waiting): the "
                     "replicas cannot keep up"
                 )
-                break
             if progress is not None:
                 progress(met.n_final / n, env.now)
-        if "w0" not in self.snaps:
-            self.snaps["w0"] = self.snapshot()
-        if "w1" not in self.snaps or self.wl.closed_loop:
-            self.snaps["w1"] = self.snapshot()
-        return self._end_time()
+        return None
 
     def _end_time(self) -> float:
         met = self.ctx.metrics
@@ -463,7 +309,11 @@ def build(
     cost_cls: Any,
     base_dir: Path | None = None,
 ) -> Cluster:
-    """Wire a cluster for ``sc`` (validated and feasible) with root seed ``seed``."""
+    """Wire a cluster for ``sc`` (validated and feasible) with root seed ``seed``.
+
+    Order (it fixes link and random-stream creation, so it is part of the trace): workload,
+    models and memory plan, context and network, parameter servers and directory, the
+    disaggregated pools or the replicas, then the scheduler."""
     check_feasible(sc, catalogue, profile)
     env = CountingEnvironment()
     rngs = RngStreams(seed)
@@ -472,8 +322,7 @@ def build(
     forced = [cnames.index(d.cls) if d.cls is not None else None for d in sc.deployments]
     wl = make_workload(sc.workload, shares, rngs.get("workload"), base_dir, forced)
     specs = [catalogue[d.model] for d in sc.deployments]
-    hbm, host = _gpu_host(sc, profile)
-    c = sc.cluster
+    hbm, host = gpu_host(sc, profile)
     if sc.disaggregation.enabled:
         from sim.disagg.build import base_models, build_pools
 
@@ -483,67 +332,16 @@ def build(
     else:
         mem = plan_memory(sc, specs, hbm, profile.name)
         weight_cap, kv_bytes = mem.weight_cache, mem.kv
-        models = [_model_rt(i, s, sc, profile, cost_cls, kv_bytes) for i, s in enumerate(specs)]
-    protected = [n in sc.degradation.protected for n in cnames]
-    order = [i for i in range(len(cnames)) if protected[i]] + [
-        i for i in range(len(cnames)) if not protected[i]
-    ]
-    net = Network(env, rng=rngs.get("network"))
-    ctx = SimContext(
-        env=env,
-        sc=sc,
-        models=models,
-        network=net,
-        metrics=Metrics(wl.n),
-        trace=TraceRecorder(),
-        rngs=rngs,
-        class_order=order,
-        protected=protected,
-    )
-    L = profile.links
-    g = c.gpus_per_replica
-    share = replica_share(sc)
-    rdma_bw, rdma_lat, obj_bw, obj_lat = _network_terms(sc, profile)
-    for p in range(c.param_servers):
-        name = f"ps{p}"
-        links = {
-            "nic": net.add_link(f"{name}.nic", c.ps.nic, rdma_lat),
-            "ssd": net.add_link(f"{name}.ssd", c.ps.ssd_bandwidth, L.nvme.latency),
-            "object": net.add_link(f"{name}.object", obj_bw, obj_lat),
-        }
-        ctx.servers.append(ParamServer(ctx, p, name, links))
-    ctx.directory = MetadataDirectory(ctx)
-    if sc.warmup.enabled:
-        ctx.directory.warm_up(shares, sc.warmup.ps_fraction, 0.0)
+        models = [model_rt(i, s, sc, profile, cost_cls, kv_bytes) for i, s in enumerate(specs)]
+    ctx = _context(env, sc, models, wl, rngs)
+    _add_param_servers(ctx, profile, shares)
     tokens = (wl.inp.tolist(), wl.out.tolist(), wl.cls.tolist())  # shared by every replica
-    host_r = int(host * share)
-    nvme_r = int(c.server.nvme * share)
-    swap_r = sc.kv.swap_space * g
-    # profile hook (sim.serving.opcost.EngineTerms.copy_contention): a calibrated engine's weight
-    # copies run 1 + copy_contention times slower than its idle link while it computes
-    eng = profile.ops.engine if profile.ops is not None else None
-    pcie_bw = L.pcie.bandwidth * g / (1.0 + (eng.copy_contention if eng is not None else 0.0))
     if sc.disaggregation.enabled:
         ctx.disagg = build_pools(
             ctx, sc, profile, wl, tokens, pool_models, pool_mems, host, base_dir
         )
-    for i in range(0 if sc.disaggregation.enabled else c.replicas):
-        name = f"node{i}"
-        links = {
-            "pcie": net.add_link(f"{name}.pcie", pcie_bw, L.pcie.latency),
-            "nic": net.add_link(f"{name}.nic", rdma_bw, 0.0),
-            "nvme": net.add_link(f"{name}.nvme", L.nvme.bandwidth * share, L.nvme.latency),
-            "object": net.add_link(f"{name}.object", obj_bw * share, obj_lat),
-        }
-        ws = WeightStore(ctx, i, name, weight_cap, host_r, nvme_r, links)
-        if sc.mode == "coupled" or sc.warmup.node_hbm:
-            for m in sorted(range(len(models)), key=lambda j: (-shares[j], j)):
-                if not ws.preload(m, 0.0) and sc.mode == "coupled":
-                    raise InputError(
-                        "coupled mode: weights do not fit HBM", source=sc.source, where="mode"
-                    )
-        ws.fetches_after_warmup = 0
-        ctx.nodes.append(ComputeNode(ctx, i, name, ws, kv_bytes, wl, tokens, swap_r))
+    else:
+        _add_replicas(ctx, profile, wl, tokens, (weight_cap, host, kv_bytes), shares)
     if sc.metrics.check_invariants:
         ctx.metrics.layer_log = []
     horizon = float(wl.arrival[-1]) if not wl.closed_loop and wl.n else 1.0
@@ -556,3 +354,89 @@ def build(
     else:
         sched = Scheduler(ctx, rngs.get("scheduler"))
     return Cluster(ctx, wl, sched, max(horizon, 1e-3))
+
+
+def _context(
+    env: simpy.Environment, sc: Scenario, models: list[ModelRt], wl: Workload, rngs: RngStreams
+) -> SimContext:
+    """The shared context with its network (random stream ``network``), empty metrics and
+    trace, and the class order: protected workload classes first."""
+    cnames = [cl.name for cl in sc.workload.classes]
+    protected = [n in sc.degradation.protected for n in cnames]
+    order = [i for i in range(len(cnames)) if protected[i]] + [
+        i for i in range(len(cnames)) if not protected[i]
+    ]
+    return SimContext(
+        env=env,
+        sc=sc,
+        models=models,
+        network=Network(env, rng=rngs.get("network")),
+        metrics=Metrics(wl.n),
+        trace=TraceRecorder(),
+        rngs=rngs,
+        class_order=order,
+        protected=protected,
+    )
+
+
+def _add_param_servers(ctx: SimContext, profile: Any, shares: list[float]) -> None:
+    """Add the parameter servers (NIC, SSD and object-store links each) and the metadata
+    directory over them, warmed up with the deployments' ``shares`` when enabled."""
+    sc, net = ctx.sc, ctx.network
+    c, L = sc.cluster, profile.links
+    _, rdma_lat, obj_bw, obj_lat = _network_terms(sc, profile)
+    for p in range(c.param_servers):
+        name = f"ps{p}"
+        links = {
+            "nic": net.add_link(f"{name}.nic", c.ps.nic, rdma_lat),
+            "ssd": net.add_link(f"{name}.ssd", c.ps.ssd_bandwidth, L.nvme.latency),
+            "object": net.add_link(f"{name}.object", obj_bw, obj_lat),
+        }
+        ctx.servers.append(ParamServer(ctx, p, name, links))
+    ctx.directory = MetadataDirectory(ctx)
+    if sc.warmup.enabled:
+        ctx.directory.warm_up(shares, sc.warmup.ps_fraction, 0.0)
+
+
+def _add_replicas(
+    ctx: SimContext,
+    profile: Any,
+    wl: Workload,
+    tokens: tuple[list[int], list[int], list[int]],
+    memory: tuple[int, int, int],
+    shares: list[float],
+) -> None:
+    """Add the aggregated replicas: each with its PCIe, NIC, NVMe and object-store links, a
+    weight store (``memory`` = HBM weight cache per replica, host memory per server, KV
+    bytes per replica), preloaded in coupled mode or with ``warmup.node_hbm``."""
+    sc, net = ctx.sc, ctx.network
+    c, L = sc.cluster, profile.links
+    weight_cap, host, kv_bytes = memory
+    g = c.gpus_per_replica
+    share = replica_share(sc)
+    rdma_bw, _, obj_bw, obj_lat = _network_terms(sc, profile)
+    host_r = int(host * share)
+    nvme_r = int(c.server.nvme * share)
+    swap_r = sc.kv.swap_space * g
+    # profile hook (sim.serving.opcost.EngineTerms.copy_contention): a calibrated engine's weight
+    # copies run 1 + copy_contention times slower than its idle link while it computes
+    eng = profile.ops.engine if profile.ops is not None else None
+    pcie_bw = L.pcie.bandwidth * g / (1.0 + (eng.copy_contention if eng is not None else 0.0))
+    n_models = len(ctx.models)
+    for i in range(c.replicas):
+        name = f"node{i}"
+        links = {
+            "pcie": net.add_link(f"{name}.pcie", pcie_bw, L.pcie.latency),
+            "nic": net.add_link(f"{name}.nic", rdma_bw, 0.0),
+            "nvme": net.add_link(f"{name}.nvme", L.nvme.bandwidth * share, L.nvme.latency),
+            "object": net.add_link(f"{name}.object", obj_bw * share, obj_lat),
+        }
+        ws = WeightStore(ctx, i, name, weight_cap, host_r, nvme_r, links)
+        if sc.mode == "coupled" or sc.warmup.node_hbm:
+            for m in sorted(range(n_models), key=lambda j: (-shares[j], j)):
+                if not ws.preload(m, 0.0) and sc.mode == "coupled":
+                    raise InputError(
+                        "coupled mode: weights do not fit HBM", source=sc.source, where="mode"
+                    )
+        ws.fetches_after_warmup = 0
+        ctx.nodes.append(ComputeNode(ctx, i, name, ws, kv_bytes, wl, tokens, swap_r))

@@ -5,7 +5,7 @@ human units into numbers (sizes -> bytes, rates -> bytes/s, durations -> s) and 
 unknown keys. Any problem becomes one :class:`engine.errors.InputError` naming the file, the
 field path and what is allowed, e.g. ``scenarios/x.yaml: cluster.gpu.hbm: "12 GBB" is not a
 size``. Semantic checks that need the model catalogue (an impossible cluster) live in
-:func:`sim.cluster.check_feasible`, called by the runner before anything is written.
+:func:`sim.feasible.check_feasible`, called by the runner before anything is written.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 Each pool gets its own memory plan and cost model (its ``tp``, its GPU profile): the
 scenario with ``cluster.tp`` set to the pool's ``tp`` (``pp = 1``) goes through the same
-:func:`sim.serving.gpumemory.plan_memory` and :func:`sim.cluster._model_rt` as an aggregated replica, and
+:func:`sim.serving.gpumemory.plan_memory` and :func:`sim.serving.modelrt.model_rt` as an aggregated replica, and
 every replica is the same :class:`sim.serving.replica.ComputeNode`, told its role. A replica's view of
 the run context (:class:`PoolContext`) is the run's context with its pool's models.
 """
@@ -92,8 +92,8 @@ def check_pools(sc: Scenario, specs: list[Any], profile: Any) -> ReplicaMemory:
 def base_models(
     sc: Scenario, specs: list[ModelSpec], profile: Profile, cost_cls: type[CostModel]
 ) -> tuple[dict[str, list[Any]], dict[str, ReplicaMemory]]:
-    """Per pool: its models (as :func:`sim.cluster._model_rt` prepares them) and memory plan."""
-    from sim.cluster import _model_rt
+    """Per pool: its models (as :func:`sim.serving.modelrt.model_rt` prepares them) and memory plan."""
+    from sim.serving.modelrt import model_rt
 
     models: dict[str, list[Any]] = {}
     mems: dict[str, ReplicaMemory] = {}
@@ -101,7 +101,7 @@ def base_models(
         mem = pool_memory(sc, role, specs, profile)
         psc = pool_scenario(sc, role)
         prof = pool_profile(sc, role, profile)
-        models[role] = [_model_rt(i, s, psc, prof, cost_cls, mem.kv) for i, s in enumerate(specs)]
+        models[role] = [model_rt(i, s, psc, prof, cost_cls, mem.kv) for i, s in enumerate(specs)]
         mems[role] = mem
     return models, mems
 

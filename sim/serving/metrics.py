@@ -265,10 +265,8 @@ def summarize(
     good = ok_of(done)
     per: dict[str, Any] = {}
     mnames = [str(c) for c in mcat.categories]
-    pair = mcode[done].astype(np.int64) * (len(cnames) + 1) + ccode[done]
-    for key in np.unique(pair):  # (model, class) in category order, observed pairs only
-        ix = done[pair == key]
-        mi, ci = divmod(int(key), len(cnames) + 1)
+    for key, ix in _groups(mcode[done], ccode[done], len(cnames) + 1, done):
+        mi, ci = divmod(key, len(cnames) + 1)
         per[f"{mnames[mi]}/{cnames[ci]}"] = {"n": len(ix), "latency": lat(ix)}
     by_class: dict[str, Any] = {}
     is_shed = (st == "shed").to_numpy()
@@ -295,18 +293,7 @@ def summarize(
         "in_window": len(win),
         "preemptions": int(m.n_preempted),
     }
-    warnings: list[str] = []
-    if counts["unfinished"]:
-        warnings.append(f"{counts['unfinished']} requests unfinished")
-    if overloaded:
-        warnings.append(
-            f"overloaded: achieved {achieved:.4g} req/s < {OVERLOAD_SHARE:g} x offered "
-            f"{offered:.4g} req/s in the steady window"
-        )
-    if 0 < len(done) < MIN_P99_SAMPLES:
-        warnings.append(
-            f"P99 from {len(done)} requests in the steady window: a few requests' figure"
-        )
+    warnings = _warnings(counts["unfinished"], offered if overloaded else None, achieved, len(done))
     fl = np.asarray(m.fetch_lat)
     gen = out_tok[done]
     out = {
@@ -338,6 +325,34 @@ def summarize(
     out.update(extra)
     rounded: dict[str, Any] = _round(out)
     return rounded
+
+
+def _groups(
+    mcode: np.ndarray, ccode: np.ndarray, n_cls: int, ix: np.ndarray
+) -> list[tuple[int, np.ndarray]]:
+    """The observed (model, class) pairs of the requests ``ix`` (their codes ``mcode``,
+    ``ccode``), in category order, as ``(model * n_cls + class, requests of the pair)``."""
+    pair = mcode.astype(np.int64) * n_cls + ccode
+    return [(int(key), ix[pair == key]) for key in np.unique(pair)]
+
+
+def _warnings(
+    unfinished: int, overloaded_offer: float | None, achieved: float, n_done: int
+) -> list[str]:
+    """The summary's warnings: unfinished requests; overload (``overloaded_offer`` is the
+    offered rate when overloaded, else None); a P99 from fewer than ``MIN_P99_SAMPLES``
+    requests in the steady window (``n_done``)."""
+    warnings: list[str] = []
+    if unfinished:
+        warnings.append(f"{unfinished} requests unfinished")
+    if overloaded_offer is not None:
+        warnings.append(
+            f"overloaded: achieved {achieved:.4g} req/s < {OVERLOAD_SHARE:g} x offered "
+            f"{overloaded_offer:.4g} req/s in the steady window"
+        )
+    if 0 < n_done < MIN_P99_SAMPLES:
+        warnings.append(f"P99 from {n_done} requests in the steady window: a few requests' figure")
+    return warnings
 
 
 def _round(x: Any) -> Any:

@@ -409,20 +409,9 @@ class Network:
         each link's last update, so ties between equal shares break as they always did.
         """
         n_links = len(residual)
-        members: list[list[int]] = [[] for _ in range(n_links)]  # flow positions per link
-        weight_on = [0.0] * n_links  # unfrozen weight per link
-        count_on = [0] * n_links  # unfrozen flows per link; the link is done at 0
-        used: list[int] = []  # links in first-use order
         paths = [flow.lix for flow in flows]
         weights = [flow.weight for flow in flows]
-        for i, lix in enumerate(paths):
-            w = weights[i]
-            for j in lix:
-                if count_on[j] == 0:
-                    used.append(j)
-                members[j].append(i)
-                weight_on[j] += w
-                count_on[j] += 1
+        members, weight_on, count_on, used = _incidence(paths, weights, n_links)
         version = [0] * n_links
         heap: list[tuple[float, int, int, int]] = [  # (share, seq, version, link index)
             ((r if (r := residual[j]) > 0.0 else 0.0) / weight_on[j], seq, 0, j)
@@ -467,3 +456,25 @@ class Network:
                         seq += 1
         for flow, rate in zip(flows, rates, strict=True):
             flow.rate = rate
+
+
+def _incidence(
+    paths: list[tuple[int, ...]], weights: list[float], n_links: int
+) -> tuple[list[list[int]], list[float], list[int], list[int]]:
+    """The flow/link incidence :meth:`Network._fill` starts from, for flows with link-index
+    ``paths`` and ``weights``: per link its flow positions in start order, their total
+    weight (added flow by flow in start order) and their count, and the links used, in
+    first-use order."""
+    members: list[list[int]] = [[] for _ in range(n_links)]  # flow positions per link
+    weight_on = [0.0] * n_links  # unfrozen weight per link
+    count_on = [0] * n_links  # unfrozen flows per link; the link is done at 0
+    used: list[int] = []  # links in first-use order
+    for i, lix in enumerate(paths):
+        w = weights[i]
+        for j in lix:
+            if count_on[j] == 0:
+                used.append(j)
+            members[j].append(i)
+            weight_on[j] += w
+            count_on[j] += 1
+    return members, weight_on, count_on, used

@@ -146,8 +146,7 @@ class Planner:
         round's probes (one per unfinished alternative) run as one batch. The same probes,
         and so the same answers, as one search after another."""
         lo0, hi0 = self.spec.size_range
-        # per alternative: [lo, hi, fail probe, answer, done]; bisection invariant once
-        # started: probe(lo) fails, probe(hi) passes
+        # per alternative: the search state :func:`_size_step` advances
         state: list[dict[str, Any]] = [{"stage": "top"} for _ in alts]
         out: list[tuple[int | None, Probe] | None] = [None] * len(alts)
         while any(o is None for o in out):
@@ -162,25 +161,8 @@ class Planner:
                 wanted.append((alt, size, qps))
             self.prefetch(wanted)
             for i, (alt, st) in enumerate(zip(alts, state, strict=True)):
-                if out[i] is not None:
-                    continue
-                pr = self.probe(alt, st["next"], qps)
-                if st["stage"] == "top":
-                    if not pr.passed:
-                        out[i] = (None, pr)
-                    else:
-                        st["stage"] = "bottom"
-                elif st["stage"] == "bottom":
-                    if pr.passed:
-                        out[i] = (lo0, pr)
-                    else:
-                        st.update(stage="bisect", lo=lo0, hi=hi0, fail=pr)
-                elif pr.passed:
-                    st["hi"] = st["next"]
-                else:
-                    st["lo"], st["fail"] = st["next"], pr
-                if st["stage"] == "bisect" and out[i] is None and st["hi"] - st["lo"] <= 1:
-                    out[i] = (st["hi"], st["fail"])
+                if out[i] is None:
+                    out[i] = _size_step(st, self.probe(alt, st["next"], qps), lo0, hi0)
         return [o for o in out if o is not None]
 
     def max_qps(self, alt: dict[str, Any], size: int) -> tuple[float | None, Probe]:
@@ -206,9 +188,35 @@ class Planner:
         return lo, fail
 
 
+def _size_step(
+    st: dict[str, Any], pr: Probe, lo0: int, hi0: int
+) -> tuple[int | None, Probe] | None:
+    """One step of a smallest-size search over ``[lo0, hi0]``: update its state ``st`` with
+    the probe ``pr`` of size ``st["next"]``; the answer once known, else None.
+
+    Stages: ``top`` (does ``hi0`` pass? no: no size does), ``bottom`` (does ``lo0`` pass? yes:
+    it is the answer), then ``bisect`` with the invariant probe(lo) fails, probe(hi) passes,
+    until ``hi - lo <= 1`` (answer ``hi``, blaming the last failing probe)."""
+    if st["stage"] == "top":
+        if not pr.passed:
+            return None, pr
+        st["stage"] = "bottom"
+    elif st["stage"] == "bottom":
+        if pr.passed:
+            return lo0, pr
+        st.update(stage="bisect", lo=lo0, hi=hi0, fail=pr)
+    elif pr.passed:
+        st["hi"] = st["next"]
+    else:
+        st["lo"], st["fail"] = st["next"], pr
+    if st["stage"] == "bisect" and st["hi"] - st["lo"] <= 1:
+        return st["hi"], st["fail"]
+    return None
+
+
 def _infeasible(sc: Any) -> str | None:
     """Why the scenario ``sc`` cannot be built (memory, replica shape), or ``None``."""
-    from sim.cluster import check_feasible
+    from sim.feasible import check_feasible
     from sim.serving.costmodel import load_profile
     from sim.serving.models import load_catalogue
 

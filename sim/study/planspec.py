@@ -166,27 +166,13 @@ class Probe:
 
 
 def run_passes(m: dict[str, Any] | None, slo: SloCfg) -> tuple[bool, list[str]]:
-    """Whether one run's flattened metrics meet ``slo`` (and why not)."""
+    """Whether one run's flattened metrics meet ``slo`` (and why not): its latency limits,
+    sustained throughput (when ``slo.sustain``), availability and degraded rate."""
     if m is None:
         return False, ["run failed"]
-    why: list[str] = []
-    for kind, pct, cls, limit in slo.limits():
-        prefix = "latency" if cls == "all" else f"per_class.{cls}.latency"
-        v = m.get(f"{prefix}.{kind}.{pct}")
-        n = m.get("requests.in_window", 1) if cls == "all" else m.get(f"per_class.{cls}.n", 0)
-        if v is None:
-            if n:
-                why.append(f"{cls}: no request finished")
-        elif v > limit:
-            why.append(f"{cls} {kind} {pct} {_secs(v)} > {_secs(limit)}")
+    why = _latency_misses(m, slo)
     if slo.sustain:
-        if m.get("overloaded"):
-            why.append(
-                f"overloaded: achieved {m.get('throughput.achieved_rps') or 0:.4g} < 0.95 x "
-                f"offered {m.get('throughput.offered_rps') or 0:.4g} req/s"
-            )
-        if m.get("requests.unfinished"):
-            why.append(f"{m['requests.unfinished']} requests unfinished")
+        why += _sustain_misses(m)
     req = max(int(m.get("requests.total") or 0), 1)
     if slo.availability is not None:
         avail = m.get("availability", m.get("faults.availability"))
@@ -202,6 +188,35 @@ def run_passes(m: dict[str, Any] | None, slo: SloCfg) -> tuple[bool, list[str]]:
         if deg > slo.degraded_rate:
             why.append(f"degraded rate {deg:.4g} > {slo.degraded_rate:.4g}")
     return not why, why
+
+
+def _latency_misses(m: dict[str, Any], slo: SloCfg) -> list[str]:
+    """The latency limits of ``slo`` that the run's metrics ``m`` miss (a class with
+    requests in the window but none finished misses them all)."""
+    why: list[str] = []
+    for kind, pct, cls, limit in slo.limits():
+        prefix = "latency" if cls == "all" else f"per_class.{cls}.latency"
+        v = m.get(f"{prefix}.{kind}.{pct}")
+        n = m.get("requests.in_window", 1) if cls == "all" else m.get(f"per_class.{cls}.n", 0)
+        if v is None:
+            if n:
+                why.append(f"{cls}: no request finished")
+        elif v > limit:
+            why.append(f"{cls} {kind} {pct} {_secs(v)} > {_secs(limit)}")
+    return why
+
+
+def _sustain_misses(m: dict[str, Any]) -> list[str]:
+    """Why the run did not sustain its load: overloaded, or requests left unfinished."""
+    why: list[str] = []
+    if m.get("overloaded"):
+        why.append(
+            f"overloaded: achieved {m.get('throughput.achieved_rps') or 0:.4g} < 0.95 x "
+            f"offered {m.get('throughput.offered_rps') or 0:.4g} req/s"
+        )
+    if m.get("requests.unfinished"):
+        why.append(f"{m['requests.unfinished']} requests unfinished")
+    return why
 
 
 def _secs(v: float) -> str:

@@ -2,7 +2,8 @@
 
 A standalone SimPy component: :class:`RaftGroup` builds ``n`` replicas over any
 :class:`Transport` (default :class:`SimTransport`). See ``sim/control/raft/node.py`` for the protocol
-and the diskless-restart caveat, ``sim/control/raft/safety.py`` for what is checked online, and
+and the diskless-restart caveat (its handlers are in ``sim/control/raft/election.py`` and
+``sim/control/raft/replication.py``), ``sim/control/raft/safety.py`` for what is checked online, and
 ``sim/control/raft/linearizability.py`` for the offline client-history check.
 """
 

@@ -44,7 +44,7 @@ from engine.errors import InputError
 from sim.control.raft.messages import CLIENT_ID_BASE
 
 if TYPE_CHECKING:
-    from sim.control.raft.node import RaftNode
+    from sim.control.raft.nodebase import ReplicaBase
 
 
 @dataclass(frozen=True, slots=True)
@@ -151,7 +151,7 @@ class Buggify:
         return None
 
     # -- schedule hooks ----------------------------------------------------------------------
-    def after_append(self, node: RaftNode, index: int) -> None:
+    def after_append(self, node: ReplicaBase, index: int) -> None:
         """A leader just appended a client entry at ``index``: maybe mute or deafen it."""
         c, now = self.cfg, node.env.now
         first = node.log.term_at(index - 1) != node.current_term
@@ -164,7 +164,7 @@ class Buggify:
             self.deafened += 1
             node.tr("buggify deaf")
 
-    def after_store(self, node: RaftNode) -> None:
+    def after_store(self, node: ReplicaBase) -> None:
         """A follower just stored entries: maybe crash it now and restart it soon."""
         c = self.cfg
         if not (c.restart_mid_replication and self.rng.random() < c.restart_mid_replication):

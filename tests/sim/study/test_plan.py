@@ -47,6 +47,48 @@ def test_min_size_bisection_matches_linear_scan(lo: int, width: int, t: int) -> 
     assert pl.calls <= 3 + width.bit_length()
 
 
+class _PerAlt(Planner):
+    """A planner whose probes pass from a per-alternative size threshold (``alt["t"]``)."""
+
+    def __init__(self, spec: PlanFile) -> None:
+        super().__init__(spec, Path("-"), None, None, [0])  # type: ignore[arg-type]
+        self.probed: list[tuple[int, int]] = []
+
+    def prefetch(self, wanted: list[tuple[dict[str, Any], int, float]]) -> None:
+        pass  # nothing to batch: probes are computed, not run
+
+    def probe(self, alt: dict[str, Any], size: int, qps: float) -> Probe:
+        self.probed.append((alt["i"], size))
+        ok = size >= alt["t"]
+        return Probe(alt, size, qps, ok, float(ok), dict.fromkeys(("compute",), 0.0))
+
+
+@settings(max_examples=60)
+@given(
+    lo=st.integers(1, 10),
+    width=st.integers(0, 30),
+    ts=st.lists(st.integers(0, 50), min_size=1, max_size=5),
+)
+def test_lockstep_min_sizes_match_one_search_after_another(
+    lo: int, width: int, ts: list[int]
+) -> None:
+    spec = PlanFile(
+        scenario="-", slo=SloCfg(p99={"all": 1.0}), size_range=(lo, lo + width), qps=[1]
+    )
+    alts = [{"t": t, "i": i} for i, t in enumerate(ts)]
+    together = _PerAlt(spec)
+    got = together.min_sizes(alts, 1.0)
+    for alt, (size, boundary) in zip(alts, got, strict=True):
+        alone = _PerAlt(spec)
+        size1, boundary1 = alone.min_size(alt, 1.0)
+        expected = next((s for s in range(lo, lo + width + 1) if s >= alt["t"]), None)
+        assert size == size1 == expected
+        assert (boundary.size, boundary.passed) == (boundary1.size, boundary1.passed)
+        # the same probes, in the same order, for this alternative
+        mine = [sz for i, sz in together.probed if i == alt["i"]]
+        assert mine == [sz for _, sz in alone.probed]
+
+
 @settings(max_examples=80)
 @given(q=st.floats(0.5, 3000, allow_nan=False), tol=st.sampled_from([0.01, 0.05, 0.2]))
 def test_max_qps_bisection_brackets_the_threshold(q: float, tol: float) -> None:

@@ -15,8 +15,10 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
+from sim.control.raft import election as raft_election
 from sim.control.raft import log as raft_log
 from sim.control.raft import node as raft_node
+from sim.control.raft import replication as raft_replication
 
 
 @dataclass(frozen=True)
@@ -57,14 +59,18 @@ class Mutant:
             setattr(self.owner, self.method, orig)
 
 
+# each mutant's owner is the class that defines the method (RaftNode's handlers live in its
+# parts), so the patch replaces the code the replica really runs
 N = raft_node.RaftNode
+E = raft_election.Election
+R = raft_replication.Replication
 L = raft_log.RaftLog
 
 MUTANTS: list[Mutant] = [
     Mutant(
         "vote-without-log-check",
         "a vote is granted without the up-to-date log check",
-        N,
+        E,
         "_on_request_vote",
         "and self.log.up_to_date(m.last_log_index, m.last_log_term)",
         "",
@@ -72,7 +78,7 @@ MUTANTS: list[Mutant] = [
     Mutant(
         "vote-not-recorded",
         "a granted vote is not recorded (voted_for stays as it was)",
-        N,
+        E,
         "_on_request_vote",
         "self.voted_for = m.src",
         "pass",
@@ -80,7 +86,7 @@ MUTANTS: list[Mutant] = [
     Mutant(
         "prev-term-unchecked",
         "AppendEntries checks prevLogIndex but not prevLogTerm",
-        N,
+        R,
         "_on_append",
         "if m.prev_index > log.last_index or log.term_at(m.prev_index) != m.prev_term:",
         "if m.prev_index > log.last_index:",
@@ -88,7 +94,7 @@ MUTANTS: list[Mutant] = [
     Mutant(
         "truncate-matching",
         "a follower truncates from the first new entry even when it matches",
-        N,
+        R,
         "_on_append",
         "if log.term_at(index) == e.term:",
         "if False:",
@@ -112,7 +118,7 @@ MUTANTS: list[Mutant] = [
     Mutant(
         "commit-checks-last-term",
         "commit rule checks the leader's last log term, not the term at the majority index",
-        N,
+        R,
         "_advance_commit",
         "self.log.term_at(n) != self.current_term",
         "self.log.last_term != self.current_term",
@@ -120,7 +126,7 @@ MUTANTS: list[Mutant] = [
     Mutant(
         "stale-append-reply-accepted",
         "the leader accepts AppendEntries replies from earlier terms",
-        N,
+        R,
         "_on_append_reply",
         "if self.role is not Role.LEADER or m.term != self.current_term:",
         "if self.role is not Role.LEADER:",
@@ -128,7 +134,7 @@ MUTANTS: list[Mutant] = [
     Mutant(
         "no-stepdown-on-append-reply",
         "the leader does not step down on a higher term in an AppendEntries reply",
-        N,
+        R,
         "_on_append_reply",
         "self._set_term(m.term)",
         "pass",
@@ -137,7 +143,7 @@ MUTANTS: list[Mutant] = [
     Mutant(
         "stale-append-resets-timer",
         "a follower resets its election timer on AppendEntries from a stale leader",
-        N,
+        R,
         "_on_append",
         "def _on_append(self, m: AppendEntries) -> None:\n",
         "def _on_append(self, m: AppendEntries) -> None:\n    self._reset_election_deadline()\n",
@@ -146,7 +152,7 @@ MUTANTS: list[Mutant] = [
     Mutant(
         "next-index-past-hint",
         "nextIndex after a rejection is set one past the follower's conflict hint",
-        N,
+        R,
         "_on_append_reply",
         "min(m.conflict_index, self.next_index[p])",
         "min(m.conflict_index + 1, self.next_index[p])",
@@ -155,7 +161,7 @@ MUTANTS: list[Mutant] = [
     Mutant(
         "follower-commits-past-match",
         "a follower commits up to leaderCommit bounded by its last index, not the match",
-        N,
+        R,
         "_on_append",
         "self._commit_to(min(m.leader_commit, match))",
         "self._commit_to(min(m.leader_commit, log.last_index))",
@@ -163,7 +169,7 @@ MUTANTS: list[Mutant] = [
     Mutant(
         "stale-vote-reply-counted",
         "a candidate counts granted votes from earlier terms",
-        N,
+        E,
         "_on_vote_reply",
         "if self.role is Role.CANDIDATE and m.term == self.current_term and m.granted:",
         "if self.role is Role.CANDIDATE and m.granted:",
@@ -171,7 +177,7 @@ MUTANTS: list[Mutant] = [
     Mutant(
         "leader-commit-is-last-index",
         "the leader sends its last log index as leaderCommit instead of its commit index",
-        N,
+        R,
         "_send_append",
         "entries, self.commit_index",
         "entries, self.log.last_index",

@@ -402,17 +402,15 @@ class KVBlockAllocator(BlockStates):
         table = self._tables.pop(seq_id, None)
         if table is None:
             raise KeyError(f"sequence {seq_id!r} has no blocks")
-        self._release(seq_id, table, now)
-
-    # -- internals ----------------------------------------------------------------------------
-    def _release(self, seq_id: SeqId, table: list[int], now: float) -> None:
-        """Drop ``seq_id`` (its ``table`` already popped from ``_tables``) and its blocks."""
         del self._ntok[seq_id]
         self._drop(table, now)
 
+    # -- internals ----------------------------------------------------------------------------
     def _preempt_newest(self, now: float) -> SeqId:
+        """Release the most recently started sequence like ``free``; returns its id."""
         victim = next(reversed(self._tables))
-        self._release(victim, self._tables.pop(victim), now)
+        del self._ntok[victim]
+        self._drop(self._tables.pop(victim), now)
         self.stats.preemptions += 1
         return victim
 

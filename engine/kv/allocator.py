@@ -3,17 +3,10 @@
 Data-agnostic: it deals in block ids, token counts and content keys, never arrays, so the
 simulator and the real engine run the same allocator (the engine maps block ids to array rows).
 
-Every block id of the pool (:class:`engine.kv.pool.BlockPool`) is in exactly one state:
-
-* **used** -- ``ref[b] > 0``: held by ``ref[b]`` sequences (several only for shared prefixes);
-* **cached** -- ``ref[b] == 0`` and the block has a content key: nobody holds it, but its KV is
-  reusable by a later sequence with the same prefix; ranked for eviction by an
-  :class:`engine.policy.EvictionPolicy` keyed by the block's content key;
-* **free** -- ``ref[b] == 0`` and no key: on the free list.
-
-So ``used + cached + free == pool size``. Invariant (kept in ``_claim``, ``_release`` and
-``_evict``): **a block with refcount > 0 is never in the cached set or on the free list, is
-never evicted and never handed to another sequence as a fresh block.**
+Blocks are used, cached or free, and the invariant that a block held by a sequence is never
+cached, free, evicted or handed out again is kept by the base class
+(:class:`engine.kv.blocks.BlockStates`, with the counters :class:`engine.kv.blocks.KVStats`);
+this module adds the per-sequence block tables.
 
 Prefix sharing: blocks have content keys (:mod:`engine.kv.prefix`) computed from token ids or
 given hash ids. ``allocate`` walks the prompt's keys from the start: a key held by a pool block
@@ -37,20 +30,29 @@ sequence is resubmitted; its unkeyed (decoded) blocks are recomputed.
 from __future__ import annotations
 
 from collections.abc import Hashable, Sequence
-from dataclasses import dataclass
 from typing import Literal, NamedTuple
 
 import numpy as np
 
 from engine.cache import TierCache
 from engine.errors import InputError
+from engine.kv.blocks import BlockStates, KVStats
 from engine.kv.longctx import DEFAULT_CHUNK_TOKENS, split_chunks, validate_chunk_tokens
-from engine.kv.offload import OffloadChain
 from engine.kv.pool import UNBOUNDED, BlockPool
 from engine.kv.prefix import BlockKey, id_block_keys, token_block_keys
 from engine.kv.snapshot import check_allocator_invariants, fragmentation_snapshot
-from engine.policy import EvictionPolicy, make_policy
+from engine.policy import make_policy
 from engine.units import parse_size
+
+__all__ = [
+    "ALLOWED_BLOCK_TOKENS",
+    "Allocation",
+    "KVBlockAllocator",
+    "KVOutOfBlocks",
+    "KVStats",
+    "OnFull",
+    "SeqId",
+]
 
 #: the block sizes (tokens) accepted: powers of two from 8 to 512.
 ALLOWED_BLOCK_TOKENS: tuple[int, ...] = (8, 16, 32, 64, 128, 256, 512)
@@ -83,28 +85,7 @@ class Allocation(NamedTuple):
 _NOTHING = Allocation(0, 0, ())
 
 
-@dataclass
-class KVStats:
-    """Counters since construction. ``keyed_blocks`` = prompt blocks that had a content key."""
-
-    allocations: int = 0
-    keyed_blocks: int = 0
-    hit_blocks: int = 0
-    loaded_blocks: int = 0
-    hit_tokens: int = 0
-    loaded_tokens: int = 0
-    evictions: int = 0
-    preemptions: int = 0
-    cow_copies: int = 0
-
-    @property
-    def prefix_hit_rate(self) -> float:
-        """(hit + loaded-back blocks) / keyed prompt blocks."""
-        n = self.keyed_blocks
-        return (self.hit_blocks + self.loaded_blocks) / n if n else 0.0
-
-
-class KVBlockAllocator:
+class KVBlockAllocator(BlockStates):
     """Per-sequence block tables over a growable pool; see the module docstring.
 
     ``block_tokens``: one of :data:`ALLOWED_BLOCK_TOKENS`. ``bytes_per_token``: KV bytes of one
@@ -165,50 +146,13 @@ class KVBlockAllocator:
         self.on_full: OnFull = on_full
         self.chunk_tokens = validate_chunk_tokens(chunk_tokens, block_tokens)
         self.chain_hash_ids = chain_hash_ids
-        self.record_moves = record_moves
-        self._pool = BlockPool(initial_blocks, growth, cap_blocks)
-        self._policy: EvictionPolicy = make_policy(cached_policy, **(policy_params or {}))
-        bounded_bytes = cap_blocks * self.block_bytes if cap_blocks < UNBOUNDED else UNBOUNDED
-        self._policy.attach(bounded_bytes)
-        self._offload = OffloadChain(offload_tiers) if offload_tiers else None
-        # Hot-path aliases (the pool extends these lists in place when it grows).
-        self._ref: list[int] = self._pool.ref
-        self._free: list[int] = self._pool.free
-        self._bkey: list[BlockKey | None] = [None] * self._pool.size  # block id -> content key
-        self._kblock: dict[BlockKey, int] = {}  # content key -> block id (used or cached)
+        pool = BlockPool(initial_blocks, growth, cap_blocks)
+        policy = make_policy(cached_policy, **(policy_params or {}))
+        super().__init__(self.block_bytes, pool, policy, offload_tiers, record_moves)
         self._tables: dict[SeqId, list[int]] = {}  # insertion order = start order
         self._ntok: dict[SeqId, int] = {}
-        self._copies: list[tuple[int, int]] = []
-        self._transfers: list[tuple[str, BlockKey, int, str]] = []
-        self.stats = KVStats()
 
     # -- queries ------------------------------------------------------------------------------
-    @property
-    def pool_blocks(self) -> int:
-        return self._pool.size
-
-    @property
-    def cap_blocks(self) -> int:
-        """Most blocks the pool may reach (``engine.kv.pool.UNBOUNDED`` when uncapped)."""
-        return self._pool.cap_blocks
-
-    @property
-    def growth_history(self) -> list[int]:
-        """Pool sizes so far, the initial one first."""
-        return list(self._pool.growth_history)
-
-    @property
-    def num_free_blocks(self) -> int:
-        return len(self._free)
-
-    @property
-    def num_cached_blocks(self) -> int:
-        return len(self._policy)
-
-    @property
-    def num_used_blocks(self) -> int:
-        return self._pool.size - len(self._free) - len(self._policy)
-
     def sequences(self) -> list[SeqId]:
         """Live sequence ids, oldest start first."""
         return list(self._tables)
@@ -220,36 +164,9 @@ class KVBlockAllocator:
     def num_tokens(self, seq_id: SeqId) -> int:
         return self._ntok[seq_id]
 
-    def refcount(self, block: int) -> int:
-        return self._ref[block]
-
-    def key_of(self, block: int) -> BlockKey | None:
-        """The content key of ``block`` (``None`` if it has none)."""
-        return self._bkey[block]
-
-    def is_cached(self, block: int) -> bool:
-        key = self._bkey[block]
-        return key is not None and self._ref[block] == 0
-
     def chunks(self, seq_id: SeqId) -> list[list[int]]:
         """``seq_id``'s block table split into chunks of ``chunk_tokens`` (R12)."""
         return split_chunks(self._tables[seq_id], self.block_tokens, self.chunk_tokens)
-
-    def take_copies(self) -> list[tuple[int, int]]:
-        """Copy-on-write copies ``(src, dst)`` since the last call; the engine copies the rows."""
-        out, self._copies = self._copies, []
-        return out
-
-    def take_transfers(self) -> list[tuple[str, BlockKey, int, str]]:
-        """Device<->offload moves since the last call, in order, for the engine to carry out.
-
-        ``("offload", key, block, tier)``: copy block ``block`` out to ``tier`` under ``key``
-        (before the block is rewritten: it is free again). ``("load", key, block, tier)``: copy
-        ``key`` from ``tier`` into block ``block``. Moves between lower tiers are the tiers'
-        own business (their ``TierCache`` evictions).
-        """
-        out, self._transfers = self._transfers, []
-        return out
 
     # -- allocation ---------------------------------------------------------------------------
     def allocate(
@@ -485,89 +402,15 @@ class KVBlockAllocator:
         table = self._tables.pop(seq_id, None)
         if table is None:
             raise KeyError(f"sequence {seq_id!r} has no blocks")
-        self._release(seq_id, table, now)
-
-    # -- pool maintenance (also exposed for tests and the simulator) --------------------------
-    def grow(self) -> int:
-        """Grow the pool by one geometric step now; returns blocks added (0 at the cap)."""
-        added = self._pool.grow()
-        self._bkey.extend([None] * added)
-        return added
-
-    def evict_cached(self, n: int, now: float = 0.0) -> int:
-        """Evict up to ``n`` cached blocks in policy order (offloading them); returns how many."""
-        done = 0
-        while done < n:
-            key = self._policy.victim(now)
-            if key is None:
-                break
-            self._evict(key, now)
-            done += 1
-        return done
+        del self._ntok[seq_id]
+        self._drop(table, now)
 
     # -- internals ----------------------------------------------------------------------------
-    def _take_block(self, now: float) -> int:
-        """A block id with ref 0 and no key, off the free list. Caller checked availability."""
-        free = self._free
-        if not free:
-            if self._pool.can_grow:
-                self.grow()
-            else:
-                key = self._policy.victim(now)
-                if key is None:
-                    raise RuntimeError("allocator bug: no free, growable or cached block")
-                self._evict(key, now)
-        return free.pop()
-
-    def _evict(self, key: BlockKey, now: float) -> None:
-        """Evict cached ``key``: its block goes to the free list, its content to offload."""
-        b = self._kblock.pop(key)
-        # Invariant: only cached blocks (ref 0) are ever evicted.
-        assert self._ref[b] == 0, f"evicting block {b} with refcount {self._ref[b]}"
-        self._policy.remove(key, now, True)
-        self._bkey[b] = None
-        self._free.append(b)
-        self.stats.evictions += 1
-        if self._offload is not None:
-            tier = self._offload.offer(key, self.block_bytes, now)
-            if tier is not None and self.record_moves:
-                self._transfers.append(("offload", key, b, self._offload.tiers[tier].name))
-
-    def _register(self, b: int, key: BlockKey, now: float) -> None:
-        """Give used block ``b`` the content ``key`` (any offloaded copy is now stale)."""
-        self._bkey[b] = key
-        self._kblock[key] = b
-        if self._offload is not None:
-            self._offload.discard(key, now)
-
-    def _release(self, seq_id: SeqId, table: list[int], now: float) -> None:
-        """Drop ``seq_id`` (its ``table`` already popped from ``_tables``) and its blocks."""
-        del self._ntok[seq_id]
-        ref, bkey, free = self._ref, self._bkey, self._free
-        if not self._kblock:
-            # Fast path (the simulator never passes keys). No block has a key, and a block is
-            # shared (ref > 1) only if it has one (see check_invariants), so every block of
-            # ``table`` has ref 1 and goes to the free list -- in the same order as the
-            # tail-first loop below would append them.
-            for b in table:
-                ref[b] = 0
-            table.reverse()
-            free.extend(table)
-            return
-        size = self.block_bytes
-        for b in reversed(table):  # tail first: the policy then evicts tails before heads
-            r = ref[b] - 1
-            ref[b] = r
-            if r == 0:  # last holder gone: cached if it has a key, else free
-                key = bkey[b]
-                if key is None:
-                    free.append(b)
-                else:
-                    self._policy.insert(key, size, now)
-
     def _preempt_newest(self, now: float) -> SeqId:
+        """Release the most recently started sequence like ``free``; returns its id."""
         victim = next(reversed(self._tables))
-        self._release(victim, self._tables.pop(victim), now)
+        del self._ntok[victim]
+        self._drop(self._tables.pop(victim), now)
         self.stats.preemptions += 1
         return victim
 
@@ -581,7 +424,7 @@ class KVBlockAllocator:
 
         Besides :func:`engine.kv.snapshot.check_allocator_invariants`: a block held by more
         than one sequence has a content key (sharing happens only through ``_kblock``; a key
-        is dropped only by ``_evict``, at refcount 0). ``_release``'s fast path relies on it.
+        is dropped only by ``_evict``, at refcount 0). ``_drop``'s fast path relies on it.
         """
         check_allocator_invariants(self)
         for b, r in enumerate(self._ref):

@@ -9,8 +9,9 @@ is four machine numbers ``HIST(p,1), REF(p,1), HIST(p,2), REF(p,2)`` (``-inf``/`
 one reference) in flat arrays indexed by the key's integer *id* (see :class:`LRU2Policy`):
 compact, so the histories of many keys stay in the CPU caches, and an eviction or a return
 only flips the page's state byte. A hit shifts the four numbers, touching nothing else unless
-the page gets its second reference. ``hit``, ``insert``, ``evict`` and ``access_batch`` are
-closures over the structures (no attribute loads on the hot path).
+the page gets its second reference. ``hit``, ``insert`` and ``evict`` are closures over the
+structures (no attribute loads on the hot path), built by :mod:`engine.policy.lruk2_fast`,
+which also holds the loop of ``access_batch``.
 """
 
 from __future__ import annotations
@@ -18,35 +19,34 @@ from __future__ import annotations
 from array import array
 from collections import OrderedDict
 from collections.abc import Container, Iterable, Iterator, Sequence
-from heapq import heappop, heappush, heapreplace
 from typing import Any
-from weakref import ref as weak_ref
 
 from engine.policy.base import Key
 from engine.policy.intkeys import int_key_range
 from engine.policy.lruk import LRUKPolicy
+from engine.policy.lruk2_fast import GONE as _GONE
+from engine.policy.lruk2_fast import OLD as _OLD
+from engine.policy.lruk2_fast import RET as _RET
+from engine.policy.lruk2_fast import BatchCounts, make_evict, make_hit, make_insert, replay_batch
 from engine.policy.rankheap import MASK as _MASK
 from engine.policy.rankheap import SHIFT as _SHIFT
 from engine.policy.rankheap import compact as _compact
 from engine.policy.rankheap import top as _top
 
-_NEG_INF = float("-inf")
-#: ``(misses, bytes_hit, bytes_missed, refused, bytes_refused, used)`` of ``access_batch``
-BatchCounts = tuple[int, int, int, int, int, int]
+__all__ = ["BatchCounts", "LRU2Policy"]
+
 #: dense ids may run this far past ``2 * slots + batch length`` before the map is kept instead
 _SLACK = 1 << 16
-#: a page's state byte (``_state[id]``): no history (unknown or invalidated), resident young,
-#: evicted (history kept), resident old; resident is ``state & 1``
-_GONE, _YOUNG, _RET, _OLD = 0, 1, 2, 3
 
 
 class LRU2Policy(LRUKPolicy):
     """LRU-K with ``k = 2``, ``crp = 0``, ``rip = None``; built by ``LRUKPolicy(...)``.
 
     **Ids.** Every key the policy knows has an int id that indexes the per-page arrays:
-    ``_state`` (:data:`_YOUNG`/:data:`_OLD` resident, :data:`_RET` evicted with its history
-    kept, :data:`_GONE` no history), ``_h1t``/``_h1r``/``_h2t``/``_h2r`` (HIST(p,1), REF(p,1),
-    HIST(p,2), REF(p,2); meaningful only where the state is not ``_GONE``) and ``_live``
+    ``_state`` (``YOUNG``/``OLD`` resident, ``RET`` evicted with its history kept, ``GONE``
+    no history: the constants of :mod:`engine.policy.lruk2_fast`),
+    ``_h1t``/``_h1r``/``_h2t``/``_h2r`` (HIST(p,1), REF(p,1), HIST(p,2), REF(p,2);
+    meaningful only where the state is not ``GONE``) and ``_live``
     (rank of an old resident page's live heap entry, else 0). While ``_ids`` is
     ``None`` (*dense* mode, the start) every key seen is a plain ``int`` in
     ``[0, len(_state))`` and is its own id: trace keys (dense ints numbered by the readers)
@@ -87,7 +87,7 @@ class LRU2Policy(LRUKPolicy):
         super().__init__(k, crp, rip)
         if k != 2 or crp or rip is not None:
             raise ValueError("LRU2Policy is LRU-K with k=2, crp=0, rip=None only")
-        self._state = bytearray()  # by id: _GONE, _YOUNG, _RET or _OLD
+        self._state = bytearray()  # by id: GONE, YOUNG, RET or OLD
         self._h1t = array("d")  # by id: HIST(p,1)
         self._h1r = array("q")  # by id: REF(p,1)
         self._h2t = array("d")  # by id: HIST(p,2)
@@ -98,17 +98,16 @@ class LRU2Policy(LRUKPolicy):
         self._young: OrderedDict[int, None] = OrderedDict()  # type: ignore[assignment]
         self._heap: list[int] = []
         self._count: list[int] = [0]  # resident pages (a list: the closures share it)
+        self._refc: list[int] = [0]  # the last reference number given (shared likewise)
         # heap length that triggers dropping stale entries (a list: the closures share it)
         self._compact_limit: list[int] = [64]
         self._bind()  # replaces the base class's own fast paths
 
     # -- copies: the closures are rebuilt over the copy's structures ---------------------
-    _BOUND = ("insert", "hit", "evict", "access_batch", "_last_ref")
+    _BOUND = ("insert", "hit", "evict")
 
     def __getstate__(self) -> dict[str, Any]:
-        state = {k: v for k, v in self.__dict__.items() if k not in self._BOUND}
-        state["_refs"] = self._last_ref()
-        return state
+        return {k: v for k, v in self.__dict__.items() if k not in self._BOUND}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
@@ -141,7 +140,6 @@ class LRU2Policy(LRUKPolicy):
         """Leave dense mode: every known id keeps its key (= the id) in ``_ids``."""
         if self._ids is not None:
             return
-        self._refs = self._last_ref()
         self._ids = {i: i for i, st in enumerate(self._state) if st != _GONE}
         self._keys = list(range(len(self._state)))
         self._bind()
@@ -176,229 +174,32 @@ class LRU2Policy(LRUKPolicy):
         return out
 
     def _bind(self) -> None:
-        """Bind ``hit``, ``insert``, ``evict`` and ``access_batch`` as closures over the
-        structures (for the current mode); they share one reference counter (``ref``, the
-        last number given)."""
-        state, h1t, h1r = self._state, self._h1t, self._h1r
-        h2t, h2r, live = self._h2t, self._h2r, self._live
-        young, heap, count, compact_at = self._young, self._heap, self._count, self._compact_limit
-        ids, kl = self._ids, self._keys
-        ref = self._refs
-        pop_young = young.popitem
-        # No closure holds ``self`` (only a weak reference): a policy is freed as soon as its
-        # last user drops it, without waiting for the cyclic garbage collector.
-        me = weak_ref(self)
+        """Bind ``insert``, ``hit`` and ``evict`` as closures over the structures, for the
+        current mode (see :mod:`engine.policy.lruk2_fast`)."""
+        self.insert = make_insert(self)  # type: ignore[method-assign]
+        self.hit = make_hit(self)  # type: ignore[method-assign]
+        self.evict = make_evict(self)  # type: ignore[method-assign]
 
-        def insert(
-            key: Key, size: int, now: float, color: str | None = None, cost: float = 0.0
-        ) -> None:
-            """A new page starts young; a retained one shifts its history and is old."""
-            nonlocal ref
-            if ids is not None:
-                i = ids.get(key)
-                if i is None:
-                    policy = me()
-                    assert policy is not None  # a bound method's owner is alive
-                    i = policy._mapped_keys((key,))[0]
-            elif type(key) is int and 0 <= key < len(state):
-                i = key
-            else:  # a new slot, or the map from now on (the rebound closures carry on)
-                policy = me()
-                assert policy is not None
-                if type(key) is int and key >= 0 and policy._dense_fits(key, 1):
-                    policy._grow(key + 1)
-                    i = key
-                else:
-                    policy._to_mapped()
-                    return policy.insert(key, size, now, color, cost)
-            ref += 1
-            count[0] += 1
-            if state[i] == _RET:  # shift the retained history: the page is old
-                q = h1r[i]
-                h2r[i] = q
-                h1r[i] = ref
-                h2t[i] = h1t[i]
-                h1t[i] = now
-                live[i] = q
-                heappush(heap, q << _SHIFT | i)
-                state[i] = _OLD
-                if len(heap) > compact_at[0]:
-                    _compact(heap, live, compact_at)
-            else:
-                h1t[i] = now
-                h1r[i] = ref
-                h2t[i] = _NEG_INF
-                h2r[i] = 0
-                young[i] = None
-                state[i] = _YOUNG
-
-        def hit(key: Key, now: float) -> None:
-            """HIST(p,2) = HIST(p,1), HIST(p,1) = now (their numbers likewise)."""
-            nonlocal ref
-            if ids is not None:
-                i = ids.get(key)
-                if i is None or not state[i] & 1:
-                    raise KeyError(key)
-            elif type(key) is int:
-                i = key
-                if not 0 <= i < len(state) or not state[i] & 1:
-                    raise KeyError(key)
-            else:  # another type may equal a key: look it up in the map from now on
-                policy = me()
-                assert policy is not None
-                policy._to_mapped()
-                return policy.hit(key, now)
-            ref += 1
-            q = h1r[i]
-            if state[i] == _YOUNG:  # its second reference: the page becomes old
-                del young[i]
-                live[i] = q
-                heappush(heap, q << _SHIFT | i)
-                state[i] = _OLD
-            h2r[i] = q
-            h1r[i] = ref
-            h2t[i] = h1t[i]
-            h1t[i] = now
-
-        def evict(now: float, pinned: Container[Key] = ()) -> Key | None:
-            """``victim`` + ``remove(evicted=True)`` in one step (the same choice)."""
-            if pinned:
-                policy = me()
-                assert policy is not None
-                key = policy.victim(now, pinned)
-                if key is not None:
-                    policy.remove(key, now, True)
-                return key
-            if young:
-                v = pop_young(False)[0]  # the least recent young page
-            else:
-                found = _top(heap, live, h2r)
-                if found is None:
-                    return None
-                v = found
-                heappop(heap)  # the victim's entry is on top: it goes with the page
-                live[v] = 0
-            state[v] = _RET
-            count[0] -= 1
-            return v if ids is None else kl[v]
-
-        def access_batch(
-            keys: Iterable[Key],
-            sizes: Iterable[int],
-            times: Iterable[float],
-            resident: dict[Key, int],
-            used: int,
-            capacity: int,
-            count_hit_bytes: bool,
-        ) -> BatchCounts:
-            """Steps of ``hit``/``evict``/``insert`` for a run of accesses; see
-            :class:`LRU2Policy` (the batch protocol) for arguments and results."""
-            nonlocal ref
-            policy = me()
-            assert policy is not None
-            seq = policy._dense_keys(keys) if ids is None else None
-            if seq is None:
-                if ids is None:  # these keys need the map: carry on with rebound closures
-                    policy._to_mapped()
-                    return policy.access_batch(
-                        keys, sizes, times, resident, used, capacity, count_hit_bytes
-                    )
-                seq = policy._mapped_keys(keys)
-            key_of: Sequence[Key] = range(len(state)) if ids is None else kl
-            r = ref
-            before = len(resident)
-            # locals: cheaper to load than the closure's cells
-            st, h1t_, h1r_, h2t_, h2r_ = state, h1t, h1r, h2t, h2r
-            live_, young_, heap_ = live, young, heap
-            push, pop, replace, pop_resident = heappush, heappop, heapreplace, resident.pop
-            mask, neg_inf = _MASK, _NEG_INF
-            misses = bytes_hit = bytes_missed = refused = bytes_refused = 0
-            try:
-                for i, s, t in zip(seq, sizes, times, strict=True):
-                    if st[i] == 3:  # hit of an old page (literals load fastest: _OLD)
-                        r += 1
-                        h2r_[i] = h1r_[i]
-                        h1r_[i] = r
-                        h2t_[i] = h1t_[i]
-                        h1t_[i] = t
-                        if count_hit_bytes:
-                            bytes_hit += resident[key_of[i]]
-                        continue
-                    if st[i] == 1:  # _YOUNG: its second reference, the page becomes old
-                        r += 1
-                        q = h1r_[i]
-                        del young_[i]
-                        live_[i] = q
-                        push(heap_, q << 32 | i)  # 32 is _SHIFT
-                        st[i] = 3
-                        h2r_[i] = q
-                        h1r_[i] = r
-                        h2t_[i] = h1t_[i]
-                        h1t_[i] = t
-                        if count_hit_bytes:
-                            bytes_hit += resident[key_of[i]]
-                        continue
-                    misses += 1
-                    bytes_missed += s
-                    if s > capacity:
-                        refused += 1
-                        bytes_refused += s
-                        continue
-                    used += s
-                    while used > capacity:  # evict as ``evict(t, ())`` does
-                        if young_:
-                            v = pop_young(False)[0]
-                        else:
-                            while True:  # ``_top`` inlined
-                                e = heap_[0]
-                                v = e & mask
-                                rk = e >> 32
-                                if live_[v] != rk:  # stale
-                                    pop(heap_)
-                                    continue
-                                current = h2r_[v]
-                                if current != rk:  # outdated: re-rank
-                                    live_[v] = current
-                                    replace(heap_, current << 32 | v)
-                                    continue
-                                break
-                            pop(heap_)
-                            live_[v] = 0
-                        st[v] = 2  # _RET
-                        used -= pop_resident(key_of[v])
-                    resident[key_of[i]] = s
-                    r += 1  # as ``insert``
-                    if st[i]:  # _RET: shift the retained history, the page is old
-                        q = h1r_[i]
-                        h2r_[i] = q
-                        h1r_[i] = r
-                        h2t_[i] = h1t_[i]
-                        h1t_[i] = t
-                        live_[i] = q
-                        push(heap_, q << 32 | i)
-                        st[i] = 3  # _OLD
-                        if len(heap_) > compact_at[0]:
-                            _compact(heap_, live_, compact_at)
-                        continue
-                    h1t_[i] = t
-                    h1r_[i] = r
-                    h2t_[i] = neg_inf
-                    h2r_[i] = 0
-                    young_[i] = None
-                    st[i] = 1  # _YOUNG
-            finally:
-                ref = r
-                count[0] += len(resident) - before
-            return misses, bytes_hit, bytes_missed, refused, bytes_refused, used
-
-        def refs() -> int:
-            return ref
-
-        self.insert = insert  # type: ignore[method-assign]
-        self.hit = hit  # type: ignore[method-assign]
-        self.evict = evict  # type: ignore[method-assign]
-        self.access_batch = access_batch
-        self._last_ref = refs
+    def access_batch(
+        self,
+        keys: Iterable[Key],
+        sizes: Iterable[int],
+        times: Iterable[float],
+        resident: dict[Key, int],
+        used: int,
+        capacity: int,
+        count_hit_bytes: bool,
+    ) -> BatchCounts:
+        """Steps of ``hit``/``evict``/``insert`` for a run of accesses; see
+        :class:`LRU2Policy` (the batch protocol) for arguments and results."""
+        seq = self._dense_keys(keys) if self._ids is None else None
+        if seq is None:  # these keys need the map (from now on, if in dense mode)
+            self._to_mapped()
+            seq = self._mapped_keys(keys)
+        key_of: Sequence[Key] = range(len(self._state)) if self._ids is None else self._keys
+        return replay_batch(
+            self, seq, key_of, sizes, times, resident, used, capacity, count_hit_bytes
+        )
 
     # -- introspection -------------------------------------------------------------------
     def _known_id(self, key: Key) -> int | None:

@@ -49,6 +49,27 @@ def top(
     return found
 
 
+def pop_top(heap: list[int], live: array[int], h2r: array[int]) -> int:
+    """Take the old page of smallest REF(p,2) off the heap: its id, with its entry popped and
+    ``live[id]`` set to 0. Drops stale entries and refreshes outdated ones it meets on top
+    (as :func:`top` does); raises ``IndexError`` when no page is old."""
+    while True:
+        e = heap[0]
+        i = e & MASK
+        rk = e >> SHIFT
+        if live[i] != rk:
+            heappop(heap)  # stale
+            continue
+        current = h2r[i]
+        if current != rk:  # outdated: re-rank
+            live[i] = current
+            heapreplace(heap, current << SHIFT | i)
+            continue
+        heappop(heap)
+        live[i] = 0
+        return i
+
+
 def compact(heap: list[int], live: array[int], compact_at: list[int]) -> None:
     """Drop stale entries from ``heap`` (in place: the closures hold the list); the next
     compaction comes after >= len(heap) + 64 pushes."""

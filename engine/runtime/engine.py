@@ -235,14 +235,8 @@ class Engine:
         final = 0
         try:
             while final < n:
-                now = clock()
-                while nxt < n and wl.arrival[nxt] <= now:
-                    if self.sched.fits_alone(seq[nxt]):
-                        self.sched.submit(nxt)
-                    else:
-                        res.status[nxt] = 3
-                        final += 1
-                    nxt += 1
+                nxt, rejected = self._arrive(wl, nxt, clock(), seq)
+                final += rejected
                 if not self.sched.running and not self.sched.queue:
                     if nxt < n:
                         self._wait_until(float(wl.arrival[nxt]), clock)
@@ -271,6 +265,20 @@ class Engine:
         res.clock_excludes_cpu_wait = run_clock.exclude_cpu_wait
         return res
 
+    def _arrive(self, wl: EngineWorkload, nxt: int, now: float, seq: list[int]) -> tuple[int, int]:
+        """Submit the requests from ``nxt`` on that have arrived by ``now``, marking those
+        whose whole sequence can never fit rejected (status 3); returns the next request
+        still to arrive and how many were rejected."""
+        rejected = 0
+        while nxt < wl.n and wl.arrival[nxt] <= now:
+            if self.sched.fits_alone(seq[nxt]):
+                self.sched.submit(nxt)
+            else:
+                self.res.status[nxt] = 3
+                rejected += 1
+            nxt += 1
+        return nxt, rejected
+
     def _wait_until(self, t: float, clock: Callable[[], float]) -> None:
         """Idle until ``t``: sleep, then spin the last ``SPIN_S`` (a sleeping thread wakes
         late on a busy machine, and that lateness would add to every request's latency)."""
@@ -293,72 +301,17 @@ class Engine:
     # -- one iteration ------------------------------------------------------------------------
     def _iteration(self, new: list[int]) -> int:
         """Run one iteration over ``new`` + running requests; returns how many completed."""
-        res, sched, xp = self.res, self.sched, self.xp
+        res, sched = self.res, self.sched
         running = [r for r in sched.running if r not in set(new)]
         self._share = 1.0 / max(len(running) + len(new), 1)
         t_start = self.clock()
-        wait = 0.0
-        if isinstance(self.model, DecoderModel):
-            prefill = [(r, self._prefill_tokens(r)) for r in new]
-            decode = [(r, res.tokens[r][-1]) for r in running]
-            pos = [sched.ctx[r] for r in running]
-            state: Any = self.model.begin(prefill, decode, positions=pos)
-        else:
-            rows = [
-                np.random.default_rng([7, r]).standard_normal(self.model.cfg.widths[0]) for r in new
-            ]
-            state = xp.asarray(np.asarray(rows, dtype=np.float32))
-        for layer in range(self.model.cfg.n_layers):
-            t = self.clock()
-            flat = self.weights.layer(layer, t)  # pinned until release(): never a victim
-            wait += self.clock() - t
-            if self.prefetcher is not None:
-                # After the pin, as in the simulator (its prefetches land while the current
-                # layer computes, pinned), so prefetch admissions evict the same victims.
-                self.prefetcher.plan_from(layer)
-            w = unpack(self.layouts[layer], flat, xp)
-            if isinstance(self.model, DecoderModel):
-                self.model.run_layer(state, layer, w)
-            else:
-                state = self.model.run_layer(state, layer, w)
-            if self.prefetcher is not None and self.hold_pins:
-                # The prefetches planned at this layer land while it is pinned: the same
-                # victims whatever the threads' timing (the wait counts as param wait).
-                # While blocked here, the copy thread's own waits for a CPU are the
-                # machine's business, not the engine's: the run clock leaves them out.
-                pf = self.prefetcher
-                t, w0, p0 = self.clock(), pf.cpu_wait(), time.perf_counter()
-                pf.wait_idle()
-                # run-queue time is booked when the thread gets the CPU back, so it may
-                # include a wait begun before this block: never exclude more than the block
-                blocked = time.perf_counter() - p0
-                self.run_clock.exclude(min(pf.cpu_wait() - w0, blocked))
-                wait += self.clock() - t
-            self.weights.release(layer)
+        state, plens = self._begin(new, running)
+        state, wait = self._layers(state)
         computed = self.clock()
         if isinstance(self.weights, TieredWeights):
             self.weights.touch(computed)  # the caches see the compute's end (the simulator's)
         ctx = sum(len(self._prompts[r]) + len(res.tokens[r]) for r in running)
-        if isinstance(self.model, DecoderModel):
-            plens = [len(toks) for _, toks in prefill]
-        else:
-            plens = [len(self._prompts[r]) for r in new]
-        done: list[int] = []
-        firsts: list[int] = []
-        if isinstance(self.model, DecoderModel):
-            outs = [(r, state.logits_p, i) for i, r in enumerate(new)]
-            outs += [(r, state.logits_d, i) for i, r in enumerate(running)]
-        else:
-            outs = [(r, state, i) for i, r in enumerate(new)]
-        for r, logits, i in outs:
-            row = logits[i]
-            res.tokens[r].append(int(xp.argmax(row)))
-            if self.keep_logits:
-                res.logits[r].append(backend.to_numpy(row).copy())
-            if len(res.tokens[r]) == 1:
-                firsts.append(r)
-            if len(res.tokens[r]) >= int(res.out[r]):
-                done.append(r)
+        firsts, done = self._sample(state, new, running)
         # A token exists once it is sampled: the iteration (and its requests' first-token and
         # end times) ends after the sampling, which the engine probe then measures too.
         now = self.clock()
@@ -388,6 +341,82 @@ class Engine:
             res.acc[r] += self.cum
             sched.finish(r)  # frees its blocks in the model's allocator
         return len(done)
+
+    def _begin(self, new: list[int], running: list[int]) -> tuple[Any, list[int]]:
+        """The iteration's input state (prefills of ``new``, decodes of ``running``) and the
+        tokens each of ``new`` prefills."""
+        if isinstance(self.model, DecoderModel):
+            prefill = [(r, self._prefill_tokens(r)) for r in new]
+            decode = [(r, self.res.tokens[r][-1]) for r in running]
+            pos = [self.sched.ctx[r] for r in running]
+            state = self.model.begin(prefill, decode, positions=pos)
+            return state, [len(toks) for _, toks in prefill]
+        width = self.model.cfg.widths[0]
+        rows = [np.random.default_rng([7, r]).standard_normal(width) for r in new]
+        state = self.xp.asarray(np.asarray(rows, dtype=np.float32))
+        return state, [len(self._prompts[r]) for r in new]
+
+    def _layers(self, state: Any) -> tuple[Any, float]:
+        """Run every layer over ``state``, each with its weights pinned until it is done;
+        returns the state after the last layer and the time spent waiting for weights."""
+        wait = 0.0
+        pf = self.prefetcher
+        for layer in range(self.model.cfg.n_layers):
+            t = self.clock()
+            flat = self.weights.layer(layer, t)  # pinned until release(): never a victim
+            wait += self.clock() - t
+            if pf is not None:
+                # After the pin, as in the simulator (its prefetches land while the current
+                # layer computes, pinned), so prefetch admissions evict the same victims.
+                pf.plan_from(layer)
+            w = unpack(self.layouts[layer], flat, self.xp)
+            if isinstance(self.model, DecoderModel):
+                self.model.run_layer(state, layer, w)
+            else:
+                state = self.model.run_layer(state, layer, w)
+            if pf is not None and self.hold_pins:
+                wait += self._hold_for_prefetches(pf)
+            self.weights.release(layer)
+        return state, wait
+
+    def _hold_for_prefetches(self, pf: Prefetcher) -> float:
+        """Wait (the current layer still pinned) until the prefetches planned at it have
+        landed, so they evict the same victims whatever the threads' timing; returns the
+        wait, which counts as parameter wait.
+
+        While blocked here, the copy thread's own waits for a CPU are the machine's business,
+        not the engine's: the run clock leaves them out."""
+        t, w0, p0 = self.clock(), pf.cpu_wait(), time.perf_counter()
+        pf.wait_idle()
+        # run-queue time is booked when the thread gets the CPU back, so it may include a
+        # wait begun before this block: never exclude more than the block
+        blocked = time.perf_counter() - p0
+        self.run_clock.exclude(min(pf.cpu_wait() - w0, blocked))
+        return self.clock() - t
+
+    def _sample(
+        self, state: Any, new: list[int], running: list[int]
+    ) -> tuple[list[int], list[int]]:
+        """Append each request's next token (greedy) from the iteration's logits; returns
+        the requests that got their first token and those that are complete."""
+        res, xp = self.res, self.xp
+        if isinstance(self.model, DecoderModel):
+            outs = [(r, state.logits_p, i) for i, r in enumerate(new)]
+            outs += [(r, state.logits_d, i) for i, r in enumerate(running)]
+        else:
+            outs = [(r, state, i) for i, r in enumerate(new)]
+        firsts: list[int] = []
+        done: list[int] = []
+        for r, logits, i in outs:
+            row = logits[i]
+            res.tokens[r].append(int(xp.argmax(row)))
+            if self.keep_logits:
+                res.logits[r].append(backend.to_numpy(row).copy())
+            if len(res.tokens[r]) == 1:
+                firsts.append(r)
+            if len(res.tokens[r]) >= int(res.out[r]):
+                done.append(r)
+        return firsts, done
 
     def _prefill_tokens(self, r: int) -> np.ndarray:
         """What request ``r`` prefills: its prompt, then the tokens it generated before a

@@ -1,7 +1,7 @@
-"""``KVBlockAllocator._release``'s fast path (no content key anywhere) against the general loop.
+"""Freeing a sequence (``BlockStates._drop``): the fast path (no content key anywhere) against the general loop.
 
 The reference allocator is the same class with a dummy entry in its key map, which forces
-``_release`` down the general tail-first loop while every other method behaves the same
+``_drop`` down the general tail-first loop while every other method behaves the same
 (unkeyed ``allocate`` and ``append`` never read the key map). Both are driven by the same
 random length-only calls (the simulator's use); after every call their block tables, refcounts
 and free lists (order included: it decides which ids later sequences get) must be equal.

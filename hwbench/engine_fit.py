@@ -45,7 +45,15 @@ from typing import Any
 
 import numpy as np
 
-from hwbench.engine_probe import PassPoint, StreamProbe, after_idle
+from hwbench.engine_probe import (
+    TINY_RUNS,
+    PassPoint,
+    StreamProbe,
+    after_idle,
+    engine_probe,
+    fetch_probe,
+)
+from hwbench.validation_models import decoder_config, sim_catalogue
 from sim.serving.costmodel import Profile
 from sim.serving.models import ModelSpec
 from sim.serving.opcost import EngineTerms, OpCostModel
@@ -211,8 +219,6 @@ def probe_engine(
     """Serve the calibration workloads on the engine (backend ``xp``): the iteration points
     and the streaming probe :func:`fit_engine_terms` fits. ``mode``: ``tiny`` (seconds;
     tests), ``quick`` or ``full`` (more repeats and runs)."""
-    from hwbench.engine_probe import TINY_RUNS, engine_probe, fetch_probe
-
     if mode == "tiny":
         points = engine_probe(xp, runs=TINY_RUNS, repeats=1, mixed=0, workdir=workdir)
         return points, fetch_probe(xp, requests=3, rate=1e9, seeds=1, workdir=workdir)
@@ -226,8 +232,6 @@ def calibrate_engine(
 ) -> tuple[Profile, FitReport]:
     """:func:`probe_engine`, then :func:`fit_engine_terms` onto ``profile`` (which carries the
     measured op tables)."""
-    from hwbench.validate import decoder_config, sim_catalogue
-
     cfg = decoder_config()
     spec = sim_catalogue(cfg)[cfg.name]
     points, probe = probe_engine(xp, mode=mode, workdir=workdir)

@@ -4,8 +4,9 @@ The op tables (:mod:`hwbench.opprobe`) time single kernels. A whole engine itera
 pays what no kernel shows: the interpreter's dispatch per layer, temporaries, the serving
 loop between iterations, a cold start after an idle spell, and the copy thread's weight
 reads competing with the compute. This probe serves calibration workloads on the engine
-(the calibration decoder, :func:`hwbench.validate.decoder_config`, weights through the tier
-stack, prefetcher on) and returns what :mod:`hwbench.engine_fit` fits those terms on:
+(the calibration decoder, :func:`hwbench.validation_models.decoder_config`, weights through
+the tier stack, prefetcher on) and returns what :mod:`hwbench.engine_fit` fits those terms
+on:
 
 * :func:`engine_probe` -- closed runs (requests arriving together; all weights resident):
   every iteration's prefill tokens, prompts, decode batch and context, and time, grouped by
@@ -32,6 +33,8 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from engine import backend
+from hwbench.validation_engine import engine_parts, run_engine
+from hwbench.workloads import ValidationWorkload
 
 __all__ = [
     "IDLE_GAP_S",
@@ -108,9 +111,6 @@ def engine_probe(
     """Serve short probe workloads on the real engine (the validation decoder, all weights
     resident, prefetch on, exactly as ``pdsim validate`` runs it) and return its iterations
     grouped by shape (total decode context in buckets of 64 tokens)."""
-    from hwbench.validate import engine_parts, run_engine
-    from hwbench.workloads import ValidationWorkload
-
     rows: Groups = {}
     with tempfile.TemporaryDirectory(prefix="pdsim-engine-probe-", dir=workdir) as tmp:
         w0 = ValidationWorkload("probe", "engine probe", requests=1, hbm_fraction=1.5)
@@ -240,10 +240,7 @@ def fetch_probe(
     computed (:mod:`hwbench.engine_fit` compares it with the idle link's rate): on NumPy the
     reading threads' CPU time (``TieredWeights.fetch_cpu_s``; a host -> device copy is CPU
     work, and the engine's clock leaves the copy thread's run-queue waits out too,
-    :func:`hwbench.validate.excludes_cpu_wait`), on a GPU wall time."""
-    from hwbench.validate import engine_parts, run_engine
-    from hwbench.workloads import ValidationWorkload
-
+    :func:`hwbench.validation_engine.excludes_cpu_wait`), on a GPU wall time."""
     w = ValidationWorkload(
         "probe-stream",
         "engine fetch probe",

@@ -35,7 +35,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 
@@ -158,7 +158,7 @@ def op_clock(xp: ModuleType) -> Callable[[], float]:
     thread only, so its CPU time is its cost on an idle core; a preempted thread accrues
     none, so preemption by other processes does not enter the tables (their use of the
     shared caches and memory bus still does). The engine probe times its iterations on
-    the matching clock (:func:`hwbench.validate.excludes_cpu_wait`)."""
+    the matching clock (:func:`hwbench.validation_engine.excludes_cpu_wait`)."""
     return time.perf_counter if backend.is_gpu(xp) else time.thread_time
 
 
@@ -288,96 +288,105 @@ def _store(xp: ModuleType, kv_heads: int, dim: int, seqs: int, tokens: int) -> K
     return KVStorage(layout, max(1, seqs * per_seq), xp)
 
 
-def attention_tables(xp: ModuleType, grid: OpGrid, org: TableOrigin) -> list[AttentionTable]:
-    """Decode and prefill attention tables for every head layout of ``grid``."""
+def _block_tables(batch: int, tokens: int) -> list[list[int]]:
+    """One block table per sequence of ``tokens`` tokens, the blocks numbered in turn."""
+    per_seq = -(-tokens // BLOCK_TOKENS)
+    return [list(range(s * per_seq, (s + 1) * per_seq)) for s in range(batch)]
+
+
+#: builds the call to time at one knot: (heads, kv_heads, batch, x) -> call
+PointCall = Callable[[int, int, int, int], Callable[[], object]]
+
+
+def _decode_point(xp: ModuleType, rng: np.random.Generator, dim: int) -> PointCall:
+    """Decode steps of ``batch`` sequences with ``ctx`` tokens cached each: the step's new K/V
+    scattered into the store, then :func:`paged_decode_attention` over ``ctx + 1`` tokens."""
+
+    def point(heads: int, kv_heads: int, batch: int, ctx: int) -> Callable[[], object]:
+        store = _store(xp, kv_heads, dim, batch, ctx + 1)
+        tables = _block_tables(batch, ctx + 1)
+        q = xp.asarray(rng.standard_normal((batch, heads, dim), dtype=np.float32))
+        kn = xp.asarray(rng.standard_normal((batch, kv_heads, dim), dtype=np.float32))
+        blocks = xp.asarray(np.array([t[ctx // BLOCK_TOKENS] for t in tables]))
+        slots = xp.asarray(np.full(batch, ctx % BLOCK_TOKENS))
+        lens = [ctx + 1] * batch
+
+        def step() -> object:
+            kd, vd = store.raw(0)
+            kd[blocks, slots] = kn
+            vd[blocks, slots] = kn
+            return paged_decode_attention(q, store, tables, lens, layer=0, xp=xp)
+
+        return step
+
+    return point
+
+
+def _prefill_point(xp: ModuleType, rng: np.random.Generator, dim: int) -> PointCall:
+    """Prefills of ``batch`` prompts of ``n`` tokens each (:func:`prefill_attention`)."""
+
+    def point(heads: int, kv_heads: int, batch: int, n: int) -> Callable[[], object]:
+        total = batch * n
+        store = _store(xp, kv_heads, dim, batch, n)
+        tables = _block_tables(batch, n)
+        q = xp.asarray(rng.standard_normal((total, heads, dim), dtype=np.float32))
+        kv = xp.asarray(rng.standard_normal((total, kv_heads, dim), dtype=np.float32))
+        lens = [n] * batch
+        return lambda: prefill_attention(xp, q, kv, kv, lens, store, tables)
+
+    return point
+
+
+def _attention_table(
+    xp: ModuleType,
+    grid: OpGrid,
+    org: TableOrigin,
+    phase: Literal["prefill", "decode"],
+    layout: tuple[int, int],
+    knots: tuple[tuple[int, ...], tuple[int, ...]],
+    point: PointCall,
+    kernel: str,
+) -> AttentionTable:
+    """The ``phase`` table of head layout ``layout`` (query heads, KV heads): the median
+    seconds of ``point``'s call at every (batch, x) of ``knots`` (batch outer), each call
+    built just before it is timed."""
     sync = _syncer(xp)
+    heads, kv_heads = layout
+    batches, xs = knots
+    secs = [[_median(point(heads, kv_heads, b, x), grid, sync, xp) for x in xs] for b in batches]
+    return AttentionTable(
+        origin=org,
+        phase=phase,
+        heads=heads,
+        kv_heads=kv_heads,
+        head_dim=grid.head_dim,
+        kv_dtype="fp32",
+        kernel=kernel,
+        curves=Curves(batch=list(batches), x=[list(xs)] * len(batches), latency_s=secs),
+    )
+
+
+def attention_tables(xp: ModuleType, grid: OpGrid, org: TableOrigin) -> list[AttentionTable]:
+    """Decode and prefill attention tables for every head layout of ``grid`` (decode, then
+    prefill, layout by layout; the inputs drawn from one seeded generator in that order)."""
     rng = np.random.default_rng(12)
-    dim = grid.head_dim
+    decode, prefill = _decode_point(xp, rng, grid.head_dim), _prefill_point(xp, rng, grid.head_dim)
+    decode_knots = (grid.decode_batch, grid.decode_context)
+    prefill_knots = (grid.prefill_batch, grid.prefill_tokens)
     out: list[AttentionTable] = []
-    for heads, kv_heads in grid.layouts:
-        dec: list[list[float]] = []
-        for batch in grid.decode_batch:
-            row: list[float] = []
-            for ctx in grid.decode_context:
-                store = _store(xp, kv_heads, dim, batch, ctx + 1)
-                per_seq = -(-(ctx + 1) // BLOCK_TOKENS)
-                tables = [list(range(s * per_seq, (s + 1) * per_seq)) for s in range(batch)]
-                q = xp.asarray(rng.standard_normal((batch, heads, dim), dtype=np.float32))
-                kn = xp.asarray(rng.standard_normal((batch, kv_heads, dim), dtype=np.float32))
-                blocks = xp.asarray(np.array([t[ctx // BLOCK_TOKENS] for t in tables]))
-                slots = xp.asarray(np.full(batch, ctx % BLOCK_TOKENS))
-                lens = [ctx + 1] * batch
-
-                def step(
-                    q: Any = q,
-                    kn: Any = kn,
-                    store: KVStorage = store,
-                    tables: Any = tables,
-                    blocks: Any = blocks,
-                    slots: Any = slots,
-                    lens: list[int] = lens,
-                ) -> object:
-                    kd, vd = store.raw(0)
-                    kd[blocks, slots] = kn
-                    vd[blocks, slots] = kn
-                    return paged_decode_attention(q, store, tables, lens, layer=0, xp=xp)
-
-                row.append(_median(step, grid, sync, xp))
-            dec.append(row)
+    for layout in grid.layouts:
         out.append(
-            AttentionTable(
-                origin=org,
-                phase="decode",
-                heads=heads,
-                kv_heads=kv_heads,
-                head_dim=dim,
-                kv_dtype="fp32",
-                kernel="engine.kv.attention.paged_decode_attention",
-                curves=Curves(
-                    batch=list(grid.decode_batch),
-                    x=[list(grid.decode_context)] * len(grid.decode_batch),
-                    latency_s=dec,
-                ),
+            _attention_table(
+                xp, grid, org, "decode", layout, decode_knots, decode,
+                "engine.kv.attention.paged_decode_attention",
             )
-        )
-        pre: list[list[float]] = []
-        for batch in grid.prefill_batch:
-            row = []
-            for n in grid.prefill_tokens:
-                total = batch * n
-                store = _store(xp, kv_heads, dim, batch, n)
-                per_seq = -(-n // BLOCK_TOKENS)
-                tables = [list(range(s * per_seq, (s + 1) * per_seq)) for s in range(batch)]
-                q = xp.asarray(rng.standard_normal((total, heads, dim), dtype=np.float32))
-                kv = xp.asarray(rng.standard_normal((total, kv_heads, dim), dtype=np.float32))
-
-                def fill(
-                    q: Any = q,
-                    kv: Any = kv,
-                    store: KVStorage = store,
-                    tables: Any = tables,
-                    lens: list[int] = [n] * batch,  # bound per point, read only
-                ) -> object:
-                    return prefill_attention(xp, q, kv, kv, lens, store, tables)
-
-                row.append(_median(fill, grid, sync, xp))
-            pre.append(row)
+        )  # fmt: skip
         out.append(
-            AttentionTable(
-                origin=org,
-                phase="prefill",
-                heads=heads,
-                kv_heads=kv_heads,
-                head_dim=dim,
-                kv_dtype="fp32",
-                kernel="hwbench.opprobe.prefill_attention (the engine's causal attention)",
-                curves=Curves(
-                    batch=list(grid.prefill_batch),
-                    x=[list(grid.prefill_tokens)] * len(grid.prefill_batch),
-                    latency_s=pre,
-                ),
+            _attention_table(
+                xp, grid, org, "prefill", layout, prefill_knots, prefill,
+                "hwbench.opprobe.prefill_attention (the engine's causal attention)",
             )
-        )
+        )  # fmt: skip
     return out
 
 

@@ -36,8 +36,10 @@ from __future__ import annotations
 import os
 import platform
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated
+from types import ModuleType
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -46,12 +48,28 @@ from rich.table import Table
 from engine.errors import InputError
 from pdsim.cli.common import array_backend, check_out_file, console, err_console, user_errors
 
+if TYPE_CHECKING:
+    from hwbench.probes import Measurement
+    from hwbench.quiet import Load, Sample
+    from sim.serving.costmodel import Profile
+
 
 def _fmt_rate(v: float, unit: str) -> str:
     for scale, prefix in ((1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k")):
         if v >= scale:
             return f"{v / scale:.3g} {prefix}{unit}"
     return f"{v:.3g} {unit}"
+
+
+@dataclass(frozen=True)
+class _Steadiness:
+    """How quiet and steady the machine was while calibrating: the share of its CPU others
+    and steal took (None where not measurable) and the reference workload's seconds at the
+    start and at the end (:mod:`hwbench.quiet`)."""
+
+    load: Load | None
+    ref0: float
+    ref1: float
 
 
 def calibrate(
@@ -100,83 +118,134 @@ def calibrate(
     ] = True,
 ) -> None:
     """Measure this machine and write a calibration profile for the simulator."""
+    mode = "tiny" if tiny else "quick" if quick else "full"
     with user_errors():
         xp = array_backend(backend)
-        from hwbench.probes import ProbeConfig, plan
-        from hwbench.profile import fit_profile
-        from sim.serving.costmodel import parse_profile
+        path = _out_path(out, backend)
+        from hwbench.quiet import reference_seconds, sample
 
-        mode = "tiny" if tiny else "quick" if quick else "full"
-        cfg = {"tiny": ProbeConfig.tiny, "quick": ProbeConfig.quick, "full": ProbeConfig.full}[
-            mode
-        ]()
-        host = platform.node() or "unknown"
-        path = out if out is not None else Path("runs/profiles") / f"{backend}-{host}.json"
-        if path.exists() and path.is_dir():
-            raise InputError("is a directory; allowed: a .json file path", source=str(path))
-        check_out_file(path)
-        from hwbench.quiet import KEY, between, reference_seconds, sample, speed_warning, warning
-
-        measurements = []
-        # was the machine quiet and steady while we measured? (hwbench.quiet)
         start, ref0 = sample(), reference_seconds()
-        if workdir is not None:
-            workdir.mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryDirectory(prefix="pdsim-calibrate-", dir=workdir) as scratch:
-            steps = plan(cfg, xp, Path(scratch))
-            columns = (
-                TextColumn("[bold]{task.description:<22}"),
-                BarColumn(),
-                MofNCompleteColumn(),
-                TimeElapsedColumn(),
-            )
-            with Progress(*columns, console=err_console, transient=True) as progress:
-                task = progress.add_task("probes", total=len(steps))
-                for step in steps:
-                    progress.update(task, description=step.name)
-                    measurements.extend(step.run())
-                    progress.advance(task)
-        profile = fit_profile(measurements, xp, name or path.stem, mode=mode)
-        from hwbench.engine_fit import ImpossibleFit
-        from hwbench.profile import check_profile
+        measurements = _run_probes(mode, xp, workdir)
+        profile, report = _fit(measurements, xp, name or path.stem, mode, backend, engine, workdir)
+        profile, steady = _with_steadiness(profile, start, ref0)
+        _write_atomically(profile, path)
+    console.print(_summary(profile, f"{mode}, {backend}", report, steady))
+    console.print(f"wrote {path}")
+    _warn(steady)
 
-        reasons = check_profile(profile, measurements, backend == "gpu")
-        report: dict[str, float] = {}
-        if not reasons and engine:
-            # op tables on the engine's backend, then the engine's own terms on whole
-            # iterations with the tables held fixed (hwbench.opprobe, hwbench.engine_fit)
-            from hwbench.engine_fit import calibrate_engine
-            from hwbench.opprobe import OpGrid, with_op_tables
 
-            grid = {"tiny": OpGrid.tiny, "quick": OpGrid.quick, "full": OpGrid.full}[mode]()
-            with err_console.status("op tables (GEMM, attention) on the engine's backend"):
-                profile = with_op_tables(profile, xp, grid)
-            with err_console.status("engine probe (serving calibration workloads)"):
-                try:
-                    profile, report = calibrate_engine(profile, xp, mode=mode, workdir=workdir)
-                except ImpossibleFit as exc:
-                    reasons.append(str(exc))
-        if reasons:
-            for why in reasons:
-                err_console.print(f"pdsim calibrate: rejected, nothing written: {why}")
-            raise typer.Exit(1)
-        load, ref1 = between(start, sample()), reference_seconds()
-        row = {
-            **(load._asdict() if load is not None else {}),
-            "reference_s": (ref0 + ref1) / 2,
-            "reference_start_s": ref0,
-            "reference_end_s": ref1,
-        }
-        profile = profile.model_copy(update={"fitted": {**profile.fitted, KEY: [row]}})
-        text = profile.model_dump_json(indent=2) + "\n"
-        parse_profile(text, str(path))  # what is written must load
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=path.name, suffix=".tmp", dir=path.parent)
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-        os.replace(tmp, path)
+def _out_path(out: Path | None, backend: str) -> Path:
+    """The profile file to write (``--out``, else ``runs/profiles/<backend>-<host>.json``),
+    checked before any work: :class:`InputError` when it is a folder or cannot be written."""
+    host = platform.node() or "unknown"
+    path = out if out is not None else Path("runs/profiles") / f"{backend}-{host}.json"
+    if path.exists() and path.is_dir():
+        raise InputError("is a directory; allowed: a .json file path", source=str(path))
+    check_out_file(path)
+    return path
 
-    table = Table(title=f"profile {profile.name} ({mode}, {backend})", header_style="bold")
+
+def _run_probes(mode: str, xp: ModuleType, workdir: Path | None) -> list[Measurement]:
+    """Run the hardware probes of ``mode`` (:mod:`hwbench.probes`) with a progress bar, their
+    scratch files in a temporary folder under ``workdir`` (created if missing)."""
+    from hwbench.probes import ProbeConfig, plan
+
+    cfg = {"tiny": ProbeConfig.tiny, "quick": ProbeConfig.quick, "full": ProbeConfig.full}[mode]()
+    measurements: list[Measurement] = []
+    if workdir is not None:
+        workdir.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="pdsim-calibrate-", dir=workdir) as scratch:
+        steps = plan(cfg, xp, Path(scratch))
+        columns = (
+            TextColumn("[bold]{task.description:<22}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeElapsedColumn(),
+        )
+        with Progress(*columns, console=err_console, transient=True) as progress:
+            task = progress.add_task("probes", total=len(steps))
+            for step in steps:
+                progress.update(task, description=step.name)
+                measurements.extend(step.run())
+                progress.advance(task)
+    return measurements
+
+
+def _fit(
+    measurements: list[Measurement],
+    xp: ModuleType,
+    name: str,
+    mode: str,
+    backend: str,
+    engine: bool,
+    workdir: Path | None,
+) -> tuple[Profile, dict[str, float]]:
+    """The profile fitted on ``measurements`` (:func:`hwbench.profile.fit_profile`); with
+    ``engine``, plus the op tables measured on ``xp`` and the engine's own terms fitted with
+    them held fixed, and the engine fit's error report. Exits with status 1, the reasons on
+    stderr, when a hardware term is impossible (:func:`hwbench.profile.check_profile`) or the
+    engine fit is (:class:`hwbench.engine_fit.ImpossibleFit`)."""
+    from hwbench.engine_fit import ImpossibleFit
+    from hwbench.profile import check_profile, fit_profile
+
+    profile = fit_profile(measurements, xp, name, mode=mode)
+    reasons = check_profile(profile, measurements, backend == "gpu")
+    report: dict[str, float] = {}
+    if not reasons and engine:
+        from hwbench.engine_fit import calibrate_engine
+        from hwbench.opprobe import OpGrid, with_op_tables
+
+        grid = {"tiny": OpGrid.tiny, "quick": OpGrid.quick, "full": OpGrid.full}[mode]()
+        with err_console.status("op tables (GEMM, attention) on the engine's backend"):
+            profile = with_op_tables(profile, xp, grid)
+        with err_console.status("engine probe (serving calibration workloads)"):
+            try:
+                profile, report = calibrate_engine(profile, xp, mode=mode, workdir=workdir)
+            except ImpossibleFit as exc:
+                reasons.append(str(exc))
+    if reasons:
+        for why in reasons:
+            err_console.print(f"pdsim calibrate: rejected, nothing written: {why}")
+        raise typer.Exit(1)
+    return profile, report
+
+
+def _with_steadiness(
+    profile: Profile, start: Sample | None, ref0: float
+) -> tuple[Profile, _Steadiness]:
+    """Measure the load since ``start`` and the reference workload again; ``profile`` with
+    both recorded under ``fitted[hwbench.quiet.KEY]``, and what was measured."""
+    from hwbench.quiet import KEY, between, reference_seconds, sample
+
+    load, ref1 = between(start, sample()), reference_seconds()
+    row = {
+        **(load._asdict() if load is not None else {}),
+        "reference_s": (ref0 + ref1) / 2,
+        "reference_start_s": ref0,
+        "reference_end_s": ref1,
+    }
+    profile = profile.model_copy(update={"fitted": {**profile.fitted, KEY: [row]}})
+    return profile, _Steadiness(load, ref0, ref1)
+
+
+def _write_atomically(profile: Profile, path: Path) -> None:
+    """Write ``profile`` as JSON to ``path`` through a temporary file and a rename, after
+    checking that the text loads back (:func:`sim.serving.costmodel.parse_profile`)."""
+    from sim.serving.costmodel import parse_profile
+
+    text = profile.model_dump_json(indent=2) + "\n"
+    parse_profile(text, str(path))  # what is written must load
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=path.name, suffix=".tmp", dir=path.parent)
+    with os.fdopen(fd, "w", encoding="utf-8") as f:
+        f.write(text)
+    os.replace(tmp, path)
+
+
+def _summary(profile: Profile, how: str, report: dict[str, float], steady: _Steadiness) -> Table:
+    """The table of the profile's main figures, the engine's terms where it has them, and
+    how quiet and steady the machine was (``how``: the mode and backend, for the title)."""
+    table = Table(title=f"profile {profile.name} ({how})", header_style="bold")
     table.add_column("quantity")
     table.add_column("value", justify="right")
     g, links = profile.gpu, profile.links
@@ -192,28 +261,44 @@ def calibrate(
         )
     table.add_row("per-op overhead", f"{g.kernel_launch_s * 1e6:.3g} us")
     table.add_row("per-layer overhead", f"{g.per_layer_overhead_s * 1e6:.3g} us")
-    eng = profile.ops.engine if profile.ops is not None else None
-    if profile.ops is not None and eng is not None:
-        rl = profile.ops.roofline
-        table.add_row("op floor (untabled ops)", f"{rl.op_floor_s * 1e6:.3g} us")
-        table.add_row("engine: iteration overhead (fit)", f"{rl.iteration_overhead_s * 1e6:.3g} us")
-        table.add_row("engine: per-layer overhead", f"{eng.layer_overhead_s * 1e6:.3g} us")
-        table.add_row("engine: serving-loop gap", f"{eng.iter_gap_s * 1e6:.3g} us")
-        table.add_row("engine: extra after idle", f"{eng.wake_s * 1e6:.3g} us")
-        table.add_row("engine: copy contention", f"{eng.copy_contention:.3g}")
-        if report:
-            table.add_row(
-                "engine fit error (RMS / max)",
-                f"{report['rms_rel_error']:.1%} / {report['max_rel_error']:.1%}",
-            )
-    if load is not None:
+    _engine_rows(table, profile, report)
+    if steady.load is not None:
+        load = steady.load
         table.add_row("CPU to others / steal meanwhile", f"{load.others:.1%} / {load.steal:.1%}")
-    table.add_row("reference workload start / end", f"{ref0 * 1e3:.4g} / {ref1 * 1e3:.4g} ms")
-    console.print(table)
-    console.print(f"wrote {path}")
+    table.add_row(
+        "reference workload start / end",
+        f"{steady.ref0 * 1e3:.4g} / {steady.ref1 * 1e3:.4g} ms",
+    )
+    return table
+
+
+def _engine_rows(table: Table, profile: Profile, report: dict[str, float]) -> None:
+    """Add the op floor and the engine's fitted terms (and the fit's error, where
+    ``report`` has it) to ``table``; nothing when the profile has no engine terms."""
+    eng = profile.ops.engine if profile.ops is not None else None
+    if profile.ops is None or eng is None:
+        return
+    rl = profile.ops.roofline
+    table.add_row("op floor (untabled ops)", f"{rl.op_floor_s * 1e6:.3g} us")
+    table.add_row("engine: iteration overhead (fit)", f"{rl.iteration_overhead_s * 1e6:.3g} us")
+    table.add_row("engine: per-layer overhead", f"{eng.layer_overhead_s * 1e6:.3g} us")
+    table.add_row("engine: serving-loop gap", f"{eng.iter_gap_s * 1e6:.3g} us")
+    table.add_row("engine: extra after idle", f"{eng.wake_s * 1e6:.3g} us")
+    table.add_row("engine: copy contention", f"{eng.copy_contention:.3g}")
+    if report:
+        table.add_row(
+            "engine fit error (RMS / max)",
+            f"{report['rms_rel_error']:.1%} / {report['max_rel_error']:.1%}",
+        )
+
+
+def _warn(steady: _Steadiness) -> None:
+    """Warn on stderr when the machine was not quiet, or its speed drifted, meanwhile."""
+    from hwbench.quiet import speed_warning, warning
+
     for note in (
-        warning(load, "calibration"),
-        speed_warning(ref1, ref0, "at the end of the calibration than at its start"),
+        warning(steady.load, "calibration"),
+        speed_warning(steady.ref1, steady.ref0, "at the end of the calibration than at its start"),
     ):
         if note is not None:
             err_console.print(f"[yellow]warning:[/] {note}")

@@ -23,7 +23,7 @@ differences under keys ending in ``abs_error``, and ``passed``).
 ``P`` must carry the engine's op tables and terms (``ops.engine``: written by ``pdsim
 calibrate``). ``--repeats N`` serves each workload N times on the engine (the same arrivals)
 and compares the simulator with each request's median latency over them
-(:func:`hwbench.validate.median_requests`). The engine runs on wall time, so it warns when
+(:func:`hwbench.comparison.median_requests`). The engine runs on wall time, so it warns when
 other processes or steal took more than 10% of the machine's CPU during the validation or the
 profile's calibration (:mod:`hwbench.quiet`), and when a fixed reference workload runs more
 than 5% slower or faster than when the profile was calibrated; ``--json`` reports them under
@@ -33,8 +33,10 @@ than 5% slower or faster than when the profile was calibrated; ``--json`` report
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated
+from types import ModuleType
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.table import Table
@@ -48,6 +50,12 @@ from pdsim.cli.common import (
     result_name,
     user_errors,
 )
+
+if TYPE_CHECKING:
+    from hwbench.comparison import Comparison
+    from hwbench.quiet import Load, Sample
+    from hwbench.workloads import ValidationWorkload
+    from sim.serving.costmodel import Profile
 
 #: accuracy limits: the largest relative error allowed per figure
 LIMITS = {"latency_p50": 0.10, "latency_p99": 0.15}
@@ -112,51 +120,95 @@ def validate(
 ) -> None:
     """Run the validation suite on the engine and in the simulator and compare them."""
     with user_errors():
-        from engine.errors import InputError
-        from hwbench.validate import plot_cdfs, validate_workload
+        from hwbench.quiet import recorded, reference_seconds, sample, warning
+        from hwbench.validate import plot_cdfs
         from hwbench.workloads import SUITE, get_workload
-        from sim.serving.costmodel import load_profile
 
         if out is not None:
             check_out_dir(out)
         xp = array_backend(backend)
-        prof = load_profile(profile)
-        if prof.ops is None or prof.ops.engine is None:
-            raise InputError(
-                "has no ops.engine (the engine's op tables and terms); allowed: a profile "
-                "written by `pdsim calibrate`",
-                source=profile,
-                where="ops.engine",
-            )
+        prof = _engine_profile(profile)
         chosen = [get_workload(n) for n in workload] if workload else list(SUITE)
         if out is None:
             digest = inputs_digest([profile, sorted(workload or []), backend, repeats])
             out = Path("runs") / result_name("validate", Path(profile).stem, digest)
         check_out_dir(out)
         out.mkdir(parents=True, exist_ok=True)
-        from hwbench.quiet import (
-            between,
-            recorded,
-            recorded_reference,
-            reference_seconds,
-            sample,
-            speed_warning,
-            warning,
-        )
-
         note = warning(recorded(prof.fitted), "its calibration")
         if note is not None:
             err_console.print(f"[yellow]warning:[/] profile {profile}: {note}")
         start, ref0 = sample(), reference_seconds()
-        comps = []
-        for w in chosen:
-            err_console.print(f"[bold]{w.name}[/]: {w.description}")
-            sdir = out / "scenarios" / w.name
-            comps.append(validate_workload(w, prof, repeats=repeats, xp=xp, scenario_dir=sdir))
-        load, ref1 = between(start, sample()), reference_seconds()
-        ref_then = recorded_reference(prof.fitted)
+        comps = _run_suite(chosen, prof, out, repeats, xp)
+        steady = _steadiness(start, ref0, prof)
         png = plot_cdfs(comps, out / "validate_cdf.png")
 
+    failed = _print_tables(comps)
+    console.print(f"latency CDFs: {png}")
+    _warn(steady, profile)
+    if as_json:
+        typer.echo(json.dumps(_json_doc(comps, steady, profile, failed), sort_keys=True))
+    if failed:
+        err_console.print(f"pdsim validate: {len(failed)} figure(s) over their limit or differing:")
+        for line in failed:
+            err_console.print(f"  {line}")
+        raise typer.Exit(1)
+
+
+@dataclass(frozen=True)
+class _Steadiness:
+    """How quiet the machine was while validating (None where not measurable) and the
+    reference workload's seconds now (mean of start and end) and when the profile was
+    calibrated (None where it does not say)."""
+
+    load: Load | None
+    ref_now: float
+    ref_then: float | None
+
+
+def _engine_profile(profile: str) -> Profile:
+    """The profile at ``profile``; :class:`InputError` unless it has the engine's op tables
+    and terms (``ops.engine``)."""
+    from engine.errors import InputError
+    from sim.serving.costmodel import load_profile
+
+    prof = load_profile(profile)
+    if prof.ops is None or prof.ops.engine is None:
+        raise InputError(
+            "has no ops.engine (the engine's op tables and terms); allowed: a profile "
+            "written by `pdsim calibrate`",
+            source=profile,
+            where="ops.engine",
+        )
+    return prof
+
+
+def _run_suite(
+    chosen: list[ValidationWorkload], prof: Profile, out: Path, repeats: int, xp: ModuleType
+) -> list[Comparison]:
+    """Validate each workload of ``chosen`` in turn, its scenario folder kept under
+    ``out/scenarios/``."""
+    from hwbench.validate import validate_workload
+
+    comps = []
+    for w in chosen:
+        err_console.print(f"[bold]{w.name}[/]: {w.description}")
+        sdir = out / "scenarios" / w.name
+        comps.append(validate_workload(w, prof, repeats=repeats, xp=xp, scenario_dir=sdir))
+    return comps
+
+
+def _steadiness(start: Sample | None, ref0: float, prof: Profile) -> _Steadiness:
+    """The load since ``start`` and the reference workload's time now (``ref0``: at the
+    start), with the reference time ``prof`` recorded at its calibration."""
+    from hwbench.quiet import between, recorded_reference, reference_seconds, sample
+
+    load, ref1 = between(start, sample()), reference_seconds()
+    return _Steadiness(load, (ref0 + ref1) / 2, recorded_reference(prof.fitted))
+
+
+def _print_tables(comps: list[Comparison]) -> list[str]:
+    """Print one table per workload; return the figures over their limit or differing, one
+    line each."""
     failed: list[str] = []
     for c in comps:
         table = Table(title=c.workload, header_style="bold")
@@ -169,37 +221,45 @@ def validate(
                 failed.append(f"{c.workload}: {name} {shown} {verdict}")
             table.add_row(name, f"{e:.4g}", f"{s:.4g}", shown, verdict)
         console.print(table)
-    console.print(f"latency CDFs: {png}")
-    ref_now = (ref0 + ref1) / 2
+    return failed
+
+
+def _warn(steady: _Steadiness, profile: str) -> None:
+    """Warn on stderr when the machine was not quiet while validating, or runs at another
+    speed than when ``profile`` was calibrated."""
+    from hwbench.quiet import speed_warning, warning
+
     for note in (
-        warning(load, "validation"),
-        speed_warning(ref_now, ref_then, f"now than when profile {profile} was calibrated"),
+        warning(steady.load, "validation"),
+        speed_warning(
+            steady.ref_now, steady.ref_then, f"now than when profile {profile} was calibrated"
+        ),
     ):
         if note is not None:
             err_console.print(f"[yellow]warning:[/] {note}")
-    if as_json:
-        doc = {
-            "machine_load": load._asdict() if load is not None else None,
-            "machine_speed": {
-                "reference_s": ref_now,
-                "profile_reference_s": ref_then,
-                "drift": ref_now / ref_then - 1.0 if ref_then else None,
-            },
-            "profile": profile,
-            "workloads": [c.as_dict() for c in comps],
-            "max_errors": _max_errors(comps),
-            "passed": not failed,
-            "failed": failed,
-        }
-        typer.echo(json.dumps(doc, sort_keys=True))
-    if failed:
-        err_console.print(f"pdsim validate: {len(failed)} figure(s) over their limit or differing:")
-        for line in failed:
-            err_console.print(f"  {line}")
-        raise typer.Exit(1)
 
 
-def _max_errors(comps: list) -> dict[str, float]:  # type: ignore[type-arg]
+def _json_doc(
+    comps: list[Comparison], steady: _Steadiness, profile: str, failed: list[str]
+) -> dict[str, Any]:
+    """The ``--json`` object (module docstring)."""
+    ref_now, ref_then = steady.ref_now, steady.ref_then
+    return {
+        "machine_load": steady.load._asdict() if steady.load is not None else None,
+        "machine_speed": {
+            "reference_s": ref_now,
+            "profile_reference_s": ref_then,
+            "drift": ref_now / ref_then - 1.0 if ref_then else None,
+        },
+        "profile": profile,
+        "workloads": [c.as_dict() for c in comps],
+        "max_errors": _max_errors(comps),
+        "passed": not failed,
+        "failed": failed,
+    }
+
+
+def _max_errors(comps: list[Comparison]) -> dict[str, float]:
     """Largest absolute error of each metric over the workloads (keys end in ``error``)."""
     out: dict[str, float] = {}
     for c in comps:

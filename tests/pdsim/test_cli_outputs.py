@@ -17,32 +17,13 @@ from typer.testing import CliRunner
 
 from pdsim.cli import app
 from pdsim.cli.common import result_name
+from tests.scenario_text import tiny_scenario
 
 runner = CliRunner()
 ROOT = Path(__file__).resolve().parents[2]
 CHAOS_SMALL = ROOT / "tests" / "sim" / "faults" / "data" / "chaos-small.yaml"
 
-TINY = """\
-name: tiny
-profile: a100-80gb
-deployments:
-  - model: llama-2-7b
-cluster:
-  servers: 2
-  param_servers: 2
-  gpu: {weight_cache_fraction: 0.4}
-  server: {host: 64GiB}
-  replica: {max_num_seqs: 16}
-workload:
-  kind: poisson
-  requests: 12
-  rate: 20
-  input_tokens: {dist: lognormal, mean: 128, sigma: 0.5, low: 8, high: 512}
-  output_tokens: {dist: lognormal, mean: 8, sigma: 0.5, low: 2, high: 32}
-  classes:
-    - {name: high, share: 0.5, slo: 2s}
-    - {name: normal, share: 0.5, slo: 10s}
-"""
+TINY = tiny_scenario()
 PLAN = """\
 scenario: tiny.yaml
 seeds: 1

@@ -10,29 +10,14 @@ from typer.testing import CliRunner
 
 from pdsim.cli import app
 from sim.study.recording import replay
+from tests.scenario_text import tiny_scenario
 
 ROOT = Path(__file__).resolve().parents[2]
-VARIANTS = """\
-name: two-ways
-profile: a100-80gb
-deployments:
-  - model: llama-2-7b
-cluster:
-  servers: 2
-  param_servers: 2
-  gpu: {weight_cache_fraction: 0.4}
-  server: {host: 64GiB}
-  replica: {max_num_seqs: 16}
-workload:
-  kind: poisson
-  requests: 12
-  rate: 20
-  input_tokens: {dist: lognormal, mean: 128, sigma: 0.5, low: 8, high: 512}
-  output_tokens: {dist: lognormal, mean: 8, sigma: 0.5, low: 2, high: 32}
-variants:
-  - {name: small, set: {cluster.servers: 1}}
-  - {name: big/x, set: {cluster.servers: 3}}
-"""
+VARIANTS = tiny_scenario(
+    "two-ways",
+    classes=False,
+    variants={"small": {"cluster.servers": 1}, "big/x": {"cluster.servers": 3}},
+)
 
 
 def test_every_variant_gets_a_replay_file_that_replays(tmp_path: Path) -> None:

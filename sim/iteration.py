@@ -97,26 +97,7 @@ def others_running(node: ComputeNode, m: int) -> bool:
     return len(b_n) > 1 and any(b for i, b in enumerate(b_n) if i != m)
 
 
-def _swap_in(node: ComputeNode, m: int, off: int, swapped: list[int], extra: float) -> float:
-    """Start decoding the admitted ``swapped`` sequences at step ``off``: a handed-in one
-    (disaggregation) at no cost, a swapped-out one after its KV comes back over PCIe. Returns
-    ``extra`` plus the seconds of those copies (added one by one)."""
-    mr = node.ctx.models[m]
-    for rid in swapped:
-        kv_tok, gen = node._swapped.pop(rid)
-        if rid in node._handed:  # KV moved in from a prefill replica (sim.disagg)
-            node._handed.discard(rid)
-            start_decoding(node, m, rid, off, kv_tok, gen)
-            continue
-        node.swap_used -= kv_tok * mr.kv_bytes_per_token
-        node.swap_moved += kv_tok * mr.kv_bytes_per_token
-        bw = node.ws.links["pcie"].bandwidth
-        extra += kv_tok * mr.kv_bytes_per_token / bw
-        start_decoding(node, m, rid, off, kv_tok, gen, granted=True)
-    return extra
-
-
-def _form_batch(
+def form_batch(
     node: ComputeNode, mr: ModelRt, pf: list[Prompt], left: int
 ) -> tuple[int, float, list[Prompt], list[tuple[Prompt, int]]]:
     """The prefill part of an iteration with ``left`` tokens of budget: a chunk of each
@@ -144,6 +125,25 @@ def _form_batch(
     return ptok, sq, ends, chunks
 
 
+def _swap_in(node: ComputeNode, m: int, off: int, swapped: list[int], extra: float) -> float:
+    """Start decoding the admitted ``swapped`` sequences at step ``off``: a handed-in one
+    (disaggregation) at no cost, a swapped-out one after its KV comes back over PCIe. Returns
+    ``extra`` plus the seconds of those copies (added one by one)."""
+    mr = node.ctx.models[m]
+    for rid in swapped:
+        kv_tok, gen = node._swapped.pop(rid)
+        if rid in node._handed:  # KV moved in from a prefill replica (sim.disagg)
+            node._handed.discard(rid)
+            start_decoding(node, m, rid, off, kv_tok, gen)
+            continue
+        node.swap_used -= kv_tok * mr.kv_bytes_per_token
+        node.swap_moved += kv_tok * mr.kv_bytes_per_token
+        bw = node.ws.links["pcie"].bandwidth
+        extra += kv_tok * mr.kv_bytes_per_token / bw
+        start_decoding(node, m, rid, off, kv_tok, gen, granted=True)
+    return extra
+
+
 def _iterate(
     node: ComputeNode, m: int, off: int, n: int, extra: float, woke: bool, resident: bool
 ) -> Generator[simpy.Event, Any, int]:
@@ -151,7 +151,7 @@ def _iterate(
     seconds (swap copies); returns the model's step count after it."""
     env, mr, ws, met = node.env, node.ctx.models[m], node.ws, node.ctx.metrics
     pf = node.pf[m]
-    ptok, sq, ends, chunks = _form_batch(node, mr, pf, node.max_tokens - n)
+    ptok, sq, ends, chunks = form_batch(node, mr, pf, node.max_tokens - n)
     ctx_tok = node.b_base[m] + n * off
     t, fl, by = mr.iter_cost(ptok, sq, len(ends), n, ctx_tok)
     node.kind = iteration_kind(ptok, n)

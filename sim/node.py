@@ -182,7 +182,7 @@ class ComputeNode:
         self.preemptions = 0
         self.swap_moved = 0
         #: requests the running turn admitted (0: a decode-only iteration); set at the turn's
-        #: start, before its compute, so hooks on the iteration (hwbench.interference) see it
+        #: start, before its compute, so a hook on the iteration sees it
         self.admitted = 0
         #: what the running iteration runs (:func:`engine.kv.admission.iteration_kind`)
         self.kind: IterationKind = "decode"

@@ -111,14 +111,7 @@ def run_layers(
                 wait += env.now - t0
                 ws.pin_resident(m, layer, held)  # chunks an earlier prefetch brought
             if log is not None:
-                arrived = max(
-                    (
-                        ws.arrived_at.get(mr.base | c, -1.0)
-                        for c in range(int(mr.layer_start[layer]), int(mr.layer_start[layer + 1]))
-                    ),
-                    default=-1.0,
-                )
-                log.append((env.now, node.idx, m, layer, arrived))
+                _log_layer(node, m, layer, log)
             if node._window:
                 lo, hi = int(mr.layer_start[layer]), int(mr.layer_start[layer + 1])
                 node._heat.record([mr.base | c for c in range(lo, hi)], env.now)
@@ -138,6 +131,22 @@ def run_layers(
     met.busy += spent
     met.param_wait += wait
     cum[0] += wait
+
+
+def _log_layer(
+    node: ComputeNode, m: int, layer: int, log: list[tuple[float, int, int, int, float]]
+) -> None:
+    """Append ``(now, replica, model, layer, when its last chunk arrived)`` to the layer log
+    (-1.0 when none of its chunks has an arrival time recorded)."""
+    mr = node.ctx.models[m]
+    arrived = max(
+        (
+            node.ws.arrived_at.get(mr.base | c, -1.0)
+            for c in range(int(mr.layer_start[layer]), int(mr.layer_start[layer + 1]))
+        ),
+        default=-1.0,
+    )
+    log.append((node.env.now, node.idx, m, layer, arrived))
 
 
 def prefetch(node: ComputeNode, m: int, layer: int, charge: Charge) -> list[simpy.Event]:

@@ -16,8 +16,9 @@ turn lives in three modules, each a set of functions over the node's state:
 Per model ``m`` the replica keeps queues per class (``queues[m][c]``), its *prefilling*
 sequences in admission order (``pf[m]``: ``[rid, tokens left, tokens done]``) and its
 *decoding* batch: ``b_n[m]`` sequences, ``b_off[m]`` steps run, ``b_base[m]`` the sum of their
-context bases (a sequence's context in step ``off`` is ``base + off``) and ``b_heap[m]`` their
-finishing steps. ``qlen`` and ``running`` count queued and running requests of all models.
+context bases (a sequence's context in step ``off`` -> ``off + 1`` is ``base + off``) and
+``b_heap[m]`` their finishing steps. ``qlen`` and ``running`` count queued and running
+requests of all models.
 
 Several models on one replica take turns (:meth:`ComputeNode._pick`: the current one until
 ``max_steps_per_turn`` steps are used, then round-robin), or, with stream isolation, run on two
@@ -36,12 +37,12 @@ import simpy
 from engine.kv.admission import IterationKind, KvAdmission
 from engine.kv.allocator import KVBlockAllocator
 from engine.prefetch import HeatMap, PrefetchPlanner
-from sim import replica_kv
 from sim.context import SimContext
 from sim.iteration import turn
 from sim.metrics import N_ACC
 from sim.prefix import make_prefix_cache
 from sim.replica_kv import fits
+from sim.replica_kv import release as release_kv
 from sim.streams import pick_streams, stream_turn
 from sim.weights import WeightStore
 
@@ -392,7 +393,7 @@ class ComputeNode:
     def release(self, m: int, rid: int) -> None:
         """Drop running sequence ``rid`` (not decoding) without finishing it: free its blocks
         and close its per-request counters (a prefill replica handing it off)."""
-        replica_kv.release(self, m, rid)
+        release_kv(self, m, rid)
 
     def accept_kv(self, rid: int, m: int, kv_tokens: int, generated: int) -> None:
         """Queue ``rid`` whose ``kv_tokens`` of KV arrived from a prefill replica

@@ -1,7 +1,8 @@
 """KV accounting of a replica: admission, block growth, preemption and completion.
 
-Functions over a :class:`sim.node.ComputeNode`'s batch state (the node owns the state; these
-functions are the only code that changes its KV side). The blocks themselves are held by
+Functions over a :class:`sim.node.ComputeNode`'s batch state (the node owns the state; besides
+these, only a crash, :meth:`sim.node.ComputeNode.abort_all`, and a turn's swap-in,
+:mod:`sim.iteration`, change its KV side). The blocks themselves are held by
 :class:`engine.kv.admission.KvAdmission` (the engine's admission object, over the engine's
 :class:`engine.kv.allocator.KVBlockAllocator`; the rules: ``docs/design/admission.md``), so the
 simulator and the engine admit, grow and preempt by one set of rules.
@@ -24,10 +25,10 @@ simulator and the engine admit, grow and preempt by one set of rules.
   sequence gives its blocks back and closes its per-request counters.
 
 Invariants: a rid is in ``node._order[m]`` and ``node._life`` exactly while it runs (prefilling
-or decoding); a decoding rid has a ``node._base_of`` entry and sits in exactly one residue
-bucket; ``node.running`` counts the running rids of all models. With prefix caching a
-:class:`sim.prefix.PrefixCache` does the admission object's take/give with shared prompt blocks;
-its hooks are marked ``[prefix caching]``.
+or decoding); a decoding rid has a ``node._base_of`` entry and, if its model has KV, sits in
+exactly one residue bucket; ``node.running`` counts the running rids of all models. With
+prefix caching a :class:`sim.prefix.PrefixCache` does the admission object's take/give with
+shared prompt blocks; its hooks are marked ``[prefix caching]``.
 """
 
 from __future__ import annotations

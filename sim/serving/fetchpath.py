@@ -1,0 +1,169 @@
+"""The node's fetch path: one iteration of a replica whose model is not all resident in HBM.
+
+Functions over a :class:`sim.serving.replica.ComputeNode`. An iteration whose model is not fully resident
+runs layer by layer (:func:`run_layers`): a layer computes only once all its chunks are in HBM
+(pinned while it computes), missing chunks come as one aggregated transfer per source
+(:meth:`sim.serving.paramstore.WeightStore.fetch`), and the next ``window`` layers are prefetched while
+it computes (:func:`prefetch`, the engine's :class:`engine.prefetch.PrefetchPlanner`;
+R7/R21/R27). With ``prefetch.order: after-pin`` (``node.hold_pins``, the real engine's order)
+a layer is fetched and pinned before its prefetch is planned, and stays pinned until that
+prefetch has landed.
+
+Accounting: each chunk access (a layer's chunk when the layer computes) is counted once, an
+HBM hit if it was resident then; the bytes a fetch moves are charged to the tier they came
+from, per request in proportion to its share of the batch. The seconds an iteration waits for
+weights are its ``param_wait``; its busy time is the wall time of the layers, less the time the
+priority stream ran in its place while it waited (stream isolation, :func:`sim.serving.streams.lend`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Generator
+from typing import TYPE_CHECKING, Any
+
+import simpy
+
+from sim.serving.metrics import TIERS
+from sim.serving.streams import lend
+
+if TYPE_CHECKING:
+    from sim.serving.replica import ComputeNode
+
+_NT = len(TIERS)
+#: wait before re-requesting chunks whose transfer failed (a dropped link; faults)
+FETCH_RETRY_S = 1e-3
+
+#: ``charge(tier, chunks, bytes)``: accounts a fetch's traffic (:meth:`WeightStore.fetch`)
+Charge = Callable[[int, int, int], None]
+
+
+def execute(
+    node: ComputeNode, m: int, t: float, nb: int, carry: float = 0.0
+) -> Generator[simpy.Event, Any, None]:
+    """One iteration of model ``m``, compute ``t`` seconds, for a batch of ``nb``, after
+    ``carry`` seconds that finish an interrupted decode step (already accounted as busy)."""
+    if node.ws.all_resident(m):
+        yield node.env.timeout(carry + t)
+        node.busy += t
+        met = node.ctx.metrics
+        met.busy += t
+        c = node.ctx.models[m].n_chunks
+        node._hits_mv[0] += c
+        node._cum_mv[m][1] += c
+        met.accesses += c
+        node.ws.touch(m, node.env.now)
+    else:
+        if carry > 0:
+            yield node.env.timeout(carry)
+        yield from run_layers(node, m, t, nb)
+
+
+def run_layers(
+    node: ComputeNode, m: int, t_total: float, nb: int
+) -> Generator[simpy.Event, Any, None]:
+    """Run one iteration of model ``m`` (``t_total`` seconds of compute, split over the layers
+    by ``layer_frac``) layer by layer, fetching what is missing and prefetching ahead (see the
+    module docstring); a batch of ``nb`` shares the bytes moved."""
+    env, ws, mr = node.env, node.ws, node.ctx.models[m]
+    met = node.ctx.metrics
+    cum = node.cum[m]
+    share = 1.0 / max(nb, 1)
+
+    def charge(tier: int, count: int, nbytes: int) -> None:
+        met.tier_hits[tier] += count
+        met.tier_bytes[tier] += nbytes
+        cum[1 + tier] += count
+        cum[1 + _NT + tier] += nbytes * share
+
+    t_start, lent = env.now, node._lent
+    wait = 0.0
+    log = met.layer_log
+    counts = ws.counts[m]
+    for layer in range(mr.n_layers):
+        dt = t_total * float(mr.layer_frac[layer])
+        nch = mr.layer_chunks[layer]
+        if nch:
+            # each chunk of the layer is accessed once, now: a hit if resident in HBM
+            hit = counts[layer]
+            met.tier_hits[0] += hit
+            cum[1] += hit
+            met.accesses += nch
+            # hold_pins (the real engine's order): fetch the layer, pin it, then plan the
+            # prefetch, so the prefetch overlaps the compute only; else plan first
+            early = node._window and not node.hold_pins
+            pf = prefetch(node, m, layer, charge) if early else []
+            # the engine's rule: resident chunks pinned first, demand chunks as they land
+            held: list[int] = []
+            ws.pin_resident(m, layer, held)
+            while len(held) < nch:
+                ev = ws.fetch(m, layer, ws.missing(m, layer), 0, charge, pin_into=held)
+                if ev is None:  # cannot happen: a missing chunk is in HBM or in flight
+                    raise AssertionError(
+                        f"layer {layer} of model {m} neither resident nor in flight"
+                    )
+                if node._stream is not None and node._stream[m]:  # [streams] lend the SMs
+                    yield from lend(node, ev)
+                t0 = env.now
+                ok = yield ev
+                if ok is False:  # a link on the path dropped: back off, then retry
+                    met.fetch_retries += 1
+                    yield env.timeout(FETCH_RETRY_S)
+                wait += env.now - t0
+                ws.pin_resident(m, layer, held)  # chunks an earlier prefetch brought
+            if log is not None:
+                _log_layer(node, m, layer, log)
+            if node._window:
+                lo, hi = int(mr.layer_start[layer]), int(mr.layer_start[layer + 1])
+                node._heat.record([mr.base | c for c in range(lo, hi)], env.now)
+            if node._window and node.hold_pins:
+                pf = prefetch(node, m, layer, charge)
+            yield env.timeout(dt)
+            if node.hold_pins and pf:  # the real engine's rule (engine.runtime, hold_pins)
+                t0 = env.now
+                yield simpy.AllOf(env, pf)
+                wait += env.now - t0
+            ws.unpin(held)
+        elif dt > 0:
+            yield env.timeout(dt)
+    ws.touch(m, env.now)
+    spent = env.now - t_start - (node._lent - lent)
+    node.busy += spent
+    met.busy += spent
+    met.param_wait += wait
+    cum[0] += wait
+
+
+def _log_layer(
+    node: ComputeNode, m: int, layer: int, log: list[tuple[float, int, int, int, float]]
+) -> None:
+    """Append ``(now, replica, model, layer, when its last chunk arrived)`` to the layer log
+    (-1.0 when none of its chunks has an arrival time recorded)."""
+    mr = node.ctx.models[m]
+    arrived = max(
+        (
+            node.ws.arrived_at.get(mr.base | c, -1.0)
+            for c in range(int(mr.layer_start[layer]), int(mr.layer_start[layer + 1]))
+        ),
+        default=-1.0,
+    )
+    log.append((node.env.now, node.idx, m, layer, arrived))
+
+
+def prefetch(node: ComputeNode, m: int, layer: int, charge: Charge) -> list[simpy.Event]:
+    """Plan the next ``window`` layers after ``layer`` (wrapping into the next iteration) with
+    the shared :class:`engine.prefetch.PrefetchPlanner` and start one fetch per planned layer,
+    nearest first (priority = distance in layers; R7/R27). Returns the fetches started."""
+    ws, mr = node.ws, node.ctx.models[m]
+    base, ls, nl = mr.base, mr.layer_start, mr.n_layers
+    layers = [(layer + d) % nl for d in range(1, node._window + 1)]
+    upcoming = [[base | c for c in range(int(ls[j]), int(ls[j + 1]))] for j in layers]
+    plan = node._planner.plan(upcoming, ws.hbm, ws.inflight_keys, node.env.now)
+    by_dist: dict[int, list[int]] = {}
+    for dist, key in plan:
+        by_dist.setdefault(dist, []).append(int(key) & 0xFFFFFFFF)  # type: ignore[call-overload]
+    issued: list[simpy.Event] = []
+    for dist in sorted(by_dist):
+        ev = ws.fetch(m, layers[dist], by_dist[dist], dist + 1, charge)
+        if ev is not None:
+            issued.append(ev)
+    return issued

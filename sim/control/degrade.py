@@ -23,6 +23,7 @@ from typing import Any
 
 import simpy
 
+from sim.control.clusterview import ClusterView
 from sim.control.versions import drop_model
 from sim.serving.metrics import DEGRADED
 
@@ -32,7 +33,7 @@ RETRY_S = 0.05  # how often waiting requests look for a live node
 class Degrader:
     """Node failures and the degradation paths of one cluster; see the module docstring."""
 
-    def __init__(self, cluster: Any, deadline: float) -> None:
+    def __init__(self, cluster: ClusterView, deadline: float) -> None:
         self.cl, self.ctx, self.env = cluster, cluster.ctx, cluster.ctx.env
         self.deadline = deadline
         self.waiting: deque[tuple[int, float]] = deque()

@@ -36,6 +36,7 @@ from typing import Any
 import simpy
 
 from sim.control import faultreport
+from sim.control.clusterview import ClusterView
 from sim.control.degrade import Degrader
 from sim.control.faultactions import FaultActions
 from sim.control.faults import FaultSpec, check_faults, hosts, random_schedule
@@ -53,7 +54,7 @@ SETTLE_S = 1.0  # simulated seconds the healed cluster runs before the final che
 class Control(FaultActions):
     """See the module docstring. Build with :func:`attach`."""
 
-    def __init__(self, cluster: Any) -> None:
+    def __init__(self, cluster: ClusterView) -> None:
         self.cl = cluster
         ctx = self.ctx = cluster.ctx
         self.env = ctx.env
@@ -255,7 +256,7 @@ class Control(FaultActions):
         return faultreport.summary(self, end)
 
 
-def attach(cluster: Any) -> Control | None:
+def attach(cluster: ClusterView) -> Control | None:
     """Wire the control plane into a built cluster when ``faults.enabled``; else None."""
     if not cluster.ctx.sc.faults.enabled:
         return None

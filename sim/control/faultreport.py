@@ -10,14 +10,17 @@ recovery = time a server restarted without its disk took to re-read its share.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from sim.serving.metrics import DONE, SHED
 
+if TYPE_CHECKING:
+    from sim.control.faultinject import Control
 
-def state(self: Any) -> dict[str, Any]:
+
+def state(self: Control) -> dict[str, Any]:
     """A JSON-ready snapshot of the control plane and the cluster (``replay --until``)."""
     g = self.meta.group
     ctx = self.ctx
@@ -59,7 +62,7 @@ def state(self: Any) -> dict[str, Any]:
     }
 
 
-def summary(self: Any, end: float) -> dict[str, Any]:
+def summary(self: Control, end: float) -> dict[str, Any]:
     met, wl, sc = self.ctx.metrics, self.cl.wl, self.ctx.sc
     slo = np.array([c.slo for c in sc.workload.classes])[wl.cls]
     lat = met.end - met.arrival
@@ -103,7 +106,7 @@ def summary(self: Any, end: float) -> dict[str, Any]:
     }
 
 
-def _elections(self: Any) -> tuple[float | None, list[float]]:
+def _elections(self: Control) -> tuple[float | None, list[float]]:
     """(time to the first leader, times from each leader loss to the next leader)."""
     log = self.meta.leader_log
     first = next((t for t, lead, _ in log if lead is not None), None)

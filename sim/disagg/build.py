@@ -157,7 +157,7 @@ def build_pools(
         ws.fetches_after_warmup = 0
         node = ComputeNode(pctx, i, name, ws, mem.kv, wl, tokens, sc.kv.swap_space * g)  # type: ignore[arg-type]
         node.server = slot.server
-        node.tp = slot.tp  # type: ignore[attr-defined]
+        node.tp = slot.tp
         ctx.nodes.append(node)
         pools[slot.role].append(node)
     store = None

@@ -46,6 +46,7 @@ from sim.serving.placement import Placement, Scheduler
 
 if TYPE_CHECKING:
     from sim.serving.context import SimContext
+    from sim.serving.replica import ComputeNode
 
 
 class Disagg:
@@ -57,8 +58,8 @@ class Disagg:
         self,
         ctx: SimContext,
         cfg: DisaggCfg,
-        prefill: list[Any],
-        decode: list[Any],
+        prefill: list[ComputeNode],
+        decode: list[ComputeNode],
         store: KvStore | None,
         blocks: list[list[int]],
         gpus: int,
@@ -86,7 +87,7 @@ class Disagg:
             for d in decode
         }
         self.incoming: dict[int, int] = {d.idx: 0 for d in decode}
-        self._early: dict[int, tuple[Any, simpy.Event, int]] = {}
+        self._early: dict[int, tuple[ComputeNode, simpy.Event, int]] = {}
         self.transfers = self.retries = self.rerouted = self.nvlink = self.rdma = 0
         #: transfers that waited for a live decode replica the prefill replica reaches
         self.blocked = 0
@@ -99,7 +100,7 @@ class Disagg:
             node.role = "decode"
 
     # -- measures for the routers ----------------------------------------------------------
-    def _prefill_load(self, node: Any) -> float:
+    def _prefill_load(self, node: ComputeNode) -> float:
         if self.cfg.prefill_routing != "kv-aware":
             return float(node.qlen + node.running)
         left = sum(e[1] for pf in node.pf for e in pf)
@@ -109,7 +110,7 @@ class Disagg:
                 left += sum(self.inp[r] - skip.get(r, 0) for r in q)
         return float(left)
 
-    def _held_blocks(self, node: Any, m: int, rid: int) -> int:
+    def _held_blocks(self, node: ComputeNode, m: int, rid: int) -> int:
         idx = self.held.get(node.idx)
         if idx is None:
             return 0
@@ -120,26 +121,28 @@ class Disagg:
             k += 1
         return k
 
-    def choose_prefill(self, nodes: Sequence[Any]) -> Any:
-        return self.router_p.choose(nodes, self._prefill_load, lambda n: 0.0)
+    def choose_prefill(self, nodes: Sequence[ComputeNode]) -> ComputeNode:
+        node: ComputeNode = self.router_p.choose(nodes, self._prefill_load, lambda n: 0.0)
+        return node
 
-    def _reach(self, src: Any, dst: Any) -> bool:
+    def _reach(self, src: ComputeNode, dst: ComputeNode) -> bool:
         """Whether ``src`` and ``dst`` reach each other (no partition between them)."""
         reach = getattr(getattr(self.ctx.directory, "meta", None), "reach", None)
         return reach is None or (reach.ok(src.name, dst.name) and reach.ok(dst.name, src.name))
 
-    def choose_decode(self, m: int, rid: int, src: Any) -> Any:
+    def choose_decode(self, m: int, rid: int, src: ComputeNode) -> ComputeNode | None:
         live = [d for d in self.decode if d.up and self._reach(src, d)]
         if not live:
             return None
-        return self.router_d.choose(
+        node: ComputeNode = self.router_d.choose(
             live,
             lambda n: float(n.qlen + n.running + self.incoming[n.idx]),
             lambda n: float(self._held_blocks(n, m, rid)),
         )
+        return node
 
     # -- the prefill hop -------------------------------------------------------------------
-    def place_prefill(self, rid: int, node: Any, m: int) -> None:
+    def place_prefill(self, rid: int, node: ComputeNode, m: int) -> None:
         """Send ``rid`` to prefill replica ``node`` (after reading its store hits)."""
         if m < 0:
             m = int(node._model[rid])
@@ -161,7 +164,7 @@ class Disagg:
         else:
             node.submit(rid, m)
 
-    def _submit(self, rid: int, node: Any, m: int) -> None:
+    def _submit(self, rid: int, node: ComputeNode, m: int) -> None:
         if node.up:
             node.submit(rid, m)
             return
@@ -170,7 +173,7 @@ class Disagg:
         self.sched.replace(rid)
 
     # -- node hooks ------------------------------------------------------------------------
-    def on_prefill_iter(self, node: Any, rids: list[int], seconds: float) -> None:
+    def on_prefill_iter(self, node: ComputeNode, rids: list[int], seconds: float) -> None:
         """Overlap: an iteration ending prompts ``rids`` starts on ``node``; send the KV of
         every layer but the last as it computes (one flow each)."""
         for rid in rids:
@@ -189,7 +192,9 @@ class Disagg:
             self.incoming[dst.idx] += 1
             self._early[rid] = (dst, ev, early)
 
-    def on_prefilled(self, node: Any, m: int, rid: int, kv_tokens: int, generated: int) -> None:
+    def on_prefilled(
+        self, node: ComputeNode, m: int, rid: int, kv_tokens: int, generated: int
+    ) -> None:
         """``node`` finished ``rid``'s prompt: keep its blocks in the store, move its KV."""
         now = self.env.now
         if self.store is not None and self.blocks[rid]:
@@ -198,16 +203,16 @@ class Disagg:
         self.env.process(self._move(node, m, rid, kv_tokens, generated, now))
 
     # -- the transfer ----------------------------------------------------------------------
-    def _bytes(self, dst: Any, m: int, rid: int, kv_tokens: int) -> int:
+    def _bytes(self, dst: ComputeNode, m: int, rid: int, kv_tokens: int) -> int:
         held = min(self._held_blocks(dst, m, rid) * self.block_tokens, kv_tokens)
         return int((kv_tokens - held) * self.ctx.models[m].kv_bytes_per_token)
 
     @staticmethod
-    def _path(src: Any, dst: Any) -> list[Any]:
+    def _path(src: ComputeNode, dst: ComputeNode) -> list[Any]:
         kind = "nvlink" if src.server == dst.server else "nic"
         return [src.ws.links[kind], dst.ws.links[kind]]
 
-    def _await_early(self, rid: int) -> Generator[simpy.Event, Any, tuple[Any, int]]:
+    def _await_early(self, rid: int) -> Generator[simpy.Event, Any, tuple[ComputeNode | None, int]]:
         """Wait for the layer-by-layer transfer started during ``rid``'s prefill, if any:
         ``(its destination, bytes it delivered)``, 0 bytes when it failed (a retry);
         ``(None, 0)`` when none was started."""
@@ -228,7 +233,7 @@ class Disagg:
         return dst, sent
 
     def _move(
-        self, src: Any, m: int, rid: int, kv_tokens: int, gen: int, t0: float
+        self, src: ComputeNode, m: int, rid: int, kv_tokens: int, gen: int, t0: float
     ) -> Generator[simpy.Event, Any, None]:
         env, net = self.env, self.ctx.network
         blocked = False
@@ -283,7 +288,7 @@ class Disagg:
         waits = self.wait[~np.isnan(self.wait)]
         prompt = float(sum(self.inp)) if self.inp else 0.0
 
-        def pool(nodes: list[Any]) -> dict[str, int]:
+        def pool(nodes: list[ComputeNode]) -> dict[str, int]:
             tp = nodes[0].tp if nodes else 0
             return {"replicas": len(nodes), "tp": tp, "gpus": len(nodes) * tp}
 
@@ -329,7 +334,7 @@ class _PrefillPlacement(Placement):
         super().__init__(ctx, rng)
         self.co = co
 
-    def choose(self, model: int, nodes: list[Any], now: float) -> Any:
+    def choose(self, model: int, nodes: list[ComputeNode], now: float) -> ComputeNode:
         return self.co.choose_prefill(nodes)
 
 
@@ -343,14 +348,14 @@ class DisaggScheduler(Scheduler):
         self.policy = _PrefillPlacement(ctx, rng, co)
         co.sched = self
 
-    def live_nodes(self) -> list[Any]:
+    def live_nodes(self) -> list[ComputeNode]:
         """The prefill replicas that are up (cached until one's ``up`` changes)."""
         live = self._live
         if live is None:
             live = self._live = [n for n in self.co.prefill if n.up]
         return live
 
-    def _place(self, rid: int, node: Any, now: float, m: int = -1) -> None:
+    def _place(self, rid: int, node: ComputeNode, now: float, m: int = -1) -> None:
         ctx = self.ctx
         ctx.metrics.node[rid] = node.idx
         ctx.trace.rec(now, EV_ARRIVE, rid, node.idx)

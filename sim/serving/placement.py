@@ -20,13 +20,18 @@ from __future__ import annotations
 
 import heapq
 from collections import deque
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Generator
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from sim.serving.context import SimContext
 from sim.serving.metrics import EV_ARRIVE, EV_SHED, SHED
+
+if TYPE_CHECKING:
+    import simpy
+
+    from sim.serving.replica import ComputeNode
 
 
 class Placement:
@@ -38,7 +43,7 @@ class Placement:
         self.ctx = ctx
         self.rng = rng
 
-    def choose(self, model: int, nodes: list[Any], now: float) -> Any:
+    def choose(self, model: int, nodes: list[ComputeNode], now: float) -> ComputeNode:
         raise NotImplementedError
 
 
@@ -56,7 +61,7 @@ def register(name: str) -> Callable[[type[Placement]], type[Placement]]:
 
 @register("random")
 class RandomPlacement(Placement):
-    def choose(self, model: int, nodes: list[Any], now: float) -> Any:
+    def choose(self, model: int, nodes: list[ComputeNode], now: float) -> ComputeNode:
         return nodes[int(self.rng.integers(len(nodes)))]
 
 
@@ -66,7 +71,7 @@ class RoundRobin(Placement):
         super().__init__(ctx, rng)
         self._i = -1
 
-    def choose(self, model: int, nodes: list[Any], now: float) -> Any:
+    def choose(self, model: int, nodes: list[ComputeNode], now: float) -> ComputeNode:
         self._i += 1
         return nodes[self._i % len(nodes)]
 
@@ -86,10 +91,10 @@ class LeastLoaded(Placement):
 
     def __init__(self, ctx: SimContext, rng: np.random.Generator) -> None:
         super().__init__(ctx, rng)
-        self._for: list[Any] | None = None
+        self._for: list[ComputeNode] | None = None
         self._heap: list[tuple[int, int]] = []
 
-    def _rebuild(self, nodes: list[Any]) -> None:
+    def _rebuild(self, nodes: list[ComputeNode]) -> None:
         if self._for is not nodes:
             if self._for is not None:
                 for n in self._for:
@@ -100,15 +105,15 @@ class LeastLoaded(Placement):
         self._heap = [(n.qlen + n.running, pos) for pos, n in enumerate(nodes)]
         heapq.heapify(self._heap)
 
-    def _hook(self, pos: int) -> Callable[[Any], None]:
+    def _hook(self, pos: int) -> Callable[[ComputeNode], None]:
         heap = self  # the heap list is replaced on rebuild: look it up at call time
 
-        def unloaded(node: Any) -> None:
+        def unloaded(node: ComputeNode) -> None:
             heapq.heappush(heap._heap, (node.qlen + node.running, pos))
 
         return unloaded
 
-    def choose(self, model: int, nodes: list[Any], now: float) -> Any:
+    def choose(self, model: int, nodes: list[ComputeNode], now: float) -> ComputeNode:
         heap = self._heap
         if nodes is not self._for or len(heap) > 4 * len(nodes) + 64:
             self._rebuild(nodes)
@@ -124,7 +129,7 @@ class LeastLoaded(Placement):
 
 @register("score")
 class ScorePlacement(Placement):
-    def choose(self, model: int, nodes: list[Any], now: float) -> Any:
+    def choose(self, model: int, nodes: list[ComputeNode], now: float) -> ComputeNode:
         c = self.ctx.sc.scheduler
         best, best_s = nodes[0], float("inf")
         for n in nodes:
@@ -149,14 +154,14 @@ class Scheduler:
         self.deg = ctx.sc.degradation
         self.held: deque[int] = deque()
         self._release_running = False
-        self._live: list[Any] | None = None
+        self._live: list[ComputeNode] | None = None
         for n in ctx.nodes:  # a node going down or up drops the cached live list
             n.watch_up(self._forget_live)
 
     def _forget_live(self) -> None:
         self._live = None
 
-    def live_nodes(self) -> list[Any]:
+    def live_nodes(self) -> list[ComputeNode]:
         """The nodes that are up, in index order. Cached until a node's ``up`` changes; callers
         must not modify the returned list (a change makes a new one)."""
         live = self._live
@@ -164,7 +169,7 @@ class Scheduler:
             live = self._live = [n for n in self.ctx.nodes if n.up]
         return live
 
-    def _overloaded(self, node: Any, now: float) -> bool:
+    def _overloaded(self, node: ComputeNode, now: float) -> bool:
         d = self.deg
         return bool(node.qlen >= d.queue_per_node or node.oldest_wait(now) >= d.max_wait)
 
@@ -197,7 +202,7 @@ class Scheduler:
                 return
         self._place(rid, node, now, m)
 
-    def _place(self, rid: int, node: Any, now: float, m: int = -1) -> None:
+    def _place(self, rid: int, node: ComputeNode, now: float, m: int = -1) -> None:
         """Send ``rid`` to ``node`` (``m``: its model index if known, else read there)."""
         ctx = self.ctx
         ctx.metrics.node[rid] = node.idx
@@ -212,7 +217,7 @@ class Scheduler:
         if self.ctx.on_complete is not None:
             self.ctx.on_complete(rid)
 
-    def _release(self) -> Any:
+    def _release(self) -> Generator[simpy.Event, object, None]:
         """Release held (degraded) requests while some node is below the overload mark."""
         env = self.ctx.env
         while self.held:

@@ -98,6 +98,7 @@ class ComputeNode:
         #: rids, seconds)`` is told when an iteration that ends those prompts starts.
         self.role = "both"
         self.server = idx
+        self.tp = ctx.sc.cluster.tp  # GPUs per pipeline stage (a disaggregated pool sets its own)
         self.on_prefilled: Callable[..., None] | None = None
         self.on_prefill_iter: Callable[..., None] | None = None
         #: per queued rid: leading prompt tokens whose KV came from a store (not prefilled)

@@ -21,7 +21,7 @@ from tests.scenario_text import tiny_scenario
 
 runner = CliRunner()
 ROOT = Path(__file__).resolve().parents[2]
-CHAOS_SMALL = ROOT / "tests" / "sim" / "faults" / "data" / "chaos-small.yaml"
+CHAOS_SMALL = ROOT / "tests" / "sim" / "control" / "faults" / "data" / "chaos-small.yaml"
 
 TINY = tiny_scenario()
 PLAN = """\

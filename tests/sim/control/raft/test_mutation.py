@@ -20,7 +20,7 @@ from sim.study.chaos import chaos_scenario, run_seed
 
 from .mutants import MUTANTS, Mutant
 
-SCENARIO = Path(__file__).resolve().parents[3] / "scenarios" / "raft-stress.yaml"
+SCENARIO = Path(__file__).resolve().parents[4] / "scenarios" / "raft-stress.yaml"
 SEEDS = 200
 #: the five bugs random-fault seeds missed before (issue 22); each must be killed
 MUST_KILL = {

@@ -33,4 +33,3 @@ def test_module_names_are_unique_outside_the_command_line() -> None:
         if p.name not in SHARED_NAMES and "cli" not in p.relative_to(ROOT).parts:
             seen[p.name].append(str(p.relative_to(ROOT)))
     assert {name: paths for name, paths in seen.items() if len(paths) > 1} == {}
-

@@ -183,14 +183,9 @@ class ComputeNode:
         self.iterations = 0
         self.preemptions = 0
         self.swap_moved = 0
-        #: requests the running turn admitted (0: a decode-only iteration); set at the turn's
-        #: start, before its compute, so a hook on the iteration sees it
-        self.admitted = 0
         #: what the running iteration runs (:func:`engine.kv.admission.iteration_kind`)
         self.kind: IterationKind = "decode"
-        #: the running turn follows an idle spell (the replica waited for a request)
-        self.woke = False
-        self._woke = False
+        self._woke = False  # the next turn follows an idle spell (waited for a request)
         self._since = 1 << 30
         self.proc: simpy.Process | None = None
         self._cur = -1

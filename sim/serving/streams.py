@@ -89,7 +89,7 @@ def lend(node: ComputeNode, ev: simpy.Event) -> Generator[simpy.Event, Any, None
     iterations until ``ev`` fires; their time goes to ``_lent``, which the waiting
     iteration does not count as its own (busy time, token budget, virtual time)."""
     assert node._stream is not None
-    saved = (node._cur, node._quantum, node.admitted, node.woke)
+    saved = (node._cur, node._quantum)
     t0 = node.env.now
     while not ev.triggered:
         p = stream_pick(node, 0)
@@ -100,4 +100,4 @@ def lend(node: ComputeNode, ev: simpy.Event) -> Generator[simpy.Event, Any, None
         node._s_last[0] = p
         yield from stream_turn(node, p)
     node._lent += node.env.now - t0
-    node._cur, node._quantum, node.admitted, node.woke = saved
+    node._cur, node._quantum = saved

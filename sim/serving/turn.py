@@ -61,8 +61,8 @@ Prompt = list[int]
 
 
 def turn(node: ComputeNode, m: int) -> Generator[simpy.Event, Any, None]:
-    """One turn of model ``m`` (see the module docstring). Sets ``node.admitted``,
-    ``node.woke`` and ``node.kind`` before the iteration's compute starts."""
+    """One turn of model ``m`` (see the module docstring). Sets ``node.kind`` before the
+    iteration's compute starts."""
     mr, ws, met = node.ctx.models[m], node.ws, node.ctx.metrics
     off = node.b_off[m]
     extra = 0.0
@@ -72,12 +72,10 @@ def turn(node: ComputeNode, m: int) -> Generator[simpy.Event, Any, None]:
     n = node.b_n[m]
     # 2. prefill chunks of running prompts, then newly admitted ones, within the budget
     pf = node.pf[m]
-    new, swapped = admit(node, m, node.max_tokens - n - sum(e[1] for e in pf))
+    _new, swapped = admit(node, m, node.max_tokens - n - sum(e[1] for e in pf))
     extra = _swap_in(node, m, off, swapped, extra)
     n = node.b_n[m]
-    node.admitted = len(new)
     woke, node._woke = node._woke, False
-    node.woke = woke
     used = ws.hbm.used + node.kv.reserved
     if used > met.peak_hbm:
         met.peak_hbm = used

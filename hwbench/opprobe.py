@@ -9,14 +9,14 @@ profile's ``ops`` section -- the same tables an imported aiconfigurator profile 
   :class:`OpGrid` (every knot combination; interpolation fills the rest), twice: with the
   weights cold (read from memory, as for a model larger than the last-level cache) and
   resident in that cache (as for a model that fits in it; ``resident_bytes``);
-* **decode attention** (``phase: decode``) -- :func:`engine.kv.attention.paged_decode_attention`
-  on a fp32 :class:`engine.kv.storage.KVStorage`, ``batch`` sequences of ``x`` tokens each,
-  plus the engine's scatter of the step's new K/V into the store;
-* **prefill attention** (``phase: prefill``) -- :func:`prefill_attention`, the engine's causal
-  attention of ``batch`` prompts of ``x`` tokens each (one prompt at a time, as
-  :class:`engine.runtime.model.DecoderModel` runs it), KV written into the store;
+* **attention** (decode and prefill) and the **elementwise ops** (norm, activation,
+  embedding) -- timed in place, inside the engine's own layer loop
+  (:mod:`hwbench.insitu_probe`), because alone they do not cost what they cost there;
 * **op floor** -- the median of one tiny elementwise op (``ops.roofline.op_floor_s``): what
-  every op no table covers (norms, activation, embedding) pays at least.
+  every op no table covers pays at least.
+
+Every table is timed with the process's allocator in the engine's regime
+(:func:`engine.runtime.heap.keep_freed_memory`).
 
 Each point is the median of ``repeats`` timed calls after ``warmup`` untimed ones (on a GPU
 every timed call ends with a device synchronisation). A table's :class:`sim.serving.opcost.TableOrigin`
@@ -28,26 +28,23 @@ with these tables held fixed (:mod:`hwbench.engine_fit`).
 from __future__ import annotations
 
 import datetime as _dt
-import math
 import platform
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
-from typing import Any, Literal
+from typing import Any
 
 import numpy as np
 
 from engine import backend
-from engine.kv.attention import paged_decode_attention
-from engine.kv.storage import KVLayout, KVStorage
-from hwbench.elementwise_probe import EW_ROWS, elementwise_tables
+from engine.runtime.heap import keep_freed_memory
+from hwbench.insitu_probe import insitu_tables
 from hwbench.probes import time_op
 from sim.serving.costmodel import Profile
 from sim.serving.opcost import (
     AttentionTable,
-    Curves,
     ElementwiseTable,
     GemmTable,
     Grid3,
@@ -64,11 +61,8 @@ __all__ = [
     "op_clock",
     "op_floor",
     "origin",
-    "prefill_attention",
     "with_op_tables",
 ]
-
-BLOCK_TOKENS = 16  # the engine's KV block (engine.runtime.model.DecoderConfig.block_tokens)
 
 
 @dataclass(frozen=True)
@@ -85,8 +79,6 @@ class OpGrid:
     decode_context: tuple[int, ...]
     prefill_batch: tuple[int, ...]
     prefill_tokens: tuple[int, ...]
-    #: rows per elementwise-table call (:mod:`hwbench.elementwise_probe`)
-    ew_rows: tuple[int, ...] = EW_ROWS
     warmup: int = 2
     repeats: int = 7
 
@@ -138,7 +130,6 @@ class OpGrid:
             decode_context=(16, 128),
             prefill_batch=(1, 2),
             prefill_tokens=(16, 64),
-            ew_rows=(1, 64),
             warmup=1,
             repeats=3,
         )
@@ -250,161 +241,24 @@ def gemm_table(
     return GemmTable(origin=org, dtype="fp32", kernel=kernel, resident_bytes=resident_bytes, grid=g)
 
 
-def prefill_attention(
-    xp: ModuleType,
-    q: Any,
-    k: Any,
-    v: Any,
-    lengths: list[int],
-    store: KVStorage,
-    tables: list[list[int]],
-) -> Any:
-    """Causal attention of prompts of ``lengths`` tokens packed in ``q`` ``[T, H, D]`` and
-    ``k``/``v`` ``[T, KV, D]``, one prompt at a time (the engine's
-    ``DecoderModel._block_prefill``): each prompt's K/V written into ``store`` at its block
-    table, scores ``q k^T / sqrt(D)`` masked above the diagonal, softmax, ``@ v``."""
-    heads, kv_heads, dim = q.shape[1], k.shape[1], q.shape[2]
-    g = heads // kv_heads
-    out = xp.empty_like(q)
-    scale = xp.float32(1.0 / math.sqrt(dim))
-    lo = 0
-    for table, n in zip(tables, lengths, strict=True):
-        ks, vs = k[lo : lo + n], v[lo : lo + n]
-        store.write_tokens(0, table, 0, ks, vs)
-        qs = q[lo : lo + n].reshape(n, kv_heads, g, dim).transpose(1, 2, 0, 3)
-        s = xp.matmul(qs, ks.transpose(1, 2, 0)[:, None]) * scale
-        s = s + xp.asarray(np.triu(np.full((n, n), -np.inf, dtype=np.float32), 1))
-        s = xp.exp(s - s.max(axis=-1, keepdims=True))
-        s /= s.sum(axis=-1, keepdims=True)
-        o = xp.matmul(s, vs.transpose(1, 0, 2)[:, None])
-        out[lo : lo + n] = o.transpose(2, 0, 1, 3).reshape(n, heads, dim)
-        lo += n
-    return out
-
-
-def _store(xp: ModuleType, kv_heads: int, dim: int, seqs: int, tokens: int) -> KVStorage:
-    per_seq = -(-tokens // BLOCK_TOKENS)
-    layout = KVLayout(1, BLOCK_TOKENS, kv_heads, dim, "fp32")
-    return KVStorage(layout, max(1, seqs * per_seq), xp)
-
-
-def _block_tables(batch: int, tokens: int) -> list[list[int]]:
-    """One block table per sequence of ``tokens`` tokens, the blocks numbered in turn."""
-    per_seq = -(-tokens // BLOCK_TOKENS)
-    return [list(range(s * per_seq, (s + 1) * per_seq)) for s in range(batch)]
-
-
-#: builds the call to time at one knot: (heads, kv_heads, batch, x) -> call
-PointCall = Callable[[int, int, int, int], Callable[[], object]]
-
-
-def _decode_point(xp: ModuleType, rng: np.random.Generator, dim: int) -> PointCall:
-    """Decode steps of ``batch`` sequences with ``ctx`` tokens cached each: the step's new K/V
-    scattered into the store, then :func:`paged_decode_attention` over ``ctx + 1`` tokens."""
-
-    def point(heads: int, kv_heads: int, batch: int, ctx: int) -> Callable[[], object]:
-        store = _store(xp, kv_heads, dim, batch, ctx + 1)
-        tables = _block_tables(batch, ctx + 1)
-        q = xp.asarray(rng.standard_normal((batch, heads, dim), dtype=np.float32))
-        kn = xp.asarray(rng.standard_normal((batch, kv_heads, dim), dtype=np.float32))
-        blocks = xp.asarray(np.array([t[ctx // BLOCK_TOKENS] for t in tables]))
-        slots = xp.asarray(np.full(batch, ctx % BLOCK_TOKENS))
-        lens = [ctx + 1] * batch
-
-        def step() -> object:
-            kd, vd = store.raw(0)
-            kd[blocks, slots] = kn
-            vd[blocks, slots] = kn
-            return paged_decode_attention(q, store, tables, lens, layer=0, xp=xp)
-
-        return step
-
-    return point
-
-
-def _prefill_point(xp: ModuleType, rng: np.random.Generator, dim: int) -> PointCall:
-    """Prefills of ``batch`` prompts of ``n`` tokens each (:func:`prefill_attention`)."""
-
-    def point(heads: int, kv_heads: int, batch: int, n: int) -> Callable[[], object]:
-        total = batch * n
-        store = _store(xp, kv_heads, dim, batch, n)
-        tables = _block_tables(batch, n)
-        q = xp.asarray(rng.standard_normal((total, heads, dim), dtype=np.float32))
-        kv = xp.asarray(rng.standard_normal((total, kv_heads, dim), dtype=np.float32))
-        lens = [n] * batch
-        return lambda: prefill_attention(xp, q, kv, kv, lens, store, tables)
-
-    return point
-
-
-def _attention_table(
-    xp: ModuleType,
-    grid: OpGrid,
-    org: TableOrigin,
-    phase: Literal["prefill", "decode"],
-    layout: tuple[int, int],
-    knots: tuple[tuple[int, ...], tuple[int, ...]],
-    point: PointCall,
-    kernel: str,
-) -> AttentionTable:
-    """The ``phase`` table of head layout ``layout`` (query heads, KV heads): the median
-    seconds of ``point``'s call at every (batch, x) of ``knots`` (batch outer), each call
-    built just before it is timed."""
-    sync = _syncer(xp)
-    heads, kv_heads = layout
-    batches, xs = knots
-    secs = [[_median(point(heads, kv_heads, b, x), grid, sync, xp) for x in xs] for b in batches]
-    return AttentionTable(
-        origin=org,
-        phase=phase,
-        heads=heads,
-        kv_heads=kv_heads,
-        head_dim=grid.head_dim,
-        kv_dtype="fp32",
-        kernel=kernel,
-        curves=Curves(batch=list(batches), x=[list(xs)] * len(batches), latency_s=secs),
-    )
-
-
-def attention_tables(xp: ModuleType, grid: OpGrid, org: TableOrigin) -> list[AttentionTable]:
-    """Decode and prefill attention tables for every head layout of ``grid`` (decode, then
-    prefill, layout by layout; the inputs drawn from one seeded generator in that order)."""
-    rng = np.random.default_rng(12)
-    decode, prefill = _decode_point(xp, rng, grid.head_dim), _prefill_point(xp, rng, grid.head_dim)
-    decode_knots = (grid.decode_batch, grid.decode_context)
-    prefill_knots = (grid.prefill_batch, grid.prefill_tokens)
-    out: list[AttentionTable] = []
-    for layout in grid.layouts:
-        out.append(
-            _attention_table(
-                xp, grid, org, "decode", layout, decode_knots, decode,
-                "engine.kv.attention.paged_decode_attention",
-            )
-        )  # fmt: skip
-        out.append(
-            _attention_table(
-                xp, grid, org, "prefill", layout, prefill_knots, prefill,
-                "hwbench.opprobe.prefill_attention (the engine's causal attention)",
-            )
-        )  # fmt: skip
-    return out
-
-
 def measure_ops(
     xp: ModuleType, grid: OpGrid, when: _dt.datetime | None = None
 ) -> tuple[list[GemmTable], list[AttentionTable], list[ElementwiseTable], float]:
     """The GEMM tables (cold weights; and, where the last-level cache size is known,
-    weights resident in it), the attention tables, the elementwise tables
-    (:mod:`hwbench.elementwise_probe`) and the op floor (seconds) on ``xp``."""
+    weights resident in it), the attention and elementwise tables (timed in place, inside
+    the engine's layer loop: :mod:`hwbench.insitu_probe`) and the op floor (seconds) on
+    ``xp``. Fixes the process's allocator regime first, as the engine does
+    (:func:`engine.runtime.heap.keep_freed_memory`)."""
+    keep_freed_memory()
     when = when or _dt.datetime.now(_dt.UTC)
     org = origin(xp, when, f"{len(grid.m)}x{len(grid.n)}x{len(grid.k)} GEMM knots")
     gemms = [gemm_table(xp, grid, org)]
     llc = cache_bytes(xp)
     if llc > 0:
         gemms.append(gemm_table(xp, grid, org, resident_bytes=llc))
-    sync = _syncer(xp)
-    ew = elementwise_tables(xp, lambda fn: _median(fn, grid, sync, xp), org, grid.ew_rows)
-    return gemms, attention_tables(xp, grid, org), ew, op_floor(xp, grid)
+    situ_org = origin(xp, when, "in place, in the engine's layer loop")
+    situ = insitu_tables(xp, grid, situ_org, clock=op_clock(xp))
+    return gemms, situ.attention, situ.elementwise, op_floor(xp, grid)
 
 
 def with_op_tables(profile: Profile, xp: ModuleType, grid: OpGrid) -> Profile:

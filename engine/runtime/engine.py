@@ -36,6 +36,7 @@ from engine import backend
 from engine.config import PrefetchCfg
 from engine.kv.admission import IterationKind, iteration_kind
 from engine.runtime.clock import RunClock
+from engine.runtime.heap import keep_freed_memory
 from engine.runtime.model import DecoderModel, DenseModel, unpack
 from engine.runtime.prefetcher import Prefetcher
 from engine.runtime.scheduler import BatchScheduler
@@ -185,7 +186,9 @@ class Engine:
 
     # -- the run ------------------------------------------------------------------------------
     def run(self, wl: EngineWorkload) -> EngineResult:
-        """Serve ``wl`` in real time; returns when every request is done or rejected."""
+        """Serve ``wl`` in real time; returns when every request is done or rejected.
+        Fixes the process's allocator regime first (:func:`keep_freed_memory`)."""
+        keep_freed_memory()
         n = wl.n
         run_clock = RunClock(self.exclude_cpu_wait)
         self.run_clock = run_clock

@@ -23,7 +23,7 @@ with the same weights, so a layer's weights are fetched once per iteration.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Any
@@ -42,6 +42,8 @@ __all__ = [
     "DenseConfig",
     "DenseModel",
     "IterationState",
+    "OpCall",
+    "run_op",
     "unpack",
 ]
 
@@ -159,6 +161,21 @@ def _silu(x: Any, xp: ModuleType) -> Any:
     return x / (xp.float32(1.0) + xp.exp(-x))
 
 
+def _silu_mul(g: Any, u: Any, xp: ModuleType) -> Any:
+    return _silu(g, xp) * u
+
+
+#: how a model runs one op: ``op(name, fn, *args)`` returns ``fn(*args)``. ``name`` is the
+#: op's name in :data:`sim.serving.opcost.iteration.OP_NAMES` (``attention_prefill`` includes
+#: the KV write, ``attention_decode`` the new token's K/V scatter), or ``residual_add``
+OpCall = Callable[..., Any]
+
+
+def run_op(name: str, fn: Callable[..., Any], *args: Any) -> Any:
+    """The default :data:`OpCall`: ``fn(*args)``; ``name`` is for hooks that time ops."""
+    return fn(*args)
+
+
 @dataclass
 class IterationState:
     """Activations of one iteration. ``prefill``: (seq id, prompt token ids) of new
@@ -186,6 +203,10 @@ class DecoderModel:
     The engine instead lets its scheduler's admission object take the blocks in :attr:`kv`
     (:class:`engine.kv.admission.KvAdmission`) and gives :meth:`begin` the decode positions;
     the block tables then cover the written tokens and ``kv``'s token counts may lag.
+
+    Every array op of an iteration runs through :attr:`op` (an :data:`OpCall`, default
+    :func:`run_op`), named as the simulator's op model names it, so a probe can time each op
+    in place (:mod:`hwbench.insitu_probe`); replacing it changes no result.
     """
 
     def __init__(self, cfg: DecoderConfig, kv_tokens: int, xp: ModuleType = np) -> None:
@@ -201,6 +222,7 @@ class DecoderModel:
         )
         layout = KVLayout(cfg.n_blocks, bt, cfg.kv_heads, cfg.head_dim, "fp32")
         self.store = KVStorage(layout, n_blocks, xp)
+        self.op: OpCall = run_op
 
     def begin(
         self,
@@ -241,43 +263,62 @@ class DecoderModel:
 
     def run_layer(self, st: IterationState, layer: int, w: dict[str, Any]) -> None:
         """Run ``layer`` (weights ``w``, see :meth:`DecoderConfig.layout`) on both parts."""
-        xp, cfg = self.xp, self.cfg
+        xp, cfg, op = self.xp, self.cfg, self.op
         if layer == 0:
             if st.prefill:
-                ids = np.concatenate([t for _, t in st.prefill])
-                st.x_p = w["embed"][xp.asarray(ids)]
+                ids = xp.asarray(np.concatenate([t for _, t in st.prefill]))
+                st.x_p = op("embedding", _gather, w["embed"], ids)
             if st.decode:
-                st.x_d = w["embed"][xp.asarray(np.array([t for _, t in st.decode]))]
+                ids = xp.asarray(np.array([t for _, t in st.decode]))
+                st.x_d = op("embedding", _gather, w["embed"], ids)
             return
         if layer == cfg.n_layers - 1:
             if st.prefill:
                 ends = np.cumsum([len(t) for _, t in st.prefill]) - 1
                 # logits of each prompt's last token only (what is sampled), as vLLM does
-                h = _rmsnorm(st.x_p[xp.asarray(ends)], w["norm"], xp)
-                st.logits_p = h @ w["head"]
+                h = op("final_norm", _rmsnorm, st.x_p[xp.asarray(ends)], w["norm"], xp)
+                st.logits_p = op("lm_head", xp.matmul, h, w["head"])
             if st.decode:
-                st.logits_d = _rmsnorm(st.x_d, w["norm"], xp) @ w["head"]
+                h = op("final_norm", _rmsnorm, st.x_d, w["norm"], xp)
+                st.logits_d = op("lm_head", xp.matmul, h, w["head"])
             return
         blk = layer - 1
         if st.prefill:
-            st.x_p = self._block_prefill(st, blk, w)
+            st.x_p = self._block(st, blk, w, st.x_p, self._attend_prefill, "attention_prefill")
         if st.decode:
-            st.x_d = self._block_decode(st, blk, w)
+            st.x_d = self._block(st, blk, w, st.x_d, self._attend_decode, "attention_decode")
 
     # -- blocks ---------------------------------------------------------------------------
-    def _mlp(self, x: Any, w: dict[str, Any]) -> Any:
-        xp = self.xp
-        h = _rmsnorm(x, w["mlp_norm"], xp)
-        return x + (_silu(h @ w["wg"], xp) * (h @ w["wu"])) @ w["wd"]
+    def _block(
+        self,
+        st: IterationState,
+        blk: int,
+        w: dict[str, Any],
+        x: Any,
+        attend: Callable[..., Any],
+        attn_name: str,
+    ) -> Any:
+        """One decoder block on one part's activations ``x``; ``attend(st, blk, q, k, v)``
+        is that part's attention (op ``attn_name``)."""
+        xp, cfg, op = self.xp, self.cfg, self.op
+        H, KV, D = cfg.heads, cfg.kv_heads, cfg.head_dim
+        h = op("input_norm", _rmsnorm, x, w["attn_norm"], xp)
+        q = op("qkv_gemm", xp.matmul, h, w["wq"]).reshape(-1, H, D)
+        k = op("qkv_gemm", xp.matmul, h, w["wk"]).reshape(-1, KV, D)
+        v = op("qkv_gemm", xp.matmul, h, w["wv"]).reshape(-1, KV, D)
+        att = op(attn_name, attend, st, blk, q, k, v)
+        x = op("residual_add", xp.add, x, op("o_gemm", xp.matmul, att, w["wo"]))
+        h = op("post_attn_norm", _rmsnorm, x, w["mlp_norm"], xp)
+        g = op("gate_up_gemm", xp.matmul, h, w["wg"])
+        u = op("gate_up_gemm", xp.matmul, h, w["wu"])
+        a = op("activation", _silu_mul, g, u, xp)
+        return op("residual_add", xp.add, x, op("down_gemm", xp.matmul, a, w["wd"]))
 
-    def _block_prefill(self, st: IterationState, blk: int, w: dict[str, Any]) -> Any:
+    def _attend_prefill(self, st: IterationState, blk: int, q: Any, k: Any, v: Any) -> Any:
+        """Causal attention of each prompt (its K/V written into the store first);
+        ``[tokens, hidden]``."""
         xp, cfg = self.xp, self.cfg
         H, KV, D = cfg.heads, cfg.kv_heads, cfg.head_dim
-        x = st.x_p
-        h = _rmsnorm(x, w["attn_norm"], xp)
-        q = (h @ w["wq"]).reshape(-1, H, D)
-        k = (h @ w["wk"]).reshape(-1, KV, D)
-        v = (h @ w["wv"]).reshape(-1, KV, D)
         out = xp.empty_like(q)
         scale = xp.float32(1.0 / math.sqrt(D))
         g = H // KV
@@ -294,26 +335,24 @@ class DecoderModel:
             o = xp.matmul(s, vs.transpose(1, 0, 2)[:, None])  # [KV, g, n, D]
             out[lo : lo + n] = o.transpose(2, 0, 1, 3).reshape(n, H, D)
             lo += n
-        x = x + out.reshape(-1, cfg.hidden) @ w["wo"]
-        return self._mlp(x, w)
+        return out.reshape(-1, cfg.hidden)
 
-    def _block_decode(self, st: IterationState, blk: int, w: dict[str, Any]) -> Any:
-        xp, cfg = self.xp, self.cfg
-        H, KV, D = cfg.heads, cfg.kv_heads, cfg.head_dim
-        x = st.x_d
-        h = _rmsnorm(x, w["attn_norm"], xp)
-        q = (h @ w["wq"]).reshape(-1, H, D)
-        k = (h @ w["wk"]).reshape(-1, KV, D)
-        v = (h @ w["wv"]).reshape(-1, KV, D)
-        tables = st.tables_d
+    def _attend_decode(self, st: IterationState, blk: int, q: Any, k: Any, v: Any) -> Any:
+        """The new token's K/V scattered into the store, then paged attention over each
+        sequence's KV; ``[batch, hidden]``."""
         # fp32 store: one scatter for the whole batch (slot = block of the position, offset);
         # the per-token write() path is for quantised formats, which re-code groups.
         kd, vd = self.store.raw(blk)
         kd[st.blocks_d, st.slots_d] = k
         vd[st.blocks_d, st.slots_d] = v
-        att = paged_decode_attention(q, self.store, tables, st.pos_d + 1, layer=blk, xp=xp)
-        x = x + att.reshape(-1, cfg.hidden) @ w["wo"]
-        return self._mlp(x, w)
+        att = paged_decode_attention(
+            q, self.store, st.tables_d, st.pos_d + 1, layer=blk, xp=self.xp
+        )
+        return att.reshape(-1, self.cfg.hidden)
+
+
+def _gather(table: Any, ids: Any) -> Any:
+    return table[ids]
 
 
 class DenseModel:

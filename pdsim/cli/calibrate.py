@@ -10,9 +10,9 @@ validates. Probe scratch files go to a temporary directory (``--workdir`` to cho
 the SSD link is measured on that filesystem).
 
 Unless ``--no-engine``, calibrate then measures the op tables of :mod:`sim.serving.opcost` on the
-engine's backend (:mod:`hwbench.opprobe`: GEMMs with cold and cache-resident weights, decode
-and prefill attention, the engine's elementwise ops, the op floor; on NumPy timed on thread
-CPU time) into the profile's ``ops`` section, serves calibration workloads on the real
+engine's backend (:mod:`hwbench.opprobe`: GEMMs with cold and cache-resident weights; decode
+and prefill attention and the engine's elementwise ops timed in place, inside the engine's
+layer loop (:mod:`hwbench.insitu_probe`); the op floor; on NumPy timed on thread CPU time) into the profile's ``ops`` section, serves calibration workloads on the real
 engine and fits its own terms with those tables held fixed (:mod:`hwbench.engine_fit`:
 per-iteration overhead, serving-loop gap, extra after idle, copy contention; ``ops.engine``), so ``pdsim validate`` -- and ``pdsim run`` of any
 scenario naming the profile -- price iterations from it. ``--tiny`` keeps it to seconds.
@@ -196,7 +196,7 @@ def _fit(
         from hwbench.opprobe import OpGrid, with_op_tables
 
         grid = {"tiny": OpGrid.tiny, "quick": OpGrid.quick, "full": OpGrid.full}[mode]()
-        with err_console.status("op tables (GEMM, attention) on the engine's backend"):
+        with err_console.status("op tables (GEMM; attention, elementwise in place)"):
             profile = with_op_tables(profile, xp, grid)
         with err_console.status("engine probe (serving calibration workloads)"):
             try:

@@ -3,7 +3,6 @@ impossible fits rejected; measured op tables against simple references."""
 
 from __future__ import annotations
 
-import math
 import time
 from pathlib import Path
 from typing import Any
@@ -13,7 +12,6 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from engine.kv.storage import KVLayout, KVStorage
 from hwbench.engine_fit import (
     ENGINE_SHAPE,
     MAX_FIT_ERROR,
@@ -22,7 +20,7 @@ from hwbench.engine_fit import (
     with_engine,
 )
 from hwbench.engine_probe import PassPoint, StreamProbe
-from hwbench.opprobe import OpGrid, gemm_table, origin, prefill_attention
+from hwbench.opprobe import OpGrid, gemm_table, origin
 from hwbench.probes import Measurement
 from hwbench.profile import CEILINGS, check_profile
 from hwbench.validate import decoder_config, sim_catalogue
@@ -218,45 +216,6 @@ def test_gemm_table_picks_cache_resident_timings_only_for_models_that_fit() -> N
         ops = OpsProfile(gemm=[table(3e-5, 0), table(1e-5, cache)])
         cost = OpCostModel(base_profile().model_copy(update={"ops": ops}), SPEC)
         assert cost.gemm_time(8, 512, 512) == (pytest.approx(want), "table")
-
-
-def reference_causal(q: np.ndarray, k: np.ndarray, v: np.ndarray) -> np.ndarray:
-    """Textbook causal attention of one prompt, head by head (GQA: heads share KV heads)."""
-    n, heads, dim = q.shape
-    g = heads // k.shape[1]
-    out = np.zeros_like(q, dtype=np.float64)
-    for h in range(heads):
-        for i in range(n):
-            s = np.array([q[i, h] @ k[j, h // g] for j in range(i + 1)]) / math.sqrt(dim)
-            w = np.exp(s - s.max())
-            out[i, h] = (w / w.sum()) @ v[: i + 1, h // g]
-    return out
-
-
-@settings(max_examples=15, deadline=None)
-@given(st.lists(st.integers(1, 20), min_size=1, max_size=3), st.sampled_from([(4, 4), (4, 2)]))
-def test_prefill_attention_is_causal_attention_and_writes_kv(
-    lengths: list[int], layout: tuple[int, int]
-) -> None:
-    heads, kvh = layout
-    dim, bt = 8, 16
-    rng = np.random.default_rng(sum(lengths))
-    total = sum(lengths)
-    q = rng.standard_normal((total, heads, dim), dtype=np.float32)
-    k = rng.standard_normal((total, kvh, dim), dtype=np.float32)
-    v = rng.standard_normal((total, kvh, dim), dtype=np.float32)
-    per = [-(-n // bt) for n in lengths]
-    starts = np.cumsum([0, *per])
-    tables = [list(range(int(starts[i]), int(starts[i + 1]))) for i in range(len(lengths))]
-    store = KVStorage(KVLayout(1, bt, kvh, dim, "fp32"), int(starts[-1]), np)
-    got = prefill_attention(np, q, k, v, lengths, store, tables)
-    lo = 0
-    kd, _ = store.raw(0)
-    for n, table in zip(lengths, tables, strict=True):
-        want = reference_causal(q[lo : lo + n], k[lo : lo + n], v[lo : lo + n])
-        np.testing.assert_allclose(got[lo : lo + n], want, rtol=2e-4, atol=2e-5)
-        np.testing.assert_array_equal(kd[table[0], 0], k[lo])  # K written at its slot
-        lo += n
 
 
 def test_gemm_table_times_every_knot_and_states_its_cache() -> None:

@@ -1,6 +1,5 @@
-"""The op tables' clock and the engine's elementwise tables: NumPy ops are timed on the
-calling thread's CPU time (load-robust), the timer reads the clock it is given, and the
-elementwise tables time the engine's own norm / activation / embedding code."""
+"""The op tables' clock: NumPy ops are timed on the calling thread's CPU time
+(load-robust), and the timer reads the clock it is given."""
 
 from __future__ import annotations
 
@@ -12,7 +11,6 @@ from typing import Any
 import numpy as np
 import pytest
 
-from hwbench.elementwise_probe import elementwise_tables
 from hwbench.opprobe import op_clock
 from hwbench.probes import time_op
 from sim.serving.opcost import TableOrigin
@@ -39,26 +37,6 @@ def test_thread_cpu_time_leaves_out_a_wait() -> None:
     wall = time_op(lambda: ev.wait(0.05), 0, 1)[0]
     cpu = time_op(lambda: ev.wait(0.05), 0, 1, clock=clock)[0]
     assert wall >= 0.045 and cpu < 0.02
-
-
-def test_elementwise_tables_time_the_engines_ops() -> None:
-    seen: list[object] = []
-
-    def timer(fn: object) -> float:
-        seen.append(fn)
-        return 1e-6 * len(seen)  # deterministic stand-in for a median
-
-    tables = elementwise_tables(np, timer, ORG, rows=(1, 4, 16), width=8)
-    assert [t.op for t in tables] == ["norm", "activation", "embedding"]
-    for t in tables:
-        assert t.elements == [8, 32, 128]
-    # one timed call per op per row count, in row order: norm, activation, embedding
-    assert tables[0].latency_s == pytest.approx([1e-6, 4e-6, 7e-6])
-    assert tables[2].latency_s == pytest.approx([3e-6, 6e-6, 9e-6])
-    # what was timed is the engine's norm of x + y: finite, unit RMS rows
-    out = np.asarray(seen[-3]())  # type: ignore[operator]
-    assert out.shape == (16, 8)
-    assert np.allclose(np.sqrt((out * out).mean(axis=-1)), 1.0, atol=1e-3)
 
 
 def _streamed_weights(tmp_path: Path) -> Any:

@@ -179,10 +179,14 @@ def fit_engine_terms(
     count = np.array([float(p.count) for p in points])
     a, report = _fit_overheads(base, meas, calls, count)
     if report["rms_rel_error"] > MAX_FIT_ERROR:
+        worst = points[int(np.argmax(np.abs((base + a) / meas - 1.0)))]
         raise ImpossibleFit(
             f"engine iteration fit error {report['rms_rel_error']:.1%} (RMS, relative) is "
             f"over the {MAX_FIT_ERROR:.0%} allowed: op tables plus overheads do not describe "
-            "this engine's iterations"
+            f"this engine's iterations (largest error {report['max_rel_error']:.0%}, at "
+            f"{worst.tokens} prompt tokens and {worst.batch} decodes of {worst.context:.0f} "
+            f"context tokens; op tables cover {report['ops_share']:.0%} of a measured "
+            "iteration on average)"
         )
     if a < MIN_OVERHEAD_S:
         raise ImpossibleFit(

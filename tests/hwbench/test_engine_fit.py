@@ -137,8 +137,11 @@ def test_a_per_part_overhead_shows_in_the_report_not_in_the_terms() -> None:
 
 def test_fit_rejects_a_fit_error_over_the_threshold() -> None:
     noisy = points(4e-3, noise=2 * MAX_FIT_ERROR)
-    with pytest.raises(ImpossibleFit, match="fit error"):
+    with pytest.raises(ImpossibleFit, match="fit error") as err:
         fit_engine_terms(base_profile(), SPEC, noisy, probe(1e9))
+    # the message names the worst iteration shape, one of the probe's
+    shapes = {f"at {p.tokens} prompt tokens and {p.batch} decodes of" for p in noisy}
+    assert any(s in str(err.value) for s in shapes) and "op tables cover" in str(err.value)
 
 
 def test_copy_contention_and_a_copy_rate_above_the_link() -> None:

@@ -382,18 +382,24 @@ class KVBlockAllocator(BlockStates):
             return tuple(p for s, n in items for p in self.append(s, n, now))
         tables, ntok, free, ref = self._tables, self._ntok, self._free, self._ref
         bt = self.block_tokens
+        pop = free.pop
         for i, (seq_id, n_tokens) in enumerate(items):
             if n_tokens < 0:
                 raise ValueError(f"sequence {seq_id!r}: cannot append {n_tokens} tokens")
             table = tables[seq_id]
             new = ntok[seq_id] + n_tokens
             grow_by = -(-new // bt) - len(table)
-            if grow_by > len(free):  # pool growth, eviction or preemption: the general path
-                return tuple(p for s, n in items[i:] for p in self.append(s, n, now))
-            for _ in range(grow_by):
-                b = free.pop()
+            if grow_by == 1 and free:  # the common case: one boundary crossed
+                b = pop()
                 ref[b] = 1
                 table.append(b)
+            elif grow_by > 0:
+                if grow_by > len(free):  # pool growth, eviction or preemption: general path
+                    return tuple(p for s, n in items[i:] for p in self.append(s, n, now))
+                for _ in range(grow_by):
+                    b = pop()
+                    ref[b] = 1
+                    table.append(b)
             ntok[seq_id] = new
         return ()
 

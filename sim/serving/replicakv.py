@@ -84,18 +84,27 @@ def admit(node: ComputeNode, m: int, budget: int) -> tuple[list[int], list[int]]
     room = node.max_seqs - node.b_n[m] - len(pf)
     first_prompt = not pf  # unchunked: the iteration's first prompt runs whatever its size
     allows = KvAdmission.budget_allows
-    node.kv.step = node.b_off[m]
+    kv, prefix, inp, gen, swp = node.kv, node.prefix, node._inp, node._gen, node._swapped
+    kv.step = node.b_off[m]
     for c in ctx.class_order:
         q = node.queues[m][c]
         while q and room > 0:
             rid = q[0]
-            sw = node._swapped.get(rid)
+            # start_tokens(node, rid) and fits(node, rid, m), inline
+            sw = swp.get(rid)
             if sw is None:
-                tokens = start_tokens(node, rid)
+                tokens = inp[rid] + gen.get(rid, 0)
                 if not mr.is_cnn and not allows(tokens, budget, first_prompt, node.chunked):
                     return new, swapped
-            if not fits(node, rid, m):
-                return new, swapped  # head-of-line: never let a lower class overtake
+            else:
+                tokens = sw[0]
+            if bpt:
+                if prefix is None:
+                    need = kv.size(tokens, bpt)[0]
+                else:  # [prefix caching] blocks running sequences already hold cost nothing
+                    need = prefix.need(rid, m, tokens, bpt)
+                if not kv.fits(need, node.running > 0):
+                    return new, swapped  # head-of-line: never let a lower class overtake
             q.popleft()
             node.qlen -= 1
             node.running += 1
@@ -103,7 +112,7 @@ def admit(node: ComputeNode, m: int, budget: int) -> tuple[list[int], list[int]]
             order[rid] = None
             node._seqno += 1
             node._life[rid] = node._seqno
-            skip = node.kv.take(rid, m, start_tokens(node, rid), bpt, sw is None) if bpt else 0
+            skip = kv.take(rid, m, tokens, bpt, sw is None) if bpt else 0
             v = met.start[rid]
             if v != v:  # NaN: never started before (a float test, no numpy call)
                 met.start[rid] = now
@@ -113,7 +122,6 @@ def admit(node: ComputeNode, m: int, budget: int) -> tuple[list[int], list[int]]
             if sw is not None:
                 swapped.append(rid)
                 continue
-            tokens = start_tokens(node, rid)
             if node.prefix_skip:  # a prefix read from the KV store (sim.disagg)
                 skip = max(skip, node.prefix_skip.pop(rid, 0))
             pf.append([rid, tokens - skip, skip])  # skip: a reused cached prefix
@@ -189,7 +197,7 @@ def grow_step(node: ComputeNode, m: int, off: int) -> bool:
         take_blocks(node, m, [(rid, s) for rid, _, s in lag])
         lag.clear()
     if bucket:
-        take_blocks(node, m, [(rid, off) for rid in bucket])
+        kv.grow_at(m, bucket, node._base_of, off, bpt)
     return True
 
 
@@ -217,17 +225,23 @@ def grow_steps(node: ComputeNode, m: int, lo: int, hi: int) -> None:
     """Take the blocks of steps ``lo .. hi - 1`` (checked by :func:`fit_steps`)."""
     if hi <= lo or not node.ctx.models[m].kv_bytes_per_token:
         return
-    res, bt = node._res[m], node.kv.block_tokens
+    kv = node.kv
+    res, bt, base_of = node._res[m], kv.block_tokens, node._base_of
+    if hi - lo == 1:  # one step (most segments): one bucket
+        bucket = res[lo % bt]
+        if bucket:
+            kv.grow_at(m, bucket, base_of, lo, node.ctx.models[m].kv_bytes_per_token)
+        return
     # residue s's crossings in [lo, hi): steps s, s + bt, ...
     items = [
-        (rid, t)
+        (rid, base_of[rid] + t, t)
         for s in range(lo, min(hi, lo + bt))
         if (bucket := res[s % bt])
         for t in range(s, hi, bt)
         for rid in bucket
     ]
     if items:
-        take_blocks(node, m, items)
+        kv.grow(m, items, node.ctx.models[m].kv_bytes_per_token)
 
 
 def take_blocks(node: ComputeNode, m: int, items: list[tuple[int, int]]) -> None:

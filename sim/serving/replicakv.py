@@ -84,27 +84,18 @@ def admit(node: ComputeNode, m: int, budget: int) -> tuple[list[int], list[int]]
     room = node.max_seqs - node.b_n[m] - len(pf)
     first_prompt = not pf  # unchunked: the iteration's first prompt runs whatever its size
     allows = KvAdmission.budget_allows
-    kv, prefix, inp, gen, swp = node.kv, node.prefix, node._inp, node._gen, node._swapped
-    kv.step = node.b_off[m]
+    node.kv.step = node.b_off[m]
     for c in ctx.class_order:
         q = node.queues[m][c]
         while q and room > 0:
             rid = q[0]
-            # start_tokens(node, rid) and fits(node, rid, m), inline
-            sw = swp.get(rid)
+            sw = node._swapped.get(rid)
             if sw is None:
-                tokens = inp[rid] + gen.get(rid, 0)
+                tokens = start_tokens(node, rid)
                 if not mr.is_cnn and not allows(tokens, budget, first_prompt, node.chunked):
                     return new, swapped
-            else:
-                tokens = sw[0]
-            if bpt:
-                if prefix is None:
-                    need = kv.size(tokens, bpt)[0]
-                else:  # [prefix caching] blocks running sequences already hold cost nothing
-                    need = prefix.need(rid, m, tokens, bpt)
-                if not kv.fits(need, node.running > 0):
-                    return new, swapped  # head-of-line: never let a lower class overtake
+            if not fits(node, rid, m):
+                return new, swapped  # head-of-line: never let a lower class overtake
             q.popleft()
             node.qlen -= 1
             node.running += 1
@@ -112,7 +103,7 @@ def admit(node: ComputeNode, m: int, budget: int) -> tuple[list[int], list[int]]
             order[rid] = None
             node._seqno += 1
             node._life[rid] = node._seqno
-            skip = kv.take(rid, m, tokens, bpt, sw is None) if bpt else 0
+            skip = node.kv.take(rid, m, start_tokens(node, rid), bpt, sw is None) if bpt else 0
             v = met.start[rid]
             if v != v:  # NaN: never started before (a float test, no numpy call)
                 met.start[rid] = now
@@ -122,6 +113,7 @@ def admit(node: ComputeNode, m: int, budget: int) -> tuple[list[int], list[int]]
             if sw is not None:
                 swapped.append(rid)
                 continue
+            tokens = start_tokens(node, rid)
             if node.prefix_skip:  # a prefix read from the KV store (sim.disagg)
                 skip = max(skip, node.prefix_skip.pop(rid, 0))
             pf.append([rid, tokens - skip, skip])  # skip: a reused cached prefix

@@ -66,22 +66,16 @@ def turn(node: ComputeNode, m: int) -> Generator[simpy.Event, Any, None]:
     mr, ws, met = node.ctx.models[m], node.ws, node.ctx.metrics
     off = node.b_off[m]
     extra = 0.0
-    # 1. the decoding sequences' next block (preempting the newest while none is free);
-    # grow_step is a no-op unless a sequence crosses a block boundary or owes a block
-    if node.b_n[m] and (node._res[m][off % node.kv.block_tokens] or node._lag[m]):
-        while node.b_n[m] and not grow_step(node, m, off):
-            extra += preempt(node, m, off)
+    # 1. the decoding sequences' next block (preempting the newest while none is free)
+    while node.b_n[m] and not grow_step(node, m, off):
+        extra += preempt(node, m, off)
     n = node.b_n[m]
     # 2. prefill chunks of running prompts, then newly admitted ones, within the budget
     pf = node.pf[m]
-    if node.qlen:  # admit() admits nothing from empty queues
-        new, swapped = admit(node, m, node.max_tokens - n - sum(e[1] for e in pf))
-        if swapped:
-            extra = _swap_in(node, m, off, swapped, extra)
-            n = node.b_n[m]
-        node.admitted = len(new)
-    else:
-        node.admitted = 0
+    new, swapped = admit(node, m, node.max_tokens - n - sum(e[1] for e in pf))
+    extra = _swap_in(node, m, off, swapped, extra)
+    n = node.b_n[m]
+    node.admitted = len(new)
     woke, node._woke = node._woke, False
     node.woke = woke
     used = ws.hbm.used + node.kv.reserved
@@ -93,10 +87,8 @@ def turn(node: ComputeNode, m: int) -> Generator[simpy.Event, Any, None]:
         off = yield from _iterate(node, m, off, n, extra, woke, resident)
     else:
         off = yield from _segment(node, m, off, n, woke)
-    # 4. completions (complete() is a no-op unless the earliest finishing step has run)
-    heap = node.b_heap[m]
-    if heap and heap[0][0] <= off:
-        complete(node, m, off)
+    # 4. completions
+    complete(node, m, off)
 
 
 def others_running(node: ComputeNode, m: int) -> bool:
@@ -241,11 +233,10 @@ def _segment(
     # one whose blocks the first step needed was preempted only for a fitting restart
     assert n > 0, f"replica {node.idx}: model {m} picked with nothing to run"
     k = node.b_heap[m][0][0] - off
-    if node.qlen or (len(node.b_n) > 1 and others_running(node, m)):
+    if node.qlen or others_running(node, m):
         k = min(k, max(node.max_steps - node._quantum, 1))
-    if k > 1:  # fit_steps(k <= 1) is k
-        k = fit_steps(node, m, off, k)
-    node.kind = "decode"  # iteration_kind(0, n) with n > 0
+    k = fit_steps(node, m, off, k)
+    node.kind = iteration_kind(0, n)
     t_step, fl, by = mr.iter_cost(0, 0.0, 0, n, node.b_base[m] + n * (off + (k - 1) / 2.0))
     if mr.warm_on:  # spread over the k steps (an interrupted segment pays its share)
         t_step += (mr.rewarm(node._since, k) + (mr.wake(t_step) if woke else 0.0)) / k
@@ -267,8 +258,7 @@ def _segment(
         else:  # nothing completes: the next iteration starts after `rest` (one event)
             node._carry = rest
     node.seg_model = -1
-    if steps > 1:  # the blocks of the steps that ran (step off's were taken before)
-        grow_steps(node, m, off + 1, off + steps)
+    grow_steps(node, m, off + 1, off + steps)  # the blocks of the steps that ran
     if mr.warm_on:
         node._since += steps
     node._quantum += steps

@@ -12,6 +12,9 @@ Model
   on a bottleneck link gets the same rate per unit of weight, and no link carries more than
   its bandwidth. Rates are recomputed only when a flow starts or ends or a link changes; one
   timer is scheduled per change (for the next completion), never one event per byte.
+  Transfers whose latency ends at the same instant start together (one timer, one
+  recomputation), and flows with the same path and priority are filled as one class (they
+  always share a rate; :meth:`Network._fill`).
 * Priority classes (R27; lower number = more important, ``priority >= 0``):
   ``priority_mode="weighted"`` (default) gives a flow weight ``priority_weight ** -priority``,
   so a priority-0 flow gets ``priority_weight`` x the share of a priority-1 flow on a shared

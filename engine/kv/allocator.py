@@ -29,7 +29,7 @@ sequence is resubmitted; its unkeyed (decoded) blocks are recomputed.
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Sequence
+from collections.abc import Hashable, Iterable, Sequence
 from typing import Literal, NamedTuple
 
 import numpy as np
@@ -152,6 +152,9 @@ class KVBlockAllocator(BlockStates):
         self._tables: dict[SeqId, list[int]] = {}  # insertion order = start order
         self._ntok: dict[SeqId, int] = {}
 
+    def _held(self) -> Iterable[list[int]]:
+        return self._tables.values()
+
     # -- queries ------------------------------------------------------------------------------
     def sequences(self) -> list[SeqId]:
         """Live sequence ids, oldest start first."""
@@ -204,9 +207,12 @@ class KVBlockAllocator(BlockStates):
             table = free[len(free) - nb :]
             del free[len(free) - nb :]
             table.reverse()  # top of the stack first: ascending ids from a fresh pool
-            ref = self._ref
-            for b in table:
-                ref[b] = 1
+            if self._kblock:
+                ref = self._ref
+                for b in table:
+                    ref[b] = 1
+            else:  # no key anywhere: refcounts are recounted when read (BlockStates._ref)
+                self._ref_stale = True
             self._tables[seq_id] = table
             self._ntok[seq_id] = n
             self.stats.allocations += 1
@@ -324,16 +330,23 @@ class KVBlockAllocator(BlockStates):
         new = old + n_tokens
         bt = self.block_tokens
         grow_by = -(-new // bt) - len(table)
-        ref = self._ref
-        cow = n_tokens > 0 and old % bt != 0 and ref[table[-1]] > 1
+        lazy = not self._kblock  # no key anywhere: no sharing, so no copy-on-write
+        cow = not lazy and n_tokens > 0 and old % bt != 0 and self._ref[table[-1]] > 1
         if not cow and grow_by <= len(self._free):  # fast path
             free = self._free
-            for _ in range(grow_by):
-                b = free.pop()
-                ref[b] = 1
-                table.append(b)
+            if lazy:  # refcounts are recounted when read (BlockStates._ref)
+                self._ref_stale = self._ref_stale or grow_by > 0
+                for _ in range(grow_by):
+                    table.append(free.pop())
+            else:
+                ref = self._ref
+                for _ in range(grow_by):
+                    b = free.pop()
+                    ref[b] = 1
+                    table.append(b)
             self._ntok[seq_id] = new
             return ()
+        ref = self._ref
         preempted: list[SeqId] = []
         while True:
             need = grow_by + cow
@@ -380,20 +393,24 @@ class KVBlockAllocator(BlockStates):
         """
         if self._kblock:
             return tuple(p for s, n in items for p in self.append(s, n, now))
-        tables, ntok, free, ref = self._tables, self._ntok, self._free, self._ref
+        # no key anywhere: refcounts are recounted when read (BlockStates._ref)
+        self._ref_stale = True
+        tables, ntok, free = self._tables, self._ntok, self._free
         bt = self.block_tokens
+        pop = free.pop
         for i, (seq_id, n_tokens) in enumerate(items):
             if n_tokens < 0:
                 raise ValueError(f"sequence {seq_id!r}: cannot append {n_tokens} tokens")
             table = tables[seq_id]
             new = ntok[seq_id] + n_tokens
             grow_by = -(-new // bt) - len(table)
-            if grow_by > len(free):  # pool growth, eviction or preemption: the general path
-                return tuple(p for s, n in items[i:] for p in self.append(s, n, now))
-            for _ in range(grow_by):
-                b = free.pop()
-                ref[b] = 1
-                table.append(b)
+            if grow_by == 1 and free:  # the common case: one boundary crossed
+                table.append(pop())
+            elif grow_by > 0:
+                if grow_by > len(free):  # pool growth, eviction or preemption: general path
+                    return tuple(p for s, n in items[i:] for p in self.append(s, n, now))
+                for _ in range(grow_by):
+                    table.append(pop())
             ntok[seq_id] = new
         return ()
 

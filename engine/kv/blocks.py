@@ -24,7 +24,7 @@ copies, which the allocator makes (:meth:`BlockStates.take_copies`).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from engine.cache import TierCache
@@ -81,14 +81,39 @@ class BlockStates:
         bounded_bytes = cap_blocks * block_bytes if cap_blocks < UNBOUNDED else UNBOUNDED
         policy.attach(bounded_bytes)
         self._offload = OffloadChain(offload_tiers) if offload_tiers else None
-        # Hot-path aliases (the pool extends these lists in place when it grows).
-        self._ref: list[int] = pool.ref
+        # Hot-path aliases (the pool extends these lists in place when it grows). ``_refs`` is
+        # the raw refcount list: while ``_ref_stale`` it may be out of date (see ``_ref``).
+        self._refs: list[int] = pool.ref
+        self._ref_stale = False
         self._free: list[int] = pool.free
         self._bkey: list[BlockKey | None] = [None] * pool.size  # block id -> content key
         self._kblock: dict[BlockKey, int] = {}  # content key -> block id (used or cached)
         self._copies: list[tuple[int, int]] = []
         self._transfers: list[tuple[str, BlockKey, int, str]] = []
         self.stats = KVStats()
+
+    # -- refcounts ----------------------------------------------------------------------------
+    @property
+    def _ref(self) -> list[int]:
+        """Refcount per block id, up to date (the pool's list, brought up to date in place).
+
+        The fast paths taken while no block has a content key (so every held block has
+        refcount 1 and none is cached) skip their per-block refcount writes and mark the list
+        stale instead; everything else reads refcounts through this property, which then
+        recounts them from the holders (:meth:`_held`). Lazy, not different: the refcounts
+        read are always those the eager writes would have left."""
+        if self._ref_stale:
+            refs = self._refs
+            refs[:] = [0] * len(refs)
+            for table in self._held():
+                for b in table:
+                    refs[b] += 1
+            self._ref_stale = False
+        return self._refs
+
+    def _held(self) -> Iterable[list[int]]:
+        """The block tables holding blocks (one hold per entry); the allocator's tables."""
+        return ()
 
     # -- queries ------------------------------------------------------------------------------
     @property
@@ -201,17 +226,18 @@ class BlockStates:
         """Release one hold on each block of ``table`` (a sequence's table, which it may
         reorder): a keyed block whose last holder this was becomes cached, an unkeyed one
         free."""
-        ref, bkey, free = self._ref, self._bkey, self._free
+        free = self._free
         if not self._kblock:
             # Fast path (the simulator never passes keys). No block has a key, and a block is
             # shared (ref > 1) only if it has one (see the allocator's check_invariants), so
             # every block of ``table`` has ref 1 and goes to the free list -- in the same order
-            # as the tail-first loop below would append them.
-            for b in table:
-                ref[b] = 0
+            # as the tail-first loop below would append them. Their refcounts (now 0) are
+            # left to ``_ref`` to recount.
+            self._ref_stale = True
             table.reverse()
             free.extend(table)
             return
+        ref, bkey = self._ref, self._bkey
         size = self.block_bytes
         for b in reversed(table):  # tail first: the policy then evicts tails before heads
             r = ref[b] - 1

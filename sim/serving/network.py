@@ -12,6 +12,9 @@ Model
   on a bottleneck link gets the same rate per unit of weight, and no link carries more than
   its bandwidth. Rates are recomputed only when a flow starts or ends or a link changes; one
   timer is scheduled per change (for the next completion), never one event per byte.
+  Transfers whose latency ends at the same instant start together (one timer, one
+  recomputation), and flows with the same path and priority are filled as one class (they
+  always share a rate; :meth:`Network._fill`).
 * Priority classes (R27; lower number = more important, ``priority >= 0``):
   ``priority_mode="weighted"`` (default) gives a flow weight ``priority_weight ** -priority``,
   so a priority-0 flow gets ``priority_weight`` x the share of a priority-1 flow on a shared
@@ -30,7 +33,6 @@ credited with exactly ``nbytes`` for it (up to float rounding).
 
 from __future__ import annotations
 
-import heapq
 import math
 from collections.abc import Sequence
 from functools import partial
@@ -38,6 +40,8 @@ from typing import Literal
 
 import numpy as np
 import simpy
+
+from sim.serving.maxmin import fill_classes
 
 _RATE_TOL = 1e-9  # relative slack when comparing shares / remaining bytes
 
@@ -56,6 +60,7 @@ class LinkDown(Exception):
 
 class _Flow:
     __slots__ = (
+        "cls",
         "event",
         "fid",
         "lix",
@@ -74,6 +79,7 @@ class _Flow:
         self.fid = fid
         self.path = path
         self.lix: tuple[int, ...] = ()  # the path's link indices in its network (set by transfer)
+        self.cls = -1  # its (path, weight) class in its network (set by transfer)
         self.nbytes = nbytes
         self.remaining = float(nbytes)
         self.priority = priority
@@ -188,6 +194,8 @@ class Network:
         self._last = float(env.now)  # time up to which flow progress is accounted
         self._timer_gen = 0  # only the newest timer acts; older ones are stale
         self._busy: dict[Link, None] = {}  # links with rate > 0, in first-use order
+        self._classes: dict[tuple[tuple[int, ...], float], int] = {}  # (path, weight) -> id
+        self._starting: dict[float, list[_Flow]] = {}  # start time -> flows waiting for it
         self.transfers_started = 0
         self.transfers_completed = 0
         self.bytes_delivered = 0
@@ -233,6 +241,7 @@ class Network:
         weight = 1.0 if self.priority_mode == "strict" else self.priority_weight ** (-priority)
         flow = _Flow(self._next_id, links, int(nbytes), int(priority), weight)
         flow.lix = tuple(lk._idx for lk in links)
+        flow.cls = self._classes.setdefault((flow.lix, weight), len(self._classes))
         self._next_id += 1
         flow.event = event
         for link in links:
@@ -243,10 +252,16 @@ class Network:
             if self.rng is None:
                 raise ValueError("links with jitter need Network(rng=numpy Generator)")
             delay += float(sum(self.rng.exponential(j) for j in jitters))
-        if delay > 0:
-            self.env.timeout(delay).callbacks.append(partial(self._start_cb, flow))
+        if delay > 0:  # flows due at one instant start together: one timer, one reallocation
+            at = self.env.now + delay  # the time SimPy schedules the timeout at
+            due = self._starting.get(at)
+            if due is None:
+                self._starting[at] = [flow]
+                self.env.timeout(delay).callbacks.append(partial(self._start_cb, at))
+            else:
+                due.append(flow)
         else:
-            self._start(flow)
+            self._start([flow])
         return event
 
     def path_time(self, path: Sequence[Link], nbytes: int) -> float:
@@ -262,22 +277,28 @@ class Network:
         return len(self._flows)
 
     # -- internals ----------------------------------------------------------------------------
-    def _start_cb(self, flow: _Flow, _event: simpy.Event) -> None:
-        self._start(flow)
+    def _start_cb(self, at: float, _event: simpy.Event) -> None:
+        self._start(self._starting.pop(at))
 
     def _timer_cb(self, gen: int, _event: simpy.Event) -> None:
         self._on_timer(gen)
 
-    def _start(self, flow: _Flow) -> None:
-        if flow.event.triggered:  # dropped while waiting for its latency
-            return
-        if flow.nbytes == 0:
-            self._finish(flow)
-            return
-        self._advance()
-        flow.started = True
-        self._flows[flow.fid] = flow
-        self._reallocate()
+    def _start(self, flows: list[_Flow]) -> None:
+        """Start ``flows`` (in order) now, then reallocate once if any of them flows."""
+        started = False
+        for flow in flows:
+            if flow.event.triggered:  # dropped while waiting for its latency
+                continue
+            if flow.nbytes == 0:
+                self._finish(flow)
+                continue
+            if not started:
+                self._advance()
+                started = True
+            flow.started = True
+            self._flows[flow.fid] = flow
+        if started:
+            self._reallocate()
 
     def _advance(self) -> None:
         """Account flow progress and link counters from ``_last`` up to ``env.now``."""
@@ -391,6 +412,13 @@ class Network:
         """Progressive filling: raise all unfrozen flows' rates in proportion to their
         weights until a link saturates; freeze the flows crossing it; repeat.
 
+        Flows with the same path and weight (one ``_Flow.cls``) always get the same rate, so
+        they are filled as ONE class of their total weight (``k`` flows of weight ``w``:
+        weight ``w * k``, ordered by its first flow in ``flows``); each flow then gets
+        ``w * share``. With no two flows in a class this is the per-flow filling, bit for
+        bit; with classes, a link's residual loses ``w * k * share`` at once instead of
+        ``w * share`` k times (the same allocation up to float rounding).
+
         ``residual[i]`` is the capacity left on the link with ``_idx == i`` (its bandwidth,
         or 0 while down, before any class is filled); it is updated in place, so strict
         priority classes can fill one after another. Every flow in ``flows`` gets its
@@ -398,83 +426,33 @@ class Network:
         indexing only.
 
         Links wait in a heap keyed by their fair share per unit weight (residual / unfrozen
-        weight), updated lazily as flows freeze: cost O((flows x path length) + pushes x
-        log links). Freezing flows at the current minimum share never lowers another link's
-        share below it, so the popped minimum is final.
+        weight), updated lazily as classes freeze: cost O(flows + (classes x path length) +
+        pushes x log links). Freezing classes at the current minimum share never lowers
+        another link's share below it, so the popped minimum is final.
 
         Determinism (results are bit-for-bit those of the one-push-per-update textbook
-        version): per link, residuals and weights are updated flow by flow in start order;
-        after a link's flows freeze, each other link touched gets ONE new heap entry
-        (its final share after that round), and those entries are pushed in the order of
-        each link's last update, so ties between equal shares break as they always did.
+        filling over the classes): per link, residuals and weights are updated class by
+        class in order; after a link's classes freeze, each other link touched gets ONE
+        new heap entry (its final share after that round), and those entries are pushed in
+        the order of each link's last update, so ties between equal shares break as in the
+        textbook version.
         """
-        n_links = len(residual)
-        paths = [flow.lix for flow in flows]
-        weights = [flow.weight for flow in flows]
-        members, weight_on, count_on, used = _incidence(paths, weights, n_links)
-        version = [0] * n_links
-        heap: list[tuple[float, int, int, int]] = [  # (share, seq, version, link index)
-            ((r if (r := residual[j]) > 0.0 else 0.0) / weight_on[j], seq, 0, j)
-            for seq, j in enumerate(used)
-        ]  # r if r > 0.0 else 0.0 is max(0.0, r), NaN and -0.0 included, without a call
-        seq = len(heap)
-        heapq.heapify(heap)
-        heappop, heappush = heapq.heappop, heapq.heappush
-        frozen = [False] * len(flows)
-        rates = [0.0] * len(flows)
-        while heap:
-            share, _, ver, top = heappop(heap)
-            if count_on[top] == 0 or ver != version[top]:
-                continue  # stale entry, or every flow on the link already frozen
-            touched: dict[int, int] = {}  # other links updated this round -> last update
-            step = 0
-            for i in members[top]:
-                if frozen[i]:
-                    continue
-                frozen[i] = True
-                w = weights[i]
-                rate = w * share
-                rates[i] = rate
-                for j in paths[i]:
-                    residual[j] -= rate
-                    left = count_on[j] - 1
-                    count_on[j] = left
-                    if left == 0:
-                        continue
-                    weight_on[j] -= w
-                    if j != top:
-                        touched[j] = step
-                        step += 1
-            if touched:
-                order = sorted(touched, key=touched.__getitem__) if len(touched) > 1 else touched
-                for j in order:
-                    if count_on[j]:
-                        v = version[j] + 1
-                        version[j] = v
-                        r = residual[j]
-                        heappush(heap, ((r if r > 0.0 else 0.0) / weight_on[j], seq, v, j))
-                        seq += 1
-        for flow, rate in zip(flows, rates, strict=True):
-            flow.rate = rate
-
-
-def _incidence(
-    paths: list[tuple[int, ...]], weights: list[float], n_links: int
-) -> tuple[list[list[int]], list[float], list[int], list[int]]:
-    """The flow/link incidence :meth:`Network._fill` starts from, for flows with link-index
-    ``paths`` and ``weights``: per link its flow positions in start order, their total
-    weight (added flow by flow in start order) and their count, and the links used, in
-    first-use order."""
-    members: list[list[int]] = [[] for _ in range(n_links)]  # flow positions per link
-    weight_on = [0.0] * n_links  # unfrozen weight per link
-    count_on = [0] * n_links  # unfrozen flows per link; the link is done at 0
-    used: list[int] = []  # links in first-use order
-    for i, lix in enumerate(paths):
-        w = weights[i]
-        for j in lix:
-            if count_on[j] == 0:
-                used.append(j)
-            members[j].append(i)
-            weight_on[j] += w
-            count_on[j] += 1
-    return members, weight_on, count_on, used
+        pos: dict[int, int] = {}  # class id -> position among this fill's classes
+        paths: list[tuple[int, ...]] = []
+        unit: list[float] = []  # the weight of one flow of the class
+        mult: list[int] = []  # flows in the class
+        of: list[int] = []  # class position of each flow
+        for flow in flows:
+            c = pos.get(flow.cls)
+            if c is None:
+                c = pos[flow.cls] = len(paths)
+                paths.append(flow.lix)
+                unit.append(flow.weight)
+                mult.append(1)
+            else:
+                mult[c] += 1
+            of.append(c)
+        weights = [w * k if k > 1 else w for w, k in zip(unit, mult, strict=True)]
+        shares = fill_classes(paths, weights, residual)
+        for flow, c in zip(flows, of, strict=True):
+            flow.rate = unit[c] * shares[c]

@@ -189,7 +189,7 @@ def grow_step(node: ComputeNode, m: int, off: int) -> bool:
         take_blocks(node, m, [(rid, s) for rid, _, s in lag])
         lag.clear()
     if bucket:
-        take_blocks(node, m, [(rid, off) for rid in bucket])
+        kv.grow_at(m, bucket, node._base_of, off, bpt)
     return True
 
 
@@ -217,17 +217,23 @@ def grow_steps(node: ComputeNode, m: int, lo: int, hi: int) -> None:
     """Take the blocks of steps ``lo .. hi - 1`` (checked by :func:`fit_steps`)."""
     if hi <= lo or not node.ctx.models[m].kv_bytes_per_token:
         return
-    res, bt = node._res[m], node.kv.block_tokens
+    kv = node.kv
+    res, bt, base_of = node._res[m], kv.block_tokens, node._base_of
+    if hi - lo == 1:  # one step (most segments): one bucket
+        bucket = res[lo % bt]
+        if bucket:
+            kv.grow_at(m, bucket, base_of, lo, node.ctx.models[m].kv_bytes_per_token)
+        return
     # residue s's crossings in [lo, hi): steps s, s + bt, ...
     items = [
-        (rid, t)
+        (rid, base_of[rid] + t, t)
         for s in range(lo, min(hi, lo + bt))
         if (bucket := res[s % bt])
         for t in range(s, hi, bt)
         for rid in bucket
     ]
     if items:
-        take_blocks(node, m, items)
+        kv.grow(m, items, node.ctx.models[m].kv_bytes_per_token)
 
 
 def take_blocks(node: ComputeNode, m: int, items: list[tuple[int, int]]) -> None:

@@ -61,32 +61,44 @@ Prompt = list[int]
 
 
 def turn(node: ComputeNode, m: int) -> Generator[simpy.Event, Any, None]:
-    """One turn of model ``m`` (see the module docstring). Sets ``node.kind`` before the
+    """Turns of model ``m`` (see the module docstring), one after another for as long as the
+    replica's process would pick ``m`` again at once (no stream isolation, ``m`` still the
+    current model, its quantum not used up, work left): the same turns as one call each,
+    without returning to the process loop in between. Sets ``node.kind`` before each
     iteration's compute starts."""
     mr, ws, met = node.ctx.models[m], node.ws, node.ctx.metrics
-    off = node.b_off[m]
-    extra = 0.0
-    # 1. the decoding sequences' next block (preempting the newest while none is free)
-    while node.b_n[m] and not grow_step(node, m, off):
-        extra += preempt(node, m, off)
-    n = node.b_n[m]
-    # 2. prefill chunks of running prompts, then newly admitted ones, within the budget
     pf = node.pf[m]
-    _new, swapped = admit(node, m, node.max_tokens - n - sum(e[1] for e in pf))
-    extra = _swap_in(node, m, off, swapped, extra)
-    n = node.b_n[m]
-    woke, node._woke = node._woke, False
-    used = ws.hbm.used + node.kv.reserved
-    if used > met.peak_hbm:
-        met.peak_hbm = used
-    resident = ws.all_resident(m)  # a pure read; nothing below changes it before a yield
-    # 3. one iteration, or a decode segment
-    if pf or mr.is_cnn or not resident or extra > 0:
-        off = yield from _iterate(node, m, off, n, extra, woke, resident)
-    else:
-        off = yield from _segment(node, m, off, n, woke)
-    # 4. completions
-    complete(node, m, off)
+    while True:
+        off = node.b_off[m]
+        extra = 0.0
+        # 1. the decoding sequences' next block (preempting the newest while none is free)
+        while node.b_n[m] and not grow_step(node, m, off):
+            extra += preempt(node, m, off)
+        n = node.b_n[m]
+        # 2. prefill chunks of running prompts, then newly admitted ones, within the budget
+        _new, swapped = admit(node, m, node.max_tokens - n - sum(e[1] for e in pf))
+        extra = _swap_in(node, m, off, swapped, extra)
+        n = node.b_n[m]
+        woke, node._woke = node._woke, False
+        used = ws.hbm.used + node.kv.reserved
+        if used > met.peak_hbm:
+            met.peak_hbm = used
+        resident = ws.all_resident(m)  # a pure read; nothing below changes it before a yield
+        # 3. one iteration, or a decode segment
+        if pf or mr.is_cnn or not resident or extra > 0:
+            off = yield from _iterate(node, m, off, n, extra, woke, resident)
+        else:
+            off = yield from _segment(node, m, off, n, woke)
+        # 4. completions
+        complete(node, m, off)
+        # the process loop's first case (ComputeNode._run): would it run m again at once?
+        if not (
+            node._stream is None
+            and node._cur == m
+            and node._quantum < node.max_steps
+            and (node.b_n[m] or pf)
+        ):
+            return
 
 
 def others_running(node: ComputeNode, m: int) -> bool:

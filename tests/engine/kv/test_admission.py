@@ -90,3 +90,33 @@ def test_iteration_kind() -> None:
 def test_bad_watermark_is_refused() -> None:
     with pytest.raises(ValueError, match="watermark"):
         KvAdmission(100, BT, watermark=1.0)
+
+
+@given(
+    prompts=st.lists(st.integers(1, 80), min_size=1, max_size=8),
+    steps=st.lists(st.integers(0, 40), min_size=1, max_size=6),
+    logged=st.booleans(),
+)
+def test_grow_at_is_grow_with_the_items_built(
+    prompts: list[int], steps: list[int], logged: bool
+) -> None:
+    """``grow_at(m, rids, base, step)`` leaves the admission object, its log and the
+    allocator exactly as ``grow`` with ``(rid, base[rid] + step, step)`` items does."""
+    sides = []
+    for _ in range(2):
+        alloc = KVBlockAllocator(BT, BPT, initial_blocks=4, max_bytes=1 << 20)
+        kv = KvAdmission(1 << 20, BT, [alloc], log=[] if logged else None)
+        for rid, p in enumerate(prompts):
+            kv.take(rid, 0, p, BPT)
+        sides.append((kv, alloc))
+    base = dict(enumerate(prompts))
+    for i in range(len(steps)):
+        rids = [r for r in base if (r + i) % 3 != 0]  # some of them, in order
+        at = 1 + sum(steps[: i + 1]) + i  # increasing: every sequence's context grows
+        sides[0][0].grow(0, [(r, base[r] + at, at) for r in rids], BPT)
+        sides[1][0].grow_at(0, rids, base, at, BPT)
+    (a, fa), (b, fb) = sides
+    assert (a.reserved, a.needed, a.seqs, a.log) == (b.reserved, b.needed, b.seqs, b.log)
+    assert [fa.block_table(r) for r in base] == [fb.block_table(r) for r in base]
+    assert [fa.num_tokens(r) for r in base] == [fb.num_tokens(r) for r in base]
+    assert fa.num_free_blocks == fb.num_free_blocks and fa.pool_blocks == fb.pool_blocks

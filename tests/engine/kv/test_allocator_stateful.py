@@ -92,6 +92,26 @@ class AllocatorMachine(RuleBasedStateMachine):
     def allocate(self, base: int, cut: int, tail: list[int]) -> None:
         self._allocate(BASES[base][:cut] + tail)
 
+    @rule(n=st.integers(0, 3 * BT))
+    def allocate_count(self, n: int) -> None:
+        """A prompt given by its length only: no keys, so nothing is shared (while no block
+        has a key, the allocator's fast paths leave refcounts to be recounted when read)."""
+        self._allocate_n(n)
+
+    def _allocate_n(self, n: int) -> None:
+        sid = self.next_id
+        self.next_id += 1
+        before = full_state(self.a)
+        try:
+            res = self.a.allocate(sid, n, now=float(sid))
+        except KVOutOfBlocks:
+            assert full_state(self.a) == before, "failed allocation changed state"
+            return
+        assert res.hit_tokens == res.loaded_tokens == 0
+        self._drop_preempted(res.preempted)
+        self.model[sid] = [0] * n
+        self.prompts[sid] = (0,) * n  # a fork of it shares by content keys
+
     @precondition(lambda self: self.model)
     @rule(i=st.integers(0, 1000))
     def fork(self, i: int) -> None:
@@ -193,8 +213,9 @@ class AllocatorMachine(RuleBasedStateMachine):
             assert len(table) == -(-len(tokens) // BT)
             for i, b in enumerate(table):
                 holders.setdefault(b, []).append((sid, i))
+        for b in range(a.pool_blocks):  # held or not (a free block counts 0)
+            assert a.refcount(b) == len(holders.get(b, ()))
         for b, hs in holders.items():
-            assert a.refcount(b) == len(hs)
             if len(hs) > 1:  # only shared prefix blocks: same place, same content so far
                 assert a.key_of(b) is not None
                 (s0, i0) = hs[0]

@@ -294,46 +294,57 @@ def test_rates_are_weighted_max_min_fair(paths, bandwidths, down) -> None:
         assert bottleneck
 
 
-def _textbook_fill(flows, residual) -> dict[int, float]:
+def _textbook_fill(flows, residual, by_class: bool = True) -> dict[int, float]:
     """Reference progressive filling: one heap entry pushed per link update (no batching).
-    Returns flow id -> rate; ``residual`` is updated in place like Network._fill's."""
+    Returns flow id -> rate; ``residual`` is updated in place like Network._fill's.
+
+    ``by_class``: flows with the same path and weight are filled as one class of their
+    total weight (``w * k`` for ``k`` flows), first flow's position first, each flow getting
+    ``w * share`` (the network's model); else flow by flow (the same allocation up to
+    float rounding)."""
     import heapq
 
+    classes: dict = {}  # (path, weight) -> [flows]
+    for flow in flows:
+        key = (tuple(flow.path), flow.weight) if by_class else flow.fid
+        classes.setdefault(key, []).append(flow)
+    groups = list(classes.values())
+    total = [g[0].weight * len(g) if len(g) > 1 else g[0].weight for g in groups]
     weight_on: dict = {}
     count_on: dict = {}
     members: dict = {}
-    for flow in flows:
-        for link in flow.path:
+    for c, group in enumerate(groups):
+        for link in group[0].path:
             residual.setdefault(link, link.bandwidth if link.up else 0.0)
-            weight_on[link] = weight_on.get(link, 0.0) + flow.weight
+            weight_on[link] = weight_on.get(link, 0.0) + total[c]
             count_on[link] = count_on.get(link, 0) + 1
-            members.setdefault(link, []).append(flow)
+            members.setdefault(link, []).append(c)
     version = dict.fromkeys(weight_on, 0)
     heap = [(max(0.0, residual[lk]) / w, i, 0, lk) for i, (lk, w) in enumerate(weight_on.items())]
     seq = len(heap)
     heapq.heapify(heap)
-    rates: dict[int, float] = {}
+    shares: dict[int, float] = {}
     while heap:
         share, _, ver, link = heapq.heappop(heap)
         if link not in count_on or ver != version[link]:
             continue
-        for flow in members[link]:
-            if flow.fid in rates:
+        for c in members[link]:
+            if c in shares:
                 continue
-            rates[flow.fid] = flow.weight * share
-            for lk in flow.path:
-                residual[lk] -= rates[flow.fid]
+            shares[c] = share
+            for lk in groups[c][0].path:
+                residual[lk] -= total[c] * share
                 count_on[lk] -= 1
                 if count_on[lk] == 0:
                     del count_on[lk]
                     continue
-                weight_on[lk] -= flow.weight
+                weight_on[lk] -= total[c]
                 if lk is not link:
                     version[lk] += 1
                     share_lk = max(0.0, residual[lk]) / weight_on[lk]
                     heapq.heappush(heap, (share_lk, seq, version[lk], lk))
                     seq += 1
-    return rates
+    return {f.fid: f.weight * shares[c] for c, group in enumerate(groups) for f in group}
 
 
 @given(
@@ -350,14 +361,18 @@ def _textbook_fill(flows, residual) -> dict[int, float]:
     mode=st.sampled_from(["weighted", "strict"]),
     down=st.one_of(st.none(), st.integers(0, 5)),
     standalone=st.booleans(),
+    repeats=st.lists(st.integers(0, 39), max_size=6),
 )
 def test_rates_bit_identical_to_textbook_filling(
-    paths, bandwidths, weight, mode, down, standalone
+    paths, bandwidths, weight, mode, down, standalone, repeats
 ) -> None:
     """The batched-push filling gives exactly (==, not approx) the rates of the textbook
-    version, ties included: simulation results must not move when the network gets faster.
-    ``standalone``: links are made outside the network and attached by their first transfer,
-    so their internal indices follow first use, not creation order."""
+    version over (path, weight) classes, ties included, and the per-flow textbook rates up
+    to float rounding. ``standalone``: links are made outside the network and attached by
+    their first transfer, so their internal indices follow first use, not creation order.
+    ``repeats``: positions of flows started again (same path and priority) at the end, so
+    classes of several flows are common."""
+    paths = paths + [paths[i % len(paths)] for i in repeats]
     env = simpy.Environment()
     net = Network(env, priority_mode=mode, priority_weight=weight)
     if standalone:
@@ -371,14 +386,20 @@ def test_rates_bit_identical_to_textbook_filling(
     env.run(until=1e-12)
     flows = list(net._flows.values())
     assert len(flows) == len(paths)
-    residual: dict = {}
-    if mode == "strict":
-        expected: dict[int, float] = {}
-        for cls in sorted({f.priority for f in flows}):
-            expected.update(_textbook_fill([f for f in flows if f.priority == cls], residual))
-    else:
-        expected = _textbook_fill(flows, residual)
-    assert {f.fid: f.rate for f in flows} == expected
+    for by_class in (True, False):
+        residual: dict = {}
+        if mode == "strict":
+            expected: dict[int, float] = {}
+            for cls in sorted({f.priority for f in flows}):
+                group = [f for f in flows if f.priority == cls]
+                expected.update(_textbook_fill(group, residual, by_class))
+        else:
+            expected = _textbook_fill(flows, residual, by_class)
+        if by_class:
+            assert {f.fid: f.rate for f in flows} == expected
+        else:  # the per-flow filling: the same allocation up to float rounding
+            for f in flows:
+                assert f.rate == pytest.approx(expected[f.fid], rel=1e-12, abs=1e-12)
     for link in links:  # per-link sums, accumulated in flow start order
         total = 0.0
         for f in flows:
@@ -401,3 +422,31 @@ def test_equal_shares_break_ties_like_textbook() -> None:
     env.run(until=1e-12)
     flows = list(net._flows.values())
     assert {f.fid: f.rate for f in flows} == _textbook_fill(flows, {})
+
+
+def test_flows_due_at_one_instant_start_with_one_reallocation() -> None:
+    """Transfers whose latency ends at the same instant start together: one reallocation for
+    all of them (not one each), and the rates are those of all of them flowing at once."""
+    env = simpy.Environment()
+    net = Network(env)
+    a = net.add_link("a", 100.0, 0.5)
+    b = net.add_link("b", 60.0, 0.5)
+    c = net.add_link("c", 45.0, 0.25)
+    calls: list[tuple[float, int]] = []
+    realloc = net._reallocate
+
+    def counted() -> None:
+        calls.append((env.now, net.active_flows))
+        realloc()
+
+    net._reallocate = counted  # type: ignore[method-assign]
+    net.transfer([a], 1000)
+    net.transfer([b], 1000)
+    net.transfer([a], 1000, priority=1)  # weight 1/4 of the first on link a
+    net.transfer([c, b], 1000)  # latency 0.75: due later
+    env.run(until=0.6)
+    assert calls == [(0.5, 3)]
+    assert sorted(f.rate for f in net._flows.values()) == [20.0, 60.0, 80.0]
+    env.run(until=0.8)
+    assert calls == [(0.5, 3), (0.75, 4)]
+    assert sorted(f.rate for f in net._flows.values()) == [20.0, 30.0, 30.0, 80.0]

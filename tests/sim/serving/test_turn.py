@@ -88,6 +88,9 @@ def _kv_node(bt: int, bpt: int, free: int = 0) -> Any:
         block_tokens=bt,
         free_blocks=lambda _bpt: free,
         grow=lambda m, items, b: grown.append((m, list(items), b)),
+        grow_at=lambda m, rids, base, s, b: grown.append(
+            (m, [(r, base[r] + s, s) for r in rids], b)
+        ),
     )
     return SimpleNamespace(
         kv=kv,

@@ -23,7 +23,12 @@ returns :class:`sim.serving.opcost.EngineTerms` plus ``ops.roofline.iteration_ov
 * ``copy_contention``: ``link / achieved - 1``, the idle host -> device link's measured
   bandwidth (``links.pcie``) over what the engine's copy thread achieved while the engine
   computed, floored at 0 (the simulator then runs weight copies ``1 + copy_contention``
-  times slower than the link).
+  times slower than the link);
+* ``compute_contention``: how much slower an iteration computes while weights stream, on
+  the same runs: the median of (seconds less parameter wait) over the model's price of the
+  streamed iterations, over the median of seconds over price of the resident twins, less 1,
+  floored at 0 (the simulator stretches a streaming iteration's compute by ``1 +
+  compute_contention``).
 
 The profile's ``fitted`` tables keep the evidence: ``engine_pass`` (every iteration shape:
 tokens, prompts, batch, context, measured mean and count, and the model's seconds
@@ -151,15 +156,34 @@ def _serving(profile: Profile, spec: ModelSpec, probe: StreamProbe) -> tuple[flo
             if not idle and prev_end is not None:
                 gaps.append(max(float(rec.start) - prev_end, 0.0))
             if idle:
-                pred = cost.iteration_time(
-                    int(rec.prompt_tokens), round(rec.prompt_sq_tokens), int(rec.new),
-                    int(rec.decode_batch), float(rec.decode_context),
-                )  # fmt: skip
-                extra.append(float(rec.seconds) - pred)
+                extra.append(float(rec.seconds) - _price(cost, rec))
             prev_end = float(rec.start) + float(rec.seconds)
     gap = float(np.median(gaps)) if gaps else 0.0
     wake = max(float(np.median(extra)), 0.0) if extra else 0.0
     return gap, wake
+
+
+def _price(cost: OpCostModel, rec: Any) -> float:
+    return cost.iteration_time(
+        int(rec.prompt_tokens), round(rec.prompt_sq_tokens), int(rec.new),
+        int(rec.decode_batch), float(rec.decode_context),
+    )  # fmt: skip
+
+
+def _compute_contention(profile: Profile, spec: ModelSpec, probe: StreamProbe) -> float:
+    """``compute_contention`` from the streaming runs and their resident twins (module
+    docstring), floored at 0 and capped at 4; 0 when either side logged no iteration."""
+    cost = OpCostModel(profile, spec)
+    streamed: list[float] = []
+    resident: list[float] = []
+    for run in probe.runs:
+        for rec in run.stream_log:
+            streamed.append((float(rec.seconds) - float(rec.param_wait)) / _price(cost, rec))
+        for rec in run.resident_log:
+            resident.append(float(rec.seconds) / _price(cost, rec))
+    if not streamed or not resident:
+        return 0.0
+    return min(max(float(np.median(streamed) / np.median(resident)) - 1.0, 0.0), 4.0)
 
 
 def fit_engine_terms(
@@ -205,7 +229,10 @@ def fit_engine_terms(
     terms = EngineTerms(**ENGINE_SHAPE, copy_contention=contention)
     fitted = with_engine(profile, terms, a)
     gap, wake = _serving(fitted, spec, probe)
-    terms = terms.model_copy(update={"iter_gap_s": gap, "wake_s": wake})
+    stretch = _compute_contention(fitted, spec, probe)
+    terms = terms.model_copy(
+        update={"iter_gap_s": gap, "wake_s": wake, "compute_contention": stretch}
+    )
     report["copy_rate_Bps"] = achieved
     out = with_engine(profile, terms, a)
     pred = base + a

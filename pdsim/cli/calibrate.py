@@ -14,7 +14,7 @@ engine's backend (:mod:`hwbench.opprobe`: GEMMs with cold and cache-resident wei
 and prefill attention and the engine's elementwise ops timed in place, inside the engine's
 layer loop (:mod:`hwbench.insitu_probe`); the op floor; on NumPy timed on thread CPU time) into the profile's ``ops`` section, serves calibration workloads on the real
 engine and fits its own terms with those tables held fixed (:mod:`hwbench.engine_fit`:
-per-iteration overhead, serving-loop gap, extra after idle, copy contention; ``ops.engine``), so ``pdsim validate`` -- and ``pdsim run`` of any
+per-iteration overhead, serving-loop gap, extra after idle, copy and compute contention; ``ops.engine``), so ``pdsim validate`` -- and ``pdsim run`` of any
 scenario naming the profile -- price iterations from it. ``--tiny`` keeps it to seconds.
 
 Impossible results are rejected with exit status 1, the reasons on stderr and nothing
@@ -285,6 +285,7 @@ def _engine_rows(table: Table, profile: Profile, report: dict[str, float]) -> No
     table.add_row("engine: serving-loop gap", f"{eng.iter_gap_s * 1e6:.3g} us")
     table.add_row("engine: extra after idle", f"{eng.wake_s * 1e6:.3g} us")
     table.add_row("engine: copy contention", f"{eng.copy_contention:.3g}")
+    table.add_row("engine: compute contention", f"{eng.compute_contention:.3g}")
     if report:
         table.add_row(
             "engine fit error (RMS / max)",

@@ -12,6 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from engine.runtime.engine import IterationRecord
 from hwbench.engine_fit import (
     ENGINE_SHAPE,
     MAX_FIT_ERROR,
@@ -19,7 +20,7 @@ from hwbench.engine_fit import (
     fit_engine_terms,
     with_engine,
 )
-from hwbench.engine_probe import PassPoint, StreamProbe
+from hwbench.engine_probe import PassPoint, ProbeRun, StreamProbe
 from hwbench.opprobe import OpGrid, gemm_table, origin
 from hwbench.probes import Measurement
 from hwbench.profile import CEILINGS, check_profile
@@ -171,6 +172,56 @@ def test_simulator_runs_weight_copies_slower_by_the_contention(tmp_path: Path) -
     cl = build(sc, 0, cat, slow, CostModel)
     bw0 = plain.ctx.nodes[0].ws.links["pcie"].bandwidth
     assert cl.ctx.nodes[0].ws.links["pcie"].bandwidth == pytest.approx(bw0 / 2.5)
+
+
+def _records(cost: OpCostModel, scale: float, wait: float) -> tuple[IterationRecord, ...]:
+    """Back-to-back iterations of :func:`shapes` taking ``scale`` times the model's price
+    plus ``wait`` seconds of parameter wait."""
+    out, t = [], 0.0
+    for tok, pr, sq, batch, ctx in shapes():
+        secs = scale * cost.iteration_time(tok, sq, pr, batch, float(ctx)) + wait
+        out.append(IterationRecord(t, secs, pr, tok, sq, batch, ctx, wait))
+        t += secs
+    return tuple(out)
+
+
+def test_compute_contention_is_the_streamed_compute_over_the_resident_twins() -> None:
+    """Streamed iterations computing 1.8x what their resident twins take (which run 1.1x
+    the model's price), plus any parameter wait: contention 0.8; none when they match."""
+    base = points(4e-4)
+    for stretch, want in ((1.8, 0.8), (1.0, 0.0), (0.7, 0.0)):
+        prof, _ = fit_engine_terms(base_profile(), SPEC, base, probe(1e9))
+        cost = OpCostModel(prof, SPEC)
+        run = ProbeRun(None, _records(cost, 1.1 * stretch, 3e-3), None, _records(cost, 1.1, 0.0))
+        fitted, _ = fit_engine_terms(base_profile(), SPEC, base, StreamProbe(1e9, (run,)))
+        assert fitted.ops is not None and fitted.ops.engine is not None
+        assert fitted.ops.engine.compute_contention == pytest.approx(want, abs=1e-9)
+
+
+def test_simulator_stretches_only_streaming_iterations_by_the_contention(
+    tmp_path: Path,
+) -> None:
+    """``compute_contention`` 1 makes a workload whose weights stream slower, and leaves a
+    resident one exactly as it was."""
+    from dataclasses import replace
+
+    from hwbench.validate import run_simulator
+    from hwbench.workloads import get_workload
+
+    stream = replace(get_workload("stream-045"), requests=8)
+    prof = with_engine(base_profile(), EngineTerms(**ENGINE_SHAPE), 4e-4)
+    slow = with_engine(base_profile(), EngineTerms(**ENGINE_SHAPE, compute_contention=1.0), 4e-4)
+    for w in (stream, replace(stream, hbm_fraction=1.5)):
+        lat = [
+            run_simulator(w, p, tmp_path / f"{w.hbm_fraction}-{i}")[0]
+            .eval("end - arrival")
+            .to_numpy()
+            for i, p in enumerate((prof, slow))
+        ]
+        if w.hbm_fraction < 1:
+            assert lat[1].mean() > lat[0].mean() * 1.05
+        else:
+            np.testing.assert_array_equal(lat[0], lat[1])
 
 
 def _meas(label: str, nbytes: float, secs: float) -> Measurement:

@@ -310,6 +310,14 @@ class EngineTerms(_Strict):
     host->device link (copy thread and compute sharing cores and memory): the simulator
     moves weights at `links.pcie.bandwidth / (1 + copy_contention)`; measured as the link's
     rate over the copy thread's achieved rate, less 1; dimensionless, 0: no contention."""
+    compute_contention: float = Field(default=0.0, ge=0, le=4)
+    """How much slower the engine computes in an iteration that streams weights than in one
+    whose weights are all resident (its copies share the cores and the memory bus with the
+    ops): the simulator prices a streaming iteration's compute `1 + compute_contention`
+    times its resident price; measured on the calibration's streaming runs as the median
+    of (iteration seconds less its parameter wait) over the model's price, divided by the
+    same median (seconds over price) of their resident twins, less 1; dimensionless, 0: no
+    contention."""
 
 
 class OpsProfile(_Strict):

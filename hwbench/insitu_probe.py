@@ -47,8 +47,8 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from engine import backend
 from engine.runtime.model import DecoderConfig, DecoderModel, IterationState
+from hwbench.probes import syncer
 from sim.serving.opcost import AttentionTable, Curves, ElementwiseTable, TableOrigin
 
 __all__ = [
@@ -228,13 +228,6 @@ class _Probe:
         return float(np.median(got))
 
 
-def _syncer(xp: ModuleType) -> Callable[[], None]:
-    if backend.is_gpu(xp):
-        runtime = xp.cuda.runtime
-        return lambda: runtime.deviceSynchronize()
-    return lambda: None
-
-
 def _curves(
     batches: tuple[int, ...],
     xs: tuple[int, ...],
@@ -254,7 +247,7 @@ def insitu_tables(
     """Decode and prefill attention tables for every head layout of ``grid`` (an
     :class:`hwbench.opprobe.OpGrid`), and the elementwise tables, timed inside the engine's
     layer loop on ``clock`` (module docstring)."""
-    timer = OpTimer(clock, _syncer(xp))
+    timer = OpTimer(clock, syncer(xp))
     ew: dict[str, dict[int, list[float]]] = {
         k: defaultdict(list) for k in ("norm", "activation", "embedding")
     }

@@ -41,7 +41,7 @@ import numpy as np
 from engine import backend
 from engine.runtime.heap import keep_freed_memory
 from hwbench.insitu_probe import insitu_tables
-from hwbench.probes import time_op
+from hwbench.probes import syncer, time_op
 from sim.serving.costmodel import Profile
 from sim.serving.opcost import (
     AttentionTable,
@@ -135,13 +135,6 @@ class OpGrid:
         )
 
 
-def _syncer(xp: ModuleType) -> Callable[[], None]:
-    if backend.is_gpu(xp):
-        runtime = xp.cuda.runtime
-        return lambda: runtime.deviceSynchronize()
-    return lambda: None
-
-
 def op_clock(xp: ModuleType) -> Callable[[], float]:
     """The clock op tables are timed on: on a GPU, wall time (each call ends with a device
     synchronisation, so it covers the kernel); on NumPy, the calling thread's CPU time
@@ -182,7 +175,7 @@ def op_floor(xp: ModuleType, grid: OpGrid) -> float:
     """Seconds of one tiny elementwise op (64 floats): the floor every untabled op pays."""
     a = xp.ones((1, 64), dtype=xp.float32)
     b = xp.ones((1, 64), dtype=xp.float32)
-    return _median(lambda: a + b, grid, _syncer(xp), xp)
+    return _median(lambda: a + b, grid, syncer(xp), xp)
 
 
 def cache_bytes(xp: ModuleType) -> int:
@@ -212,7 +205,7 @@ def gemm_table(
     larger than that cache; > 0 -- a pool of half ``resident_bytes`` (at least one copy), so
     the weights sit in that cache but not in the smaller ones, as a model's weights do when
     they fit in it and the engine cycles through its layers."""
-    sync = _syncer(xp)
+    sync = syncer(xp)
     rng = np.random.default_rng(11)
     big_m, big_n, big_k = max(grid.m), max(grid.n), max(grid.k)
     x_all = xp.asarray(rng.standard_normal((big_m, big_k), dtype=np.float32))

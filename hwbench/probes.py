@@ -59,6 +59,7 @@ __all__ = [
     "Step",
     "plan",
     "run_probes",
+    "syncer",
     "time_op",
 ]
 
@@ -177,7 +178,9 @@ class ProbeConfig:
         )
 
 
-def _syncer(xp: ModuleType) -> Callable[[], None]:
+def syncer(xp: ModuleType) -> Callable[[], None]:
+    """A call that waits for the device to finish its queued work (CuPy), or does nothing
+    (NumPy: every op has finished when it returns)."""
     if backend.is_gpu(xp):
         runtime = xp.cuda.runtime
         return lambda: runtime.deviceSynchronize()
@@ -280,7 +283,7 @@ def _copy_op(
 
 def copy_probe(cfg: ProbeConfig, xp: ModuleType, workdir: Path, link: str) -> list[Measurement]:
     """Copy time by size over ``link`` (one of :data:`COPY_LINKS`)."""
-    sync = _syncer(xp)
+    sync = syncer(xp)
     out = []
     for size in cfg.copy_sizes:
         op, before, cleanup = _copy_op(link, size, xp, workdir)
@@ -292,7 +295,7 @@ def copy_probe(cfg: ProbeConfig, xp: ModuleType, workdir: Path, link: str) -> li
 
 def matmul_probe(cfg: ProbeConfig, xp: ModuleType, dtype: str) -> list[Measurement]:
     """FLOP/s of ``(m, k) @ (k, n)`` in ``dtype`` for each configured shape."""
-    sync = _syncer(xp)
+    sync = syncer(xp)
     rng = np.random.default_rng(1)
     out = []
     for m, n, k in cfg.matmul_shapes:
@@ -311,7 +314,7 @@ def matmul_probe(cfg: ProbeConfig, xp: ModuleType, dtype: str) -> list[Measureme
 
 def attention_probe(cfg: ProbeConfig, xp: ModuleType) -> list[Measurement]:
     """Paged decode attention (engine.kv) time by (batch, context), fp32 KV."""
-    sync = _syncer(xp)
+    sync = syncer(xp)
     rng = np.random.default_rng(2)
     bt = cfg.block_tokens
     out = []
@@ -341,7 +344,7 @@ def attention_probe(cfg: ProbeConfig, xp: ModuleType) -> list[Measurement]:
 
 def quant_probe(cfg: ProbeConfig, xp: ModuleType) -> list[Measurement]:
     """Encode and decode throughput (input fp32 bytes per second) of the KV codecs."""
-    sync = _syncer(xp)
+    sync = syncer(xp)
     rng = np.random.default_rng(3)
     out = []
     for n in cfg.quant_elems:
@@ -365,7 +368,7 @@ def quant_probe(cfg: ProbeConfig, xp: ModuleType) -> list[Measurement]:
 def overhead_probe(cfg: ProbeConfig, xp: ModuleType) -> list[Measurement]:
     """Fixed costs: one tiny array operation (``op``) and one tiny decoder layer (``layer``:
     norm, 4 projections, activation, 2 residual adds on one token) where compute is negligible."""
-    sync = _syncer(xp)
+    sync = syncer(xp)
     rng = np.random.default_rng(4)
     a = xp.ones(1, dtype=xp.float32)
     b = xp.ones(1, dtype=xp.float32)

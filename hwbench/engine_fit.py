@@ -144,9 +144,8 @@ def _fit_overheads(
     return a, report
 
 
-def _serving(profile: Profile, spec: ModelSpec, probe: StreamProbe) -> tuple[float, float]:
+def _serving(cost: OpCostModel, probe: StreamProbe) -> tuple[float, float]:
     """``(iter_gap_s, wake_s)`` from the resident open-loop runs (module docstring)."""
-    cost = OpCostModel(profile, spec)
     gaps: list[float] = []
     extra: list[float] = []
     for run in probe.runs:
@@ -170,10 +169,9 @@ def _price(cost: OpCostModel, rec: Any) -> float:
     )  # fmt: skip
 
 
-def _compute_contention(profile: Profile, spec: ModelSpec, probe: StreamProbe) -> float:
+def _compute_contention(cost: OpCostModel, probe: StreamProbe) -> float:
     """``compute_contention`` from the streaming runs and their resident twins (module
     docstring), floored at 0 and capped at 4; 0 when either side logged no iteration."""
-    cost = OpCostModel(profile, spec)
     streamed: list[float] = []
     resident: list[float] = []
     for run in probe.runs:
@@ -228,8 +226,9 @@ def fit_engine_terms(
     contention = min(max(link / achieved - 1.0, 0.0), 4.0) if achieved > 0 else 0.0
     terms = EngineTerms(**ENGINE_SHAPE, copy_contention=contention)
     fitted = with_engine(profile, terms, a)
-    gap, wake = _serving(fitted, spec, probe)
-    stretch = _compute_contention(fitted, spec, probe)
+    cost = OpCostModel(fitted, spec)
+    gap, wake = _serving(cost, probe)
+    stretch = _compute_contention(cost, probe)
     terms = terms.model_copy(
         update={"iter_gap_s": gap, "wake_s": wake, "compute_contention": stretch}
     )

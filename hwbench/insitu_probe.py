@@ -162,7 +162,13 @@ class _Probe:
     """One probe decoder, its weights and the op times it collected."""
 
     def __init__(
-        self, xp: ModuleType, cfg: DecoderConfig, kv_tokens: int, timer: OpTimer, seed: int
+        self,
+        xp: ModuleType,
+        cfg: DecoderConfig,
+        kv_tokens: int,
+        timer: OpTimer,
+        seed: int,
+        ew: dict[str, dict[int, list[float]]],
     ) -> None:
         self.xp, self.cfg, self.timer = xp, cfg, timer
         self.rng = np.random.default_rng(seed)
@@ -170,10 +176,7 @@ class _Probe:
         self.model = DecoderModel(cfg, kv_tokens, xp)
         self.model.op = timer
         self.next_sid = 0
-        # elements per call -> seconds per call, for each elementwise op
-        self.ew: dict[str, dict[int, list[float]]] = {
-            k: defaultdict(list) for k in ("norm", "activation", "embedding")
-        }
+        self.ew = ew  # per elementwise op: elements per call -> seconds per call (added to)
 
     def _iteration(self, st: IterationState, rows: int) -> dict[str, float]:
         for layer in range(self.cfg.n_layers):
@@ -259,7 +262,7 @@ def insitu_tables(
             max(grid.decode_batch) * (max(grid.decode_context) + steps + BLOCK_TOKENS),
             max(grid.prefill_batch) * (max(grid.prefill_tokens) + BLOCK_TOKENS),
         )
-        probe = _Probe(xp, cfg, need, timer, seed=31 + i)
+        probe = _Probe(xp, cfg, need, timer, 31 + i, ew)
         dec = _curves(grid.decode_batch, grid.decode_context, probe.decode_point, grid)
         pre = _curves(grid.prefill_batch, grid.prefill_tokens, probe.prefill_point, grid)
         for phase, curves, kernel in (
@@ -278,9 +281,6 @@ def insitu_tables(
                     curves=curves,
                 )
             )
-        for op, by_elems in probe.ew.items():
-            for elems, vals in by_elems.items():
-                ew[op][elems].extend(vals)
     kernels = {
         "norm": "engine DecoderModel: residual add + _rmsnorm, in place",
         "activation": "engine DecoderModel: _silu(g) * u, in place",

@@ -329,7 +329,7 @@ class ComputeNode:
                 m = self._cur  # _pick's first case, inline: the current model keeps running
                 if self._stream is not None:
                     m = pick_streams(self)
-                elif not (m >= 0 and self._quantum < self.max_steps and self._active(m)):
+                elif not self.continues(m):
                     m = self._pick()
                 if m < 0:
                     self.wake = self.env.event()
@@ -347,8 +347,17 @@ class ComputeNode:
             if intr.cause != "kill":
                 raise
 
-    def _active(self, m: int) -> bool:
-        return bool(self.b_n[m] or self.pf[m])
+    def continues(self, m: int) -> bool:
+        """Whether the process loop runs model ``m`` again at once, without picking: no
+        stream isolation, ``m`` is the current model, its quantum is not used up and it has
+        running sequences or prompt chunks (:func:`sim.serving.turn.turn` loops on it)."""
+        return (
+            m >= 0
+            and m == self._cur
+            and self._stream is None
+            and self._quantum < self.max_steps
+            and bool(self.b_n[m] or self.pf[m])
+        )
 
     def _head(self, m: int) -> int:
         for c in self.ctx.class_order:

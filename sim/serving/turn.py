@@ -91,13 +91,7 @@ def turn(node: ComputeNode, m: int) -> Generator[simpy.Event, Any, None]:
             off = yield from _segment(node, m, off, n, woke)
         # 4. completions
         complete(node, m, off)
-        # the process loop's first case (ComputeNode._run): would it run m again at once?
-        if not (
-            node._stream is None
-            and node._cur == m
-            and node._quantum < node.max_steps
-            and (node.b_n[m] or pf)
-        ):
+        if not node.continues(m):  # else the process loop would pick m again at once
             return
 
 

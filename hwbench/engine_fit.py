@@ -1,21 +1,22 @@
-"""The engine's own terms, fitted on whole iterations with the measured op tables held fixed.
+"""The engine's own terms, measured on whole iterations with the measured op tables held fixed.
 
 :func:`fit_engine_terms` takes a profile whose ``ops`` section carries the measured op tables
 (:mod:`hwbench.opprobe`) and the engine probe's iterations (:mod:`hwbench.engine_probe`) and
 returns :class:`sim.serving.opcost.EngineTerms` plus ``ops.roofline.iteration_overhead_s``:
 
-* ``iteration_overhead_s`` (s per iteration): weighted least squares, on relative error, of
-  the closed runs' measured iteration times (:class:`hwbench.engine_probe.PassPoint`, each
-  shape weighted by its iteration count) against ``ops + iteration_overhead``, where ``ops``
-  is the op tables' sum for the iteration (:class:`sim.serving.opcost.OpCostModel` with the
-  engine's shape :data:`ENGINE_SHAPE`: a prefill part plus a decode part, q/k/v and
-  gate/up as separate GEMMs). It is the engine's work per iteration outside the timed ops:
-  the serving loop's batch set-up and sampling, and each layer's weight pin, tensor views
-  and prefetch planning. The per-layer share is not fitted (``layer_overhead_s`` stays 0):
-  every probe iteration runs the same layers, so a per-layer term is indistinguishable
-  from a per-iteration one; a term per layer *and part* rests on the few mixed iterations
-  (one or two of each shape) and changed sign from probe to probe. The report keeps that
-  two-term solution (``raw_part_overhead_s``) as evidence;
+* ``iteration_overhead_s`` (s per iteration): **measured**, not fitted: the count-weighted
+  mean of the closed runs' in-place overheads (:class:`hwbench.engine_probe.PassPoint`
+  ``overhead_s``: an iteration's seconds less its ops' seconds, each op timed inside the
+  engine's layer loop, iterations after an idle spell left to ``wake_s``). It is the
+  engine's work per iteration outside the ops: the serving loop's batch set-up and
+  sampling, and each layer's weight pin, tensor views and prefetch planning. A fitted
+  overhead (least squares of the iteration times against ``ops + overhead``) absorbed
+  whatever the op tables missed and moved from 0.35 to 1.87 ms across calibrations on the
+  same machine; the report keeps that solution (``raw_iteration_overhead_s``), and the
+  two-term one with a share per layer and part (``raw_part_overhead_s``), as evidence. The
+  op sum ``ops`` is :class:`sim.serving.opcost.OpCostModel`'s with the engine's shape
+  :data:`ENGINE_SHAPE` (a prefill part plus a decode part, q/k/v and gate/up as separate
+  GEMMs); ``layer_overhead_s`` stays 0;
 * ``iter_gap_s``: the median gap between back-to-back iterations of the resident open-loop
   runs (measured, not fitted);
 * ``wake_s``: the median extra (measured - modelled) of the iterations that follow an idle
@@ -35,9 +36,10 @@ tokens, prompts, batch, context, measured mean and count, and the model's second
 ``model_s``) and ``engine_fit_report`` (:class:`FitReport`).
 
 Measured hardware terms (the op tables, link bandwidths, memory bandwidth, FLOP rate) are
-inputs here and never change. :class:`ImpossibleFit` rejects a fit that cannot describe the
-machine: an overhead that comes out negative or below :data:`MIN_OVERHEAD_S`, a fit error
-over :data:`MAX_FIT_ERROR`, or an achieved copy rate above the link's own measured rate by
+inputs here and never change. :class:`ImpossibleFit` rejects a result that cannot describe
+the machine: no in-place overhead measured, an overhead negative or below
+:data:`MIN_OVERHEAD_S`, an error of ``ops + overhead`` against the measured iteration times
+over :data:`MAX_FIT_ERROR` (the op tables then do not time what the engine runs), or an achieved copy rate above the link's own measured rate by
 more than :data:`MAX_ABOVE_PEAK`.
 """
 
@@ -103,9 +105,11 @@ def with_engine(profile: Profile, terms: EngineTerms, iteration_overhead_s: floa
 
 
 class FitReport(dict[str, float]):
-    """The fit's figures: ``rms_rel_error``, ``max_rel_error``, ``points``, the
-    unconstrained solution ``raw_iteration_overhead_s``, the two-term solution's per-part
-    coefficient ``raw_part_overhead_s`` (evidence only) and ``ops_share`` (mean op-table
+    """The calibration's figures: ``rms_rel_error`` and ``max_rel_error`` of ``ops +
+    iteration_overhead_s`` against the measured iteration times, ``points``, the measured
+    ``iteration_overhead_s`` and the iterations it averages (``overhead_iterations``), the
+    least-squares solution ``raw_iteration_overhead_s`` and the two-term solution's per-part
+    coefficient ``raw_part_overhead_s`` (evidence only), and ``ops_share`` (mean op-table
     seconds over measured seconds)."""
 
 
@@ -122,13 +126,27 @@ def _base_times(profile: Profile, spec: ModelSpec, points: Sequence[PassPoint]) 
     )  # fmt: skip
 
 
+def _measured_overhead(points: Sequence[PassPoint]) -> tuple[float, int]:
+    """The count-weighted mean of the points' in-place overheads, and the iterations it
+    averages (module docstring)."""
+    ovh = [(p.overhead_s, p.overhead_count) for p in points if p.overhead_s is not None]
+    n = sum(c for _, c in ovh)
+    if n <= 0:
+        raise ImpossibleFit(
+            "the engine probe measured no iteration overhead in place (no iteration that "
+            "did not follow an idle spell had its ops timed)"
+        )
+    return sum(o * c for o, c in ovh) / n, n
+
+
 def _fit_overheads(
-    base: np.ndarray, meas: np.ndarray, calls: np.ndarray, count: np.ndarray
-) -> tuple[float, FitReport]:
-    """Weighted least squares of ``meas = base + a`` on relative error (closed form), and
-    for the record the two-term solution ``base + a2 + b2 * calls`` (module docstring)."""
+    base: np.ndarray, meas: np.ndarray, calls: np.ndarray, count: np.ndarray, a: float
+) -> FitReport:
+    """The error of ``meas = base + a`` (``a`` measured), and for the record the weighted
+    least-squares solutions on relative error of ``base + a1`` and of ``base + a2 + b2 *
+    calls`` (module docstring)."""
     w2 = count / count.sum() / meas**2
-    a = float(np.sum(w2 * (meas - base)) / np.sum(w2))
+    a1 = float(np.sum(w2 * (meas - base)) / np.sum(w2))
     rel = (base + a) / meas - 1.0
     w = np.sqrt(w2)
     design = np.column_stack([np.ones_like(base), calls]) * w[:, None]
@@ -137,11 +155,12 @@ def _fit_overheads(
         rms_rel_error=float(np.sqrt(np.sum(count * rel**2) / count.sum())),
         max_rel_error=float(np.max(np.abs(rel))),
         points=float(len(meas)),
-        raw_iteration_overhead_s=a,
+        iteration_overhead_s=a,
+        raw_iteration_overhead_s=a1,
         raw_part_overhead_s=float(b2),
         ops_share=float(np.sum(count * base / meas) / count.sum()),
     )
-    return a, report
+    return report
 
 
 def _serving(cost: OpCostModel, probe: StreamProbe) -> tuple[float, float]:
@@ -190,8 +209,8 @@ def fit_engine_terms(
     points: Sequence[PassPoint],
     probe: StreamProbe,
 ) -> tuple[Profile, FitReport]:
-    """``profile`` (with measured op tables) plus the engine's terms fitted on ``points``
-    and ``probe`` (module docstring), and the fit's report. :class:`ImpossibleFit` when the
+    """``profile`` (with measured op tables) plus the engine's terms measured on ``points``
+    and ``probe`` (module docstring), and the report. :class:`ImpossibleFit` when the
     result cannot describe the machine."""
     if not points:
         raise ImpossibleFit("the engine probe logged no iterations")
@@ -199,22 +218,25 @@ def fit_engine_terms(
     meas = np.array([p.mean_s for p in points])
     calls = np.array([spec.n_layers * (2 if p.tokens and p.batch else 1) for p in points])
     count = np.array([float(p.count) for p in points])
-    a, report = _fit_overheads(base, meas, calls, count)
+    a, measured_n = _measured_overhead(points)
+    if a < MIN_OVERHEAD_S:
+        raise ImpossibleFit(
+            f"measured iteration_overhead_s = {a:.3g} s per iteration: negative or near zero "
+            f"(allowed: >= {MIN_OVERHEAD_S:g}); the in-place op times exceed the engine's "
+            "iteration times, so the timer's own cost was not taken out"
+        )
+    report = _fit_overheads(base, meas, calls, count, a)
+    report["overhead_iterations"] = float(measured_n)
     if report["rms_rel_error"] > MAX_FIT_ERROR:
         worst = points[int(np.argmax(np.abs((base + a) / meas - 1.0)))]
         raise ImpossibleFit(
-            f"engine iteration fit error {report['rms_rel_error']:.1%} (RMS, relative) is "
-            f"over the {MAX_FIT_ERROR:.0%} allowed: op tables plus overheads do not describe "
+            f"engine iteration error {report['rms_rel_error']:.1%} (RMS, relative) is over "
+            f"the {MAX_FIT_ERROR:.0%} allowed: op tables plus the measured overhead "
+            f"({a * 1e6:.0f} us) do not describe "
             f"this engine's iterations (largest error {report['max_rel_error']:.0%}, at "
             f"{worst.tokens} prompt tokens and {worst.batch} decodes of {worst.context:.0f} "
             f"context tokens; op tables cover {report['ops_share']:.0%} of a measured "
             "iteration on average)"
-        )
-    if a < MIN_OVERHEAD_S:
-        raise ImpossibleFit(
-            f"fitted iteration_overhead_s = {a:.3g} s per iteration: negative or near zero "
-            f"(allowed: >= {MIN_OVERHEAD_S:g}); the op tables already exceed the engine's "
-            "iteration times, so they do not time what the engine runs"
         )
     link = profile.links.pcie.bandwidth
     achieved = probe.bandwidth

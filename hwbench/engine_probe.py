@@ -9,8 +9,13 @@ the tier stack, prefetcher on) and returns what :mod:`hwbench.engine_fit` fits t
 on:
 
 * :func:`engine_probe` -- closed runs (requests arriving together; all weights resident):
-  every iteration's prefill tokens, prompts, decode batch and context, and time, grouped by
-  shape (:class:`PassPoint`);
+  every iteration's prefill tokens, prompts, decode batch and context, its time and its
+  **overhead**, grouped by shape (:class:`PassPoint`). Every op runs through an
+  :class:`hwbench.insitu_probe.OpTimer` on the model's op hook, so each iteration's op
+  seconds are measured in place; its overhead is its seconds less those op seconds: the
+  serving loop's batch set-up and sampling, and each layer's weight pin, tensor views and
+  prefetch planning. The timer's own cost is measured on an empty op before the runs
+  (:func:`hook_cost`) and taken out of both the iteration and the op seconds;
 * :func:`fetch_probe` -- open-loop runs with HBM holding 60% of the weights (layers stream
   host -> device every iteration) and the same arrivals with every weight resident: the
   bytes per second the engine's copy thread achieved while the engine computed, and the
@@ -33,7 +38,11 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from engine import backend
-from hwbench.validation_engine import engine_parts, run_engine
+from engine.runtime.engine import IterationRecord
+from hwbench.insitu_probe import OpTimer
+from hwbench.opprobe import op_clock
+from hwbench.probes import syncer
+from hwbench.validation_engine import engine_for, engine_parts, run_engine, workload_for
 from hwbench.workloads import ValidationWorkload
 
 __all__ = [
@@ -44,6 +53,7 @@ __all__ = [
     "after_idle",
     "engine_probe",
     "fetch_probe",
+    "hook_cost",
 ]
 
 
@@ -54,7 +64,10 @@ class PassPoint:
     the mean over the group), and one decode step of ``batch`` sequences holding ``context``
     tokens in all (``batch`` 0: none); ``mean_s`` is the mean of ``count`` measured
     iterations (a request's latency is a sum of iteration times, which converges to the mean,
-    OS pauses included)."""
+    OS pauses included) and ``overhead_s`` the mean overhead (seconds outside the ops,
+    measured in place; module docstring) of the ``overhead_count`` of them that did not
+    follow an idle spell (:func:`after_idle`: a cold start is ``wake_s``'s), ``None`` where
+    none was measured."""
 
     tokens: int
     batch: int
@@ -63,6 +76,8 @@ class PassPoint:
     count: int
     prompts: int = 1
     sq_tokens: float | None = None  # None: one prompt of ``tokens`` (tokens ** 2)
+    overhead_s: float | None = None
+    overhead_count: int = 0  # iterations ``overhead_s`` averages (those not after idle)
 
     @property
     def sq(self) -> float:
@@ -77,11 +92,13 @@ class PassPoint:
             "context": float(self.context),
             "mean_s": self.mean_s,
             "count": float(self.count),
-        }
+            "overhead_count": float(self.overhead_count),
+        } | ({} if self.overhead_s is None else {"overhead_s": self.overhead_s})
 
 
-#: iterations grouped by shape (see :func:`_collect`): (seconds, sum of squared prompt lengths)
-Groups = dict[tuple[int, int, int, int], list[tuple[float, float]]]
+#: iterations grouped by shape (see :func:`_collect`): (seconds, sum of squared prompt lengths,
+#: overhead seconds)
+Groups = dict[tuple[int, int, int, int], list[tuple[float, float, float]]]
 
 #: probe runs: (requests arriving together, prompt tokens each, output tokens each)
 QUICK_RUNS: tuple[tuple[int, int, int], ...] = (
@@ -109,12 +126,16 @@ def engine_probe(
     workdir: Path | None = None,
 ) -> list[PassPoint]:
     """Serve short probe workloads on the real engine (the validation decoder, all weights
-    resident, prefetch on, exactly as ``pdsim validate`` runs it) and return its iterations
-    grouped by shape (total decode context in buckets of 64 tokens)."""
+    resident, prefetch on, exactly as ``pdsim validate`` runs it, its ops timed in place) and
+    return its iterations grouped by shape (total decode context in buckets of 64 tokens),
+    with their measured overheads (module docstring)."""
     rows: Groups = {}
+    timer = OpTimer(op_clock(xp), syncer(xp))
+    outside, inside = hook_cost(timer)
     with tempfile.TemporaryDirectory(prefix="pdsim-engine-probe-", dir=workdir) as tmp:
         w0 = ValidationWorkload("probe", "engine probe", requests=1, hbm_fraction=1.5)
         parts = engine_parts(w0, Path(tmp), xp)
+        probes: list[tuple[bool, ValidationWorkload]] = []
         for rep in range(-1, repeats):  # round -1 warms caches and allocator; not kept
             for i, (n, inp, out) in enumerate(runs):
                 w = replace(
@@ -129,9 +150,7 @@ def engine_probe(
                     max_batch_tokens=1 << 20,
                     seed=100 * (rep + 1) + i,
                 )
-                res, _ = run_engine(w, Path(tmp), parts)
-                if rep >= 0:
-                    _collect(rows, res.iteration_log)
+                probes.append((rep >= 0, w))
         # A mixed open-loop run: Poisson arrivals, prefill and decode in the same iterations,
         # idle gaps -- the engine as it serves (not the validation suite's workloads).
         for seed in range(mixed):
@@ -145,31 +164,89 @@ def engine_probe(
                 output_high=40,
                 seed=1000 + seed,
             )
-            res, _ = run_engine(w, Path(tmp), parts)
-            _collect(rows, res.iteration_log)
-    return [
-        PassPoint(
-            k[0],
-            k[2],
-            k[3],
-            float(np.mean([dt for dt, _ in v])),
-            len(v),
-            prompts=k[1],
-            sq_tokens=float(np.mean([sq for _, sq in v])) if k[0] else 0.0,
-        )
-        for k, v in sorted(rows.items())
-    ]
+            probes.append((True, w))
+        for keep, w in probes:
+            log = _timed_run(w, parts, timer, outside, inside)
+            if keep:
+                _collect(rows, [r for r, _ in log], [o for _, o in log])
+    return [_point(k, v) for k, v in sorted(rows.items())]
 
 
-def _collect(rows: Groups, log: list[Any]) -> None:
+def _point(key: tuple[int, int, int, int], group: list[tuple[float, float, float]]) -> PassPoint:
+    ovh = [o for _, _, o in group if o == o]  # NaN: after idle, or not measured
+    return PassPoint(
+        key[0],
+        key[2],
+        key[3],
+        float(np.mean([dt for dt, _, _ in group])),
+        len(group),
+        prompts=key[1],
+        sq_tokens=float(np.mean([sq for _, sq, _ in group])) if key[0] else 0.0,
+        overhead_s=float(np.mean(ovh)) if ovh else None,
+        overhead_count=len(ovh),
+    )
+
+
+def hook_cost(timer: OpTimer, calls: int = 20_000) -> tuple[float, float]:
+    """What timing one op through ``timer`` costs, on an empty op: ``(outside, inside)``
+    seconds per call, where ``outside`` is what the timed call adds to its caller's time
+    over a plain call (the clock readings, device synchronisations and bookkeeping) and
+    ``inside`` the part of that which the timer records as the op's own seconds."""
+
+    def noop() -> None:
+        return None
+
+    clock = timer.clock
+    timer.take()
+    t0 = clock()
+    for _ in range(calls):
+        noop()
+    plain = clock() - t0
+    t0 = clock()
+    for _ in range(calls):
+        timer("hook", noop)
+    hooked = clock() - t0
+    inside = timer.take().get("hook", 0.0) / calls
+    timer.calls = 0
+    return max(hooked - plain, 0.0) / calls, inside
+
+
+def _timed_run(
+    w: ValidationWorkload, parts: Any, timer: OpTimer, outside: float, inside: float
+) -> list[tuple[IterationRecord, float]]:
+    """Serve ``w`` with every op timed by ``timer``: each iteration's record (its seconds
+    less the timer's own cost, ``outside`` per op) and its overhead (those seconds less the
+    ops' recorded seconds, less ``inside`` per op)."""
+    eng = engine_for(w, parts)
+    eng.model.op = timer  # type: ignore[union-attr]
+    timer.take()
+    timer.calls = 0
+    out: list[tuple[IterationRecord, float]] = []
+
+    def on_iteration(rec: IterationRecord) -> None:
+        ops_s, calls = sum(timer.take().values()), timer.calls
+        timer.calls = 0
+        secs = float(rec.seconds) - calls * outside
+        out.append((rec._replace(seconds=secs), secs - (ops_s - calls * inside)))
+
+    eng.on_iteration = on_iteration
+    eng.run(workload_for(w))
+    return out
+
+
+def _collect(rows: Groups, log: list[Any], overheads: Sequence[float] | None = None) -> None:
     """Group iterations (:class:`engine.runtime.engine.IterationRecord`) by (prompt tokens,
     prompts, decode batch, decode context), tokens in buckets (32 and 64 tokens, bucket
-    centres); each entry keeps (seconds, sum of squared prompt lengths)."""
-    for rec in log:
+    centres); each entry keeps (seconds, sum of squared prompt lengths, overhead), the
+    overhead NaN for an iteration after an idle spell (:func:`after_idle`) or where
+    ``overheads`` is not given."""
+    idle = after_idle(log)
+    for i, rec in enumerate(log):
         ptok, nd, ctx = int(rec.prompt_tokens), int(rec.decode_batch), int(rec.decode_context)
         p = ptok // 32 * 32 + 16 if ptok else 0
         key = (p, int(rec.new) if ptok else 0, nd, ctx // 64 * 64 + 32 if nd else 0)
-        rows.setdefault(key, []).append((float(rec.seconds), float(rec.prompt_sq_tokens)))
+        ovh = float("nan") if overheads is None or idle[i] else float(overheads[i])
+        rows.setdefault(key, []).append((float(rec.seconds), float(rec.prompt_sq_tokens), ovh))
 
 
 class ProbeRun(NamedTuple):

@@ -96,12 +96,14 @@ class InSituGrid(Protocol):
 @dataclass
 class OpTimer:
     """An :data:`engine.runtime.model.OpCall` that times every op on ``clock`` (with
-    ``sync`` before and after on a GPU) and adds its seconds to :attr:`seconds` by name;
-    ops nested in a timed op are not timed again (its time includes them)."""
+    ``sync`` before and after on a GPU), adds its seconds to :attr:`seconds` by name and
+    counts it in :attr:`calls`; ops nested in a timed op are not timed again (its time
+    includes them)."""
 
     clock: Callable[[], float]
     sync: Callable[[], None] = lambda: None
     seconds: dict[str, float] = field(default_factory=lambda: defaultdict(float))
+    calls: int = 0
     _depth: int = 0
 
     def __call__(self, name: str, fn: Callable[..., Any], *args: Any) -> Any:
@@ -114,6 +116,7 @@ class OpTimer:
             out = fn(*args)
             self.sync()
             self.seconds[name] += self.clock() - t0
+            self.calls += 1
         finally:
             self._depth -= 1
         return out

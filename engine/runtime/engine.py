@@ -178,6 +178,7 @@ class Engine:
         self.keep_logits = keep_logits
         self._sleep = sleep
         self.hold_pins = hold_pins
+        self.on_iteration: Callable[[IterationRecord], None] | None = None
         self.exclude_cpu_wait = exclude_cpu_wait
         self.xp = model.xp
         self.layouts = [model.cfg.layout(i) for i in range(model.cfg.n_layers)]
@@ -320,19 +321,20 @@ class Engine:
         now = self.clock()
         for r in firsts:
             res.first[r] = now
-        res.iteration_log.append(
-            IterationRecord(
-                t_start,
-                now - t_start,
-                len(new),
-                sum(plens),
-                sum(p * p for p in plens),
-                len(running),
-                ctx,
-                wait,
-                iteration_kind(sum(plens), len(running)),
-            )
+        record = IterationRecord(
+            t_start,
+            now - t_start,
+            len(new),
+            sum(plens),
+            sum(p * p for p in plens),
+            len(running),
+            ctx,
+            wait,
+            iteration_kind(sum(plens), len(running)),
         )
+        res.iteration_log.append(record)
+        if self.on_iteration is not None:
+            self.on_iteration(record)
         res.iterations += 1
         sched.advance(running)
         res.busy_s += now - t_start

@@ -13,14 +13,16 @@ Unless ``--no-engine``, calibrate then measures the op tables of :mod:`sim.servi
 engine's backend (:mod:`hwbench.opprobe`: GEMMs with cold and cache-resident weights; decode
 and prefill attention and the engine's elementwise ops timed in place, inside the engine's
 layer loop (:mod:`hwbench.insitu_probe`); the op floor; on NumPy timed on thread CPU time) into the profile's ``ops`` section, serves calibration workloads on the real
-engine and fits its own terms with those tables held fixed (:mod:`hwbench.engine_fit`:
-per-iteration overhead, serving-loop gap, extra after idle, copy and compute contention; ``ops.engine``), so ``pdsim validate`` -- and ``pdsim run`` of any
+engine and measures its own terms with those tables held fixed (:mod:`hwbench.engine_fit`:
+per-iteration overhead, timed in place, serving-loop gap, extra after idle, copy and
+compute contention; ``ops.engine``), so ``pdsim validate`` -- and ``pdsim run`` of any
 scenario naming the profile -- price iterations from it. ``--tiny`` keeps it to seconds.
 
 Impossible results are rejected with exit status 1, the reasons on stderr and nothing
 written: a link bandwidth above its physical ceiling or above the fastest copy its probe
-timed (:func:`hwbench.profile.check_profile`), a fitted overhead that is negative or near
-zero, an engine fit error over the threshold, a copy rate above the link's
+timed (:func:`hwbench.profile.check_profile`), a measured overhead that is negative or near
+zero, an engine fit error (op tables plus that overhead against the measured iteration
+times) over the threshold, a copy rate above the link's
 (:class:`hwbench.engine_fit.ImpossibleFit`).
 
 The share of the machine's CPU that other processes and the hypervisor (steal) took while
@@ -280,13 +282,19 @@ def _engine_rows(table: Table, profile: Profile, report: dict[str, float]) -> No
         return
     rl = profile.ops.roofline
     table.add_row("op floor (untabled ops)", f"{rl.op_floor_s * 1e6:.3g} us")
-    table.add_row("engine: iteration overhead (fit)", f"{rl.iteration_overhead_s * 1e6:.3g} us")
+    table.add_row(
+        "engine: iteration overhead (measured)", f"{rl.iteration_overhead_s * 1e6:.3g} us"
+    )
     table.add_row("engine: per-layer overhead", f"{eng.layer_overhead_s * 1e6:.3g} us")
     table.add_row("engine: serving-loop gap", f"{eng.iter_gap_s * 1e6:.3g} us")
     table.add_row("engine: extra after idle", f"{eng.wake_s * 1e6:.3g} us")
     table.add_row("engine: copy contention", f"{eng.copy_contention:.3g}")
     table.add_row("engine: compute contention", f"{eng.compute_contention:.3g}")
     if report:
+        table.add_row(
+            "engine: overhead by least squares (evidence)",
+            f"{report['raw_iteration_overhead_s'] * 1e6:.3g} us",
+        )
         table.add_row(
             "engine fit error (RMS / max)",
             f"{report['rms_rel_error']:.1%} / {report['max_rel_error']:.1%}",

@@ -80,7 +80,7 @@ def _fake_engine_fit(monkeypatch: pytest.MonkeyPatch, fail: str | None = None) -
         if fail is not None:
             raise ef.ImpossibleFit(fail)
         terms = EngineTerms(fused_iterations=False, layer_overhead_s=2e-4, iter_gap_s=1e-5)
-        report = {"rms_rel_error": 0.05, "max_rel_error": 0.1}
+        report = {"rms_rel_error": 0.05, "max_rel_error": 0.1, "raw_iteration_overhead_s": 4e-4}
         return ef.with_engine(profile, terms, 3e-4), report
 
     monkeypatch.setattr(ef, "calibrate_engine", fake)

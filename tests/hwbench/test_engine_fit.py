@@ -4,6 +4,7 @@ impossible fits rejected; measured op tables against simple references."""
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -48,18 +49,23 @@ def shapes() -> list[tuple[int, int, int, int, int]]:
     return out
 
 
-def points(a: float, b: float = 0.0, noise: float = 0.0) -> list[PassPoint]:
-    """Iterations whose times are the op model's for the engine's shape with overhead ``a``
-    per iteration and ``b`` per layer and part (and a multiplicative ``noise`` alternating
-    in sign)."""
-    terms = EngineTerms(**ENGINE_SHAPE, layer_overhead_s=b)
-    prof = with_engine(base_profile(), terms, a)
-    cost = OpCostModel(prof, SPEC)
+def points(a: float, b: float = 0.0, noise: float = 0.0, ops_scale: float = 1.0) -> list[PassPoint]:
+    """Iterations whose times are the op model's for the engine's shape, its ops taking
+    ``ops_scale`` times the tables' seconds, with overhead ``a`` per iteration and ``b`` per
+    layer and part (and a multiplicative ``noise`` alternating in sign), each with the
+    overhead an in-place measurement sees (``a`` plus ``b`` on every layer of each part)."""
+    zero = OpCostModel(with_engine(base_profile(), EngineTerms(**ENGINE_SHAPE), 0.0), SPEC)
     out = []
     for i, (tok, pr, sq, batch, ctx) in enumerate(shapes()):
-        t = cost.iteration_time(tok, sq, pr, batch, float(ctx))
+        ovh = a + b * SPEC.n_layers * ((tok > 0) + (batch > 0))
+        t = ops_scale * zero.iteration_time(tok, sq, pr, batch, float(ctx)) + ovh
         t *= 1.0 + noise * (-1) ** i
-        out.append(PassPoint(tok, batch, ctx, t, 3, prompts=max(pr, 1), sq_tokens=float(sq)))
+        out.append(
+            PassPoint(
+                tok, batch, ctx, t, 3, prompts=max(pr, 1), sq_tokens=float(sq),
+                overhead_s=ovh, overhead_count=3,
+            )
+        )  # fmt: skip
     return out
 
 
@@ -107,10 +113,14 @@ def test_engine_overheads_add_linearly(
     assert got == pytest.approx(want, rel=1e-9, abs=1e-15)
 
 
-def test_fit_recovers_a_known_iteration_overhead() -> None:
+def test_the_overhead_is_the_measured_one() -> None:
+    """Iterations that are the tables' ops plus 0.4 ms: the measured overhead is the term,
+    least squares agrees and the error is nil."""
     prof, report = fit_engine_terms(base_profile(), SPEC, points(4e-4), probe(1e9))
     assert prof.ops is not None and prof.ops.engine is not None
-    assert prof.ops.roofline.iteration_overhead_s == pytest.approx(4e-4, rel=1e-6)
+    assert prof.ops.roofline.iteration_overhead_s == pytest.approx(4e-4, rel=1e-9)
+    assert report["raw_iteration_overhead_s"] == pytest.approx(4e-4, rel=1e-6)
+    assert report["overhead_iterations"] == 3 * len(shapes())
     assert prof.ops.engine.layer_overhead_s == 0.0  # not identifiable: same layers throughout
     assert not prof.ops.engine.fused_iterations and prof.ops.engine.split_projections
     assert report["rms_rel_error"] < 1e-9
@@ -120,15 +130,32 @@ def test_fit_recovers_a_known_iteration_overhead() -> None:
     assert prof.gpu == base_profile().gpu and prof.links.nvme == base_profile().links.nvme
 
 
+def test_op_tables_that_miss_time_do_not_move_the_overhead() -> None:
+    """Ops 10% slower in the engine than the tables say: the measured overhead stays the
+    engine's 0.4 ms (least squares would have absorbed the tables' miss into it), and the
+    report's error shows the miss."""
+    prof, report = fit_engine_terms(base_profile(), SPEC, points(4e-4, ops_scale=1.1), probe(1e9))
+    assert prof.ops is not None
+    assert prof.ops.roofline.iteration_overhead_s == pytest.approx(4e-4, rel=1e-9)
+    assert report["raw_iteration_overhead_s"] > 4.2e-4
+    assert 0.01 < report["rms_rel_error"] < 0.1
+
+
+def test_points_without_a_measured_overhead_are_rejected() -> None:
+    bare = [replace(p, overhead_s=None, overhead_count=0) for p in points(4e-4)]
+    with pytest.raises(ImpossibleFit, match="no iteration overhead"):
+        fit_engine_terms(base_profile(), SPEC, bare, probe(1e9))
+
+
 def test_fit_rejects_a_negative_overhead() -> None:
-    """Iterations faster than the op tables say leave a negative overhead: impossible."""
+    """A negative measured overhead (the timer's own cost not taken out): impossible."""
     with pytest.raises(ImpossibleFit, match=r"iteration_overhead_s .* negative or near zero"):
         fit_engine_terms(base_profile(), SPEC, points(-2e-4), probe(1e9))
 
 
 def test_a_per_part_overhead_shows_in_the_report_not_in_the_terms() -> None:
-    """Iterations that did pay an overhead per layer and part: the one-term fit charges its
-    mean per iteration, and the two-term solution in the report recovers it."""
+    """Iterations that did pay an overhead per layer and part: the term is its measured
+    mean per iteration, and the two-term solution in the report recovers the share."""
     prof, report = fit_engine_terms(base_profile(), SPEC, points(4e-4, 5e-5), probe(1e9))
     assert report["raw_part_overhead_s"] == pytest.approx(5e-5, rel=1e-6)
     assert prof.ops is not None
@@ -138,7 +165,7 @@ def test_a_per_part_overhead_shows_in_the_report_not_in_the_terms() -> None:
 
 def test_fit_rejects_a_fit_error_over_the_threshold() -> None:
     noisy = points(4e-3, noise=2 * MAX_FIT_ERROR)
-    with pytest.raises(ImpossibleFit, match="fit error") as err:
+    with pytest.raises(ImpossibleFit, match=r"iteration error .* over") as err:
         fit_engine_terms(base_profile(), SPEC, noisy, probe(1e9))
     # the message names the worst iteration shape, one of the probe's
     shapes = {f"at {p.tokens} prompt tokens and {p.batch} decodes of" for p in noisy}
@@ -332,3 +359,15 @@ def test_gpu_branch_of_the_op_probe_with_numpy_standing_in_for_cupy() -> None:
 
     assert op_clock(xp) is time.perf_counter and op_clock(np) is time.thread_time
     assert not excludes_cpu_wait(xp) and excludes_cpu_wait(np)
+
+
+def test_a_fitted_profile_with_unmeasured_points_round_trips_through_json() -> None:
+    """Shapes seen only after idle spells carry no overhead: the evidence table leaves the
+    field out (JSON has no NaN), and the profile reads back equal."""
+    pts = points(4e-4)
+    pts[0] = replace(pts[0], overhead_s=None, overhead_count=0)
+    prof, _ = fit_engine_terms(base_profile(), SPEC, pts, probe(1e9))
+    back = Profile.model_validate_json(prof.model_dump_json())
+    assert back == prof
+    rows = back.fitted["engine_pass"]
+    assert "overhead_s" not in rows[0] and rows[1]["overhead_s"] == pytest.approx(4e-4)

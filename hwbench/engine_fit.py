@@ -25,11 +25,19 @@ returns :class:`sim.serving.opcost.EngineTerms` plus ``ops.roofline.iteration_ov
   bandwidth (``links.pcie``) over what the engine's copy thread achieved while the engine
   computed, floored at 0 (the simulator then runs weight copies ``1 + copy_contention``
   times slower than the link);
-* ``compute_contention``: how much slower an iteration computes while weights stream, on
-  the same runs: the median of (seconds less parameter wait) over the model's price of the
-  streamed iterations, over the median of seconds over price of the resident twins, less 1,
-  floored at 0 (the simulator stretches a streaming iteration's compute by ``1 +
-  compute_contention``).
+* ``prefetch_compute_s_per_byte`` (s/B): what the copy thread's prefetches cost the
+  compute, on the streaming runs against their resident twins: the streamed iterations'
+  seconds less parameter wait, less ``r`` times the model's price of the same iterations
+  (``r``: the resident twins' seconds over their price), over the bytes prefetched;
+  floored at 0. On the 2-core VM a streamed decode iteration computed 2.2-3.0x its
+  resident time, and the excess grew with the bytes streamed (a dimensionless stretch
+  measured at one cache fraction missed another's by 30-40%). The simulator adds it, times
+  the bytes prefetched at a layer, to that layer's compute;
+* ``prefetch_handoff_s`` (s): the median, over the streaming runs' prefetch jobs, of the
+  job's service time (planned, or the previous job's end, to landed) less its bytes at the
+  copy thread's own rate: the wait for the copy thread to wake and take its turn (on
+  NumPy, 0.4-0.5 ms a job against 0.35 ms of copying). The simulator starts each
+  prefetch that much later.
 
 The profile's ``fitted`` tables keep the evidence: ``engine_pass`` (every iteration shape:
 tokens, prompts, batch, context, measured mean and count, and the model's seconds
@@ -188,19 +196,29 @@ def _price(cost: OpCostModel, rec: Any) -> float:
     )  # fmt: skip
 
 
-def _compute_contention(cost: OpCostModel, probe: StreamProbe) -> float:
-    """``compute_contention`` from the streaming runs and their resident twins (module
-    docstring), floored at 0 and capped at 4; 0 when either side logged no iteration."""
-    streamed: list[float] = []
-    resident: list[float] = []
-    for run in probe.runs:
-        for rec in run.stream_log:
-            streamed.append((float(rec.seconds) - float(rec.param_wait)) / _price(cost, rec))
-        for rec in run.resident_log:
-            resident.append(float(rec.seconds) / _price(cost, rec))
-    if not streamed or not resident:
-        return 0.0
-    return min(max(float(np.median(streamed) / np.median(resident)) - 1.0, 0.0), 4.0)
+def _prefetch_terms(cost: OpCostModel, probe: StreamProbe) -> tuple[float, float]:
+    """``(prefetch_compute_s_per_byte, prefetch_handoff_s)`` from the streaming runs and
+    their resident twins (module docstring); 0 for a term its runs cannot measure."""
+    res_s = sum(float(r.seconds) for run in probe.runs for r in run.resident_log)
+    res_price = sum(_price(cost, r) for run in probe.runs for r in run.resident_log)
+    nbytes = sum(run.prefetch_bytes for run in probe.runs)
+    per_byte = 0.0
+    if res_price > 0 and nbytes > 0:
+        ratio = res_s / res_price
+        extra = sum(
+            float(r.seconds) - float(r.param_wait) - ratio * _price(cost, r)
+            for run in probe.runs
+            for r in run.stream_log
+        )
+        per_byte = max(extra / nbytes, 0.0)
+    lags = [
+        secs - size / run.copy_rate
+        for run in probe.runs
+        if run.copy_rate > 0
+        for secs, size in run.jobs
+    ]
+    handoff = max(float(np.median(lags)), 0.0) if lags else 0.0
+    return per_byte, handoff
 
 
 def fit_engine_terms(
@@ -250,9 +268,14 @@ def fit_engine_terms(
     fitted = with_engine(profile, terms, a)
     cost = OpCostModel(fitted, spec)
     gap, wake = _serving(cost, probe)
-    stretch = _compute_contention(cost, probe)
+    per_byte, handoff = _prefetch_terms(cost, probe)
     terms = terms.model_copy(
-        update={"iter_gap_s": gap, "wake_s": wake, "compute_contention": stretch}
+        update={
+            "iter_gap_s": gap,
+            "wake_s": wake,
+            "prefetch_compute_s_per_byte": per_byte,
+            "prefetch_handoff_s": handoff,
+        }
     )
     report["copy_rate_Bps"] = achieved
     out = with_engine(profile, terms, a)

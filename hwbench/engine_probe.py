@@ -252,12 +252,18 @@ def _collect(rows: Groups, log: list[Any], overheads: Sequence[float] | None = N
 class ProbeRun(NamedTuple):
     """One fetch-probe run: the workload served with weights streaming (``stream``) and the
     same arrivals with every weight resident (``resident``), and the engine's iterations on
-    each (:class:`engine.runtime.engine.IterationRecord`)."""
+    each (:class:`engine.runtime.engine.IterationRecord`); on the streaming run, the bytes
+    its copy thread prefetched, that thread's own copy rate (B/s: bytes over its CPU
+    seconds on NumPy, wall seconds on a GPU) and its jobs (``(service seconds, bytes)``,
+    :attr:`engine.runtime.prefetcher.Prefetcher.job_log`)."""
 
     stream: Any
     stream_log: tuple[Any, ...]
     resident: Any
     resident_log: tuple[Any, ...]
+    prefetch_bytes: int = 0
+    copy_rate: float = 0.0
+    jobs: tuple[tuple[float, int], ...] = ()
 
     @property
     def resident_s(self) -> float:
@@ -348,11 +354,24 @@ def fetch_probe(
             # Fresh, warmed stacks for every run, as `pdsim validate` serves each workload:
             # a reused stack would carry the last run's cache times into the next run.
             sdir, rdir = Path(tmp) / f"stream{k}", Path(tmp) / f"resident{k}"
-            es, weights = run_engine(ws, sdir, engine_parts(ws, sdir, xp))
+            parts = engine_parts(ws, sdir, xp)
+            eng = engine_for(ws, parts)
+            es, weights = eng.run(workload_for(ws)), parts[1]
             er, _ = run_engine(wres, rdir, engine_parts(wres, rdir, xp))
             if k:
-                log = tuple(er.iteration_log)
-                runs.append(ProbeRun(ws, tuple(es.iteration_log), wres, log))
-                fetch_s += weights.fetch_s if backend.is_gpu(xp) else weights.fetch_cpu_s
+                secs = weights.fetch_s if backend.is_gpu(xp) else weights.fetch_cpu_s
+                jobs = tuple(eng.prefetcher.job_log) if eng.prefetcher is not None else ()
+                runs.append(
+                    ProbeRun(
+                        ws,
+                        tuple(es.iteration_log),
+                        wres,
+                        tuple(er.iteration_log),
+                        prefetch_bytes=weights.fetch_bytes,
+                        copy_rate=weights.fetch_bytes / max(secs, 1e-9),
+                        jobs=jobs,
+                    )
+                )
+                fetch_s += secs
                 fetch_bytes += weights.fetch_bytes
     return StreamProbe(fetch_bytes / max(fetch_s, 1e-9), tuple(runs))

@@ -289,7 +289,11 @@ def _engine_rows(table: Table, profile: Profile, report: dict[str, float]) -> No
     table.add_row("engine: serving-loop gap", f"{eng.iter_gap_s * 1e6:.3g} us")
     table.add_row("engine: extra after idle", f"{eng.wake_s * 1e6:.3g} us")
     table.add_row("engine: copy contention", f"{eng.copy_contention:.3g}")
-    table.add_row("engine: compute contention", f"{eng.compute_contention:.3g}")
+    table.add_row(
+        "engine: compute lost per prefetched MB",
+        f"{eng.prefetch_compute_s_per_byte * 1e12:.3g} us",
+    )
+    table.add_row("engine: prefetch hand-off", f"{eng.prefetch_handoff_s * 1e6:.3g} us")
     if report:
         table.add_row(
             "engine: overhead by least squares (evidence)",

@@ -62,9 +62,11 @@ class ModelRt:
     warm_on: bool = field(init=False)
     #: the cost model's ``iter_gap_s``: serving-loop seconds charged once per iteration
     iter_gap_s: float = field(init=False)
-    #: ``1 + CostModel.compute_contention``: an iteration that streams weights computes this
-    #: many times its resident price (sim.serving.turn)
-    stream_stretch: float = field(init=False)
+    #: the cost model's ``prefetch_compute_s_per_byte`` and ``prefetch_handoff_s``
+    #: (sim.serving.fetchpath: a layer's compute grows by the bytes prefetched during it; a
+    #: prefetch starts that long after it is planned)
+    prefetch_s_per_byte: float = field(init=False)
+    prefetch_handoff_s: float = field(init=False)
     #: decode cost per (batch, knot): (seconds, slope per token, flops, slope, bytes, slope)
     _dec_memo: dict[tuple[int, int], tuple[float, float, float, float, float, float]] = field(
         init=False, default_factory=dict, repr=False
@@ -85,7 +87,13 @@ class ModelRt:
         self.rewarm_decay = float(getattr(self.cost, "rewarm_decay", 0.0))
         self.warm_on = self.wake_s > 0 or self.rewarm_s > 0
         self.iter_gap_s = float(getattr(self.cost, "iter_gap_s", 0.0))
-        self.stream_stretch = 1.0 + float(getattr(self.cost, "compute_contention", 0.0))
+        self.prefetch_s_per_byte = float(getattr(self.cost, "prefetch_compute_s_per_byte", 0.0))
+        self.prefetch_handoff_s = float(getattr(self.cost, "prefetch_handoff_s", 0.0))
+        if self.prefetch_s_per_byte < 0 or self.prefetch_handoff_s < 0:
+            raise ValueError(
+                "prefetch_compute_s_per_byte and prefetch_handoff_s must be >= 0, got "
+                f"{self.prefetch_s_per_byte}, {self.prefetch_handoff_s}"
+            )
         if self.iter_gap_s < 0:
             raise ValueError(f"iter_gap_s must be >= 0, got {self.iter_gap_s}")
         if not 0.0 <= self.rewarm_decay < 1.0:

@@ -178,9 +178,12 @@ class CostModel:
     #: seconds the serving loop spends between two back-to-back iterations (scheduling,
     #: bookkeeping: no compute), charged once per iteration; zero here for the same reason
     iter_gap_s: float = 0.0
-    #: how much slower an iteration that streams weights computes than a resident one
-    #: (:attr:`sim.serving.opcost.EngineTerms.compute_contention`); zero here, as above
-    compute_contention: float = 0.0
+    #: compute seconds lost per byte prefetched while computing, and seconds from a
+    #: prefetch's planning to its copy's start
+    #: (:attr:`sim.serving.opcost.EngineTerms.prefetch_compute_s_per_byte`,
+    #: ``prefetch_handoff_s``); zero here, as above
+    prefetch_compute_s_per_byte: float = 0.0
+    prefetch_handoff_s: float = 0.0
 
     #: whether an iteration that mixes prefill chunks and decodes is ONE pass over the weights
     #: (a vLLM / SGLang server: :meth:`iteration_time`) or a prefill pass plus a decode pass
@@ -223,7 +226,8 @@ class CostModel:
             if eng is not None:
                 self.wake_s = eng.wake_s
                 self.iter_gap_s = eng.iter_gap_s
-                self.compute_contention = eng.compute_contention
+                self.prefetch_compute_s_per_byte = eng.prefetch_compute_s_per_byte
+                self.prefetch_handoff_s = eng.prefetch_handoff_s
         gpu = profile.gpu
         peak = gpu.flops_fp16 if model.dtype_bytes <= 2 else gpu.flops_fp32
         self.flop_rate = peak * gpu.compute_efficiency  # achieved FLOP/s

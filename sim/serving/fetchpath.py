@@ -91,7 +91,7 @@ def run_layers(
             # hold_pins (the real engine's order): fetch the layer, pin it, then plan the
             # prefetch, so the prefetch overlaps the compute only; else plan first
             early = node._window and not node.hold_pins
-            pf = prefetch(node, m, layer, charge) if early else []
+            pf, pf_bytes = prefetch(node, m, layer, charge) if early else ([], 0)
             # the engine's rule: resident chunks pinned first, demand chunks as they land
             held: list[int] = []
             ws.pin_resident(m, layer, held)
@@ -116,8 +116,9 @@ def run_layers(
                 lo, hi = int(mr.layer_start[layer]), int(mr.layer_start[layer + 1])
                 node._heat.record([mr.base | c for c in range(lo, hi)], env.now)
             if node._window and node.hold_pins:
-                pf = prefetch(node, m, layer, charge)
-            yield env.timeout(dt)
+                pf, pf_bytes = prefetch(node, m, layer, charge)
+            # a calibrated engine's compute loses time to the copies it overlaps
+            yield env.timeout(dt + mr.prefetch_s_per_byte * pf_bytes if pf_bytes else dt)
             if node.hold_pins and pf:  # the real engine's rule (engine.runtime, hold_pins)
                 t0 = env.now
                 yield simpy.AllOf(env, pf)
@@ -149,10 +150,13 @@ def _log_layer(
     log.append((node.env.now, node.idx, m, layer, arrived))
 
 
-def prefetch(node: ComputeNode, m: int, layer: int, charge: Charge) -> list[simpy.Event]:
+def prefetch(
+    node: ComputeNode, m: int, layer: int, charge: Charge
+) -> tuple[list[simpy.Event], int]:
     """Plan the next ``window`` layers after ``layer`` (wrapping into the next iteration) with
     the shared :class:`engine.prefetch.PrefetchPlanner` and start one fetch per planned layer,
-    nearest first (priority = distance in layers; R7/R27). Returns the fetches started."""
+    nearest first (priority = distance in layers; R7/R27), each moving after the model's
+    ``prefetch_handoff_s``. Returns the fetches started and the bytes they move."""
     ws, mr = node.ws, node.ctx.models[m]
     base, ls, nl = mr.base, mr.layer_start, mr.n_layers
     layers = [(layer + d) % nl for d in range(1, node._window + 1)]
@@ -162,8 +166,16 @@ def prefetch(node: ComputeNode, m: int, layer: int, charge: Charge) -> list[simp
     for dist, key in plan:
         by_dist.setdefault(dist, []).append(int(key) & 0xFFFFFFFF)  # type: ignore[call-overload]
     issued: list[simpy.Event] = []
+    moved = 0
+
+    def count(tier: int, chunks: int, nbytes: int) -> None:
+        nonlocal moved
+        moved += nbytes
+        charge(tier, chunks, nbytes)
+
+    after = mr.prefetch_handoff_s
     for dist in sorted(by_dist):
-        ev = ws.fetch(m, layers[dist], by_dist[dist], dist + 1, charge)
+        ev = ws.fetch(m, layers[dist], by_dist[dist], dist + 1, count, after=after)
         if ev is not None:
             issued.append(ev)
-    return issued
+    return issued, moved

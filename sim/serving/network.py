@@ -219,9 +219,12 @@ class Network:
             raise ValueError(f"link {link.name!r} belongs to another network")
 
     # -- transfers ----------------------------------------------------------------------------
-    def transfer(self, path: Sequence[Link], nbytes: int, priority: int = 0) -> simpy.Event:
-        """Move ``nbytes`` over ``path``; see the module docstring. Returns the completion event
-        (value ``nbytes``), which fails with :class:`LinkDown` if a link drops."""
+    def transfer(
+        self, path: Sequence[Link], nbytes: int, priority: int = 0, after: float = 0.0
+    ) -> simpy.Event:
+        """Move ``nbytes`` over ``path``, starting ``after`` seconds from now (plus the links'
+        latencies); see the module docstring. Returns the completion event (value
+        ``nbytes``), which fails with :class:`LinkDown` if a link drops."""
         if nbytes < 0:
             raise ValueError(f"nbytes must be >= 0, got {nbytes}")
         if priority < 0:
@@ -246,7 +249,7 @@ class Network:
         flow.event = event
         for link in links:
             link._flows[flow.fid] = flow
-        delay = sum(lk.latency for lk in links)
+        delay = after + sum(lk.latency for lk in links)
         jitters = [lk.jitter for lk in links if lk.jitter > 0]
         if jitters:
             if self.rng is None:

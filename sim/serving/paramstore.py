@@ -181,9 +181,11 @@ class WeightStore:
         priority: int,
         charge: Callable[[int, int, int], None],
         pin_into: list[int] | None = None,
+        after: float = 0.0,
     ) -> simpy.Event | None:
         """Start ONE aggregated transfer per source for chunks ``cids`` of ``layer`` (R21/R27:
-        ``priority`` 0 = needed now). ``charge(tier, chunks, bytes)`` accounts the traffic.
+        ``priority`` 0 = needed now), its bytes moving ``after`` seconds from now (a copy
+        thread's hand-off). ``charge(tier, chunks, bytes)`` accounts the traffic.
         With ``pin_into`` (a demand fetch) each chunk is pinned in HBM as it lands and its key
         appended there. Returns the event that fires when all of them have landed, or
         ``None`` if none."""
@@ -227,7 +229,7 @@ class WeightStore:
             if counts[tier]:
                 charge(tier, counts[tier], nbytes[tier])
         events = [
-            self.ctx.network.transfer(self._path(g), size, priority)
+            self.ctx.network.transfer(self._path(g), size, priority, after)
             for g, size in sorted(groups.items())
         ]
         ev = events[0] if len(events) == 1 else simpy.AllOf(env, events)

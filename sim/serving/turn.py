@@ -159,8 +159,6 @@ def _iterate(
     ctx_tok = node.b_base[m] + n * off
     t, fl, by = mr.iter_cost(ptok, sq, len(ends), n, ctx_tok)
     node.kind = iteration_kind(ptok, n)
-    if not resident:  # copies share the cores and memory bus with the compute
-        t *= mr.stream_stretch
     t += extra
     if mr.warm_on:  # warm-up costs (sim.serving.context.ModelRt.rewarm): one iteration
         if woke:

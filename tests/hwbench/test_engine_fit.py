@@ -212,43 +212,62 @@ def _records(cost: OpCostModel, scale: float, wait: float) -> tuple[IterationRec
     return tuple(out)
 
 
-def test_compute_contention_is_the_streamed_compute_over_the_resident_twins() -> None:
-    """Streamed iterations computing 1.8x what their resident twins take (which run 1.1x
-    the model's price), plus any parameter wait: contention 0.8; none when they match."""
+def test_prefetch_terms_are_the_streamed_compute_per_byte_and_the_job_lag() -> None:
+    """Resident twins at 1.1x the model's price; streamed iterations at the same 1.1x plus
+    parameter wait plus 2 ms each of compute lost, 1 MB prefetched per iteration: 2 ns per
+    byte. Prefetch jobs taking 0.4 ms more than their bytes at the copy thread's rate: a
+    0.4 ms hand-off. Streamed iterations no slower than their twins: both 0 (floored)."""
     base = points(4e-4)
-    for stretch, want in ((1.8, 0.8), (1.0, 0.0), (0.7, 0.0)):
-        prof, _ = fit_engine_terms(base_profile(), SPEC, base, probe(1e9))
-        cost = OpCostModel(prof, SPEC)
-        run = ProbeRun(None, _records(cost, 1.1 * stretch, 3e-3), None, _records(cost, 1.1, 0.0))
-        fitted, _ = fit_engine_terms(base_profile(), SPEC, base, StreamProbe(1e9, (run,)))
-        assert fitted.ops is not None and fitted.ops.engine is not None
-        assert fitted.ops.engine.compute_contention == pytest.approx(want, abs=1e-9)
+    prof, _ = fit_engine_terms(base_profile(), SPEC, base, probe(1e9))
+    cost = OpCostModel(prof, SPEC)
+    resident = _records(cost, 1.1, 0.0)
+    n = len(resident)
+    rate = 5e9
+    jobs = tuple((1e6 / rate + 4e-4 + 1e-5 * (-1) ** i, 1_000_000) for i in range(5))
+    streamed = tuple(
+        r._replace(seconds=r.seconds + 3e-3 + 2e-3, param_wait=3e-3)
+        for r in _records(cost, 1.1, 0.0)
+    )
+    run = ProbeRun(None, streamed, None, resident, n * 1_000_000, rate, jobs)
+    fitted, _ = fit_engine_terms(base_profile(), SPEC, base, StreamProbe(1e9, (run,)))
+    assert fitted.ops is not None and fitted.ops.engine is not None
+    assert fitted.ops.engine.prefetch_compute_s_per_byte == pytest.approx(2e-9, rel=1e-6)
+    assert fitted.ops.engine.prefetch_handoff_s == pytest.approx(4e-4 + 1e-5, rel=1e-9)
+    fast = tuple((1e6 / rate * 0.5, 1_000_000) for _ in range(3))
+    twin = ProbeRun(None, _records(cost, 0.9, 1e-3), None, resident, n * 1_000_000, rate, fast)
+    fitted, _ = fit_engine_terms(base_profile(), SPEC, base, StreamProbe(1e9, (twin,)))
+    assert fitted.ops is not None and fitted.ops.engine is not None
+    assert fitted.ops.engine.prefetch_compute_s_per_byte == 0.0
+    assert fitted.ops.engine.prefetch_handoff_s == 0.0
 
 
-def test_simulator_stretches_only_streaming_iterations_by_the_contention(
+def test_simulator_charges_the_prefetch_terms_only_where_weights_stream(
     tmp_path: Path,
 ) -> None:
-    """``compute_contention`` 1 makes a workload whose weights stream slower, and leaves a
-    resident one exactly as it was."""
-    from dataclasses import replace
-
+    """Prefetch compute per byte and a hand-off make a workload whose weights stream
+    slower, and leave a resident one exactly as it was."""
     from hwbench.validate import run_simulator
     from hwbench.workloads import get_workload
 
     stream = replace(get_workload("stream-045"), requests=8)
     prof = with_engine(base_profile(), EngineTerms(**ENGINE_SHAPE), 4e-4)
-    slow = with_engine(base_profile(), EngineTerms(**ENGINE_SHAPE, compute_contention=1.0), 4e-4)
+    terms = {"prefetch_compute_s_per_byte": 1e-9, "prefetch_handoff_s": 0.0}
+    slow_compute = with_engine(base_profile(), EngineTerms(**ENGINE_SHAPE, **terms), 4e-4)
+    terms = {"prefetch_compute_s_per_byte": 0.0, "prefetch_handoff_s": 2e-3}
+    slow_handoff = with_engine(base_profile(), EngineTerms(**ENGINE_SHAPE, **terms), 4e-4)
     for w in (stream, replace(stream, hbm_fraction=1.5)):
         lat = [
             run_simulator(w, p, tmp_path / f"{w.hbm_fraction}-{i}")[0]
             .eval("end - arrival")
             .to_numpy()
-            for i, p in enumerate((prof, slow))
+            for i, p in enumerate((prof, slow_compute, slow_handoff))
         ]
         if w.hbm_fraction < 1:
             assert lat[1].mean() > lat[0].mean() * 1.05
+            assert lat[2].mean() > lat[0].mean() * 1.05
         else:
             np.testing.assert_array_equal(lat[0], lat[1])
+            np.testing.assert_array_equal(lat[0], lat[2])
 
 
 def _meas(label: str, nbytes: float, secs: float) -> Measurement:

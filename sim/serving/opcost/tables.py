@@ -310,14 +310,19 @@ class EngineTerms(_Strict):
     host->device link (copy thread and compute sharing cores and memory): the simulator
     moves weights at `links.pcie.bandwidth / (1 + copy_contention)`; measured as the link's
     rate over the copy thread's achieved rate, less 1; dimensionless, 0: no contention."""
-    compute_contention: float = Field(default=0.0, ge=0, le=4)
-    """How much slower the engine computes in an iteration that streams weights than in one
-    whose weights are all resident (its copies share the cores and the memory bus with the
-    ops): the simulator prices a streaming iteration's compute `1 + compute_contention`
-    times its resident price; measured on the calibration's streaming runs as the median
-    of (iteration seconds less its parameter wait) over the model's price, divided by the
-    same median (seconds over price) of their resident twins, less 1; dimensionless, 0: no
-    contention."""
+    prefetch_compute_s_per_byte: float = Field(default=0.0, ge=0)
+    """Seconds of compute the engine loses per byte its copy thread prefetches while it
+    computes (the copy's interpreter work and memory traffic take turns with the ops): the
+    simulator adds it, times the bytes prefetched at a layer, to that layer's compute;
+    measured on the calibration's streaming runs as their iterations' seconds less
+    parameter wait, less their resident twins' seconds per priced second times the same
+    price, over the bytes prefetched; s/B, 0: copies cost the compute nothing."""
+    prefetch_handoff_s: float = Field(default=0.0, ge=0)
+    """Seconds from a prefetch being planned to its copy starting (the copy thread waking
+    and taking its turn): the simulator starts each prefetch this much later; measured as
+    the median, over the calibration's prefetch jobs, of (time from planned, or from the
+    previous job's end, to landed) less the job's bytes at the copy thread's own rate;
+    seconds."""
 
 
 class OpsProfile(_Strict):

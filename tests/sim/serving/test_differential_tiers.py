@@ -158,7 +158,7 @@ class Simulator:
             )
         env = self.env
 
-        def transfer(path: Any, nbytes: int, priority: int) -> simpy.Event:
+        def transfer(path: Any, nbytes: int, priority: int, after: float = 0.0) -> simpy.Event:
             return env.event().succeed(nbytes)
 
         cache = _config(policy)

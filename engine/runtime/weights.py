@@ -158,10 +158,19 @@ class TieredWeights:
 
     def warm(self, now: float = 0.0) -> None:
         """Read every chunk once in id order without counting (cold-start warm-up): the device
-        level ends with the last chunks that fit, lower levels with the rest."""
+        level ends with the last chunks that fit, lower levels with the rest. Then assemble
+        each multi-chunk layer whose chunks are all in the device level (:meth:`layer`'s
+        buffer), as a server builds its weight views before its first request: else the
+        first iteration copies every such layer into fresh pages (the 67 MB validation
+        decoder: 205 ms against 45 ms for the same iteration warm)."""
         with self.lock:
             for cid in range(self.table.n_chunks):
                 self.store.read_chunk(cid, now, count=False)
+            name_of, tier = self.store.stack.name_of, self.store.stack.levels[0].tier
+            for layer in range(self.n_layers):
+                keys = self.keys(layer)
+                if len(keys) > 1 and all(k in self.device for k in keys):
+                    self._assemble(layer, [tier.get(name_of(k)) for k in keys])
 
     def layer(self, layer: int, now: float) -> Any:
         """The layer's values from the device level; missing chunks are fetched first. The

@@ -155,3 +155,24 @@ def test_prefetch_knobs_come_from_the_scenarios_config_object(tmp_path: Path) ->
     assert off.window == 0
     with pytest.raises(ValueError, match="either prefetch"):
         Engine(DecoderModel(CFG, 2048), tw, sched(CFG.kv_bytes_per_token), window=1, prefetch=cfg)
+
+
+def test_warm_assembles_the_resident_multi_chunk_layers(tmp_path: Path) -> None:
+    """After ``warm`` a layer of several chunks, all in the device level, is already one
+    buffer: ``layer()`` hands out that very buffer (no copy on the first iteration), with
+    the chunks' values in order; a layer missing from the device level is not assembled."""
+    total = sum(CFG.layer_bytes())
+    full = tiered(tmp_path / "full", CFG, device_bytes=2 * total)
+    full.warm()
+    multi = [i for i in range(full.n_layers) if len(full.keys(i)) > 1]
+    assert multi  # the tiny decoder's blocks span several minimum-size chunks
+    for i in multi:
+        buf = full._bufs[i]
+        parts = [p.copy() for p in full._parts[i]]
+        assert full.layer(i, 0.0).base is buf
+        full.release(i)
+        np.testing.assert_array_equal(buf, np.concatenate(parts))
+    half = tiered(tmp_path / "half", CFG, device_bytes=total // 2)
+    half.warm()
+    assert all(i in half._bufs or not all(k in half.device for k in half.keys(i)) for i in multi)
+    assert any(i not in half._bufs for i in multi)

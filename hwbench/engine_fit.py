@@ -33,11 +33,13 @@ returns :class:`sim.serving.opcost.EngineTerms` plus ``ops.roofline.iteration_ov
   resident time, and the excess grew with the bytes streamed (a dimensionless stretch
   measured at one cache fraction missed another's by 30-40%). The simulator adds it, times
   the bytes prefetched at a layer, to that layer's compute;
-* ``prefetch_handoff_s`` (s): the median, over the streaming runs' prefetch jobs, of the
+* ``prefetch_handoff_s`` (s): the mean, over the streaming runs' prefetch jobs, of the
   job's service time (planned, or the previous job's end, to landed) less its bytes at the
   copy thread's own rate: the wait for the copy thread to wake and take its turn (on
-  NumPy, 0.4-0.5 ms a job against 0.35 ms of copying). The simulator starts each
-  prefetch that much later.
+  NumPy, 0.4-0.6 ms a job against 0.2-0.35 ms of copying). The mean, not the median: the
+  engine waits for every job, and the lags are skewed (a thread that misses its turn waits
+  for the interpreter's switch interval), so the median job's lag undercounted the holds
+  by 0.1 ms a layer. The simulator starts each prefetch that much later.
 
 The profile's ``fitted`` tables keep the evidence: ``engine_pass`` (every iteration shape:
 tokens, prompts, batch, context, measured mean and count, and the model's seconds
@@ -217,7 +219,7 @@ def _prefetch_terms(cost: OpCostModel, probe: StreamProbe) -> tuple[float, float
         if run.copy_rate > 0
         for secs, size in run.jobs
     ]
-    handoff = max(float(np.median(lags)), 0.0) if lags else 0.0
+    handoff = max(float(np.mean(lags)), 0.0) if lags else 0.0
     return per_byte, handoff
 
 

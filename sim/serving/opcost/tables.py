@@ -320,7 +320,7 @@ class EngineTerms(_Strict):
     prefetch_handoff_s: float = Field(default=0.0, ge=0)
     """Seconds from a prefetch being planned to its copy starting (the copy thread waking
     and taking its turn): the simulator starts each prefetch this much later; measured as
-    the median, over the calibration's prefetch jobs, of (time from planned, or from the
+    the mean, over the calibration's prefetch jobs, of (time from planned, or from the
     previous job's end, to landed) less the job's bytes at the copy thread's own rate;
     seconds."""
 

@@ -14,8 +14,8 @@ engine's backend (:mod:`hwbench.opprobe`: GEMMs with cold and cache-resident wei
 and prefill attention and the engine's elementwise ops timed in place, inside the engine's
 layer loop (:mod:`hwbench.insitu_probe`); the op floor; on NumPy timed on thread CPU time) into the profile's ``ops`` section, serves calibration workloads on the real
 engine and measures its own terms with those tables held fixed (:mod:`hwbench.engine_fit`:
-per-iteration overhead, timed in place, serving-loop gap, extra after idle, copy and
-compute contention; ``ops.engine``), so ``pdsim validate`` -- and ``pdsim run`` of any
+per-iteration overhead, timed in place, serving-loop gap, extra after idle, copy
+contention, compute lost per prefetched byte and the prefetch hand-off; ``ops.engine``), so ``pdsim validate`` -- and ``pdsim run`` of any
 scenario naming the profile -- price iterations from it. ``--tiny`` keeps it to seconds.
 
 Impossible results are rejected with exit status 1, the reasons on stderr and nothing
@@ -114,7 +114,7 @@ def calibrate(
         bool,
         typer.Option(
             "--engine/--no-engine",
-            help="Also measure op tables on the engine's backend and fit the engine's own "
+            help="Also measure op tables on the engine's backend and measure the engine's own "
             "terms (hwbench.opprobe, hwbench.engine_fit; needed by pdsim validate).",
         ),
     ] = True,
@@ -183,7 +183,7 @@ def _fit(
     workdir: Path | None,
 ) -> tuple[Profile, dict[str, float]]:
     """The profile fitted on ``measurements`` (:func:`hwbench.profile.fit_profile`); with
-    ``engine``, plus the op tables measured on ``xp`` and the engine's own terms fitted with
+    ``engine``, plus the op tables measured on ``xp`` and the engine's own terms measured with
     them held fixed, and the engine fit's error report. Exits with status 1, the reasons on
     stderr, when a hardware term is impossible (:func:`hwbench.profile.check_profile`) or the
     engine fit is (:class:`hwbench.engine_fit.ImpossibleFit`)."""

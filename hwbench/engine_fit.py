@@ -83,6 +83,8 @@ __all__ = [
     "ImpossibleFit",
     "calibrate_engine",
     "fit_engine_terms",
+    "furthest_ops",
+    "op_ratios",
     "with_engine",
 ]
 
@@ -119,8 +121,9 @@ class FitReport(dict[str, float]):
     iteration_overhead_s`` against the measured iteration times, ``points``, the measured
     ``iteration_overhead_s`` and the iterations it averages (``overhead_iterations``), the
     least-squares solution ``raw_iteration_overhead_s`` and the two-term solution's per-part
-    coefficient ``raw_part_overhead_s`` (evidence only), and ``ops_share`` (mean op-table
-    seconds over measured seconds)."""
+    coefficient ``raw_part_overhead_s`` (evidence only), ``ops_share`` (mean op-table
+    seconds over measured seconds) and, per op timed in place, ``op_ratio.NAME``
+    (:func:`op_ratios`)."""
 
 
 def _base_times(profile: Profile, spec: ModelSpec, points: Sequence[PassPoint]) -> np.ndarray:
@@ -198,6 +201,40 @@ def _price(cost: OpCostModel, rec: Any) -> float:
     )  # fmt: skip
 
 
+#: engine op names priced by another op's table: the residual adds are in the norm tables
+#: (``input_norm`` and ``post_attn_norm``: a residual add and an RMSNorm each)
+_PRICED_AS = {"residual_add": "norms", "input_norm": "norms", "post_attn_norm": "norms"}
+
+
+def op_ratios(profile: Profile, spec: ModelSpec, points: Sequence[PassPoint]) -> dict[str, float]:
+    """Per op, the op tables' seconds over the same ops' seconds timed in place, summed over
+    the points' iterations (count-weighted; ``norms``: both norms and the residual adds);
+    only ops timed in place and priced above 0."""
+    zero = OpCostModel(with_engine(profile, EngineTerms(**ENGINE_SHAPE), 0.0), spec)
+    table: dict[str, float] = {}
+    inplace: dict[str, float] = {}
+    for p in points:
+        if not p.op_s:
+            continue
+        priced = zero.iteration_ops(
+            p.tokens, round(p.sq), p.prompts if p.tokens else 0, p.batch, float(p.context)
+        )
+        for name, secs in p.op_s:
+            key = _PRICED_AS.get(name, name)
+            inplace[key] = inplace.get(key, 0.0) + p.count * secs
+        for name, secs in priced.items():
+            key = _PRICED_AS.get(name, name)
+            table[key] = table.get(key, 0.0) + p.count * secs
+    return {k: table[k] / v for k, v in sorted(inplace.items()) if v > 0 and table.get(k, 0) > 0}
+
+
+def furthest_ops(ratios: dict[str, float], n: int = 3) -> str:
+    """The ``n`` ops whose tables are furthest from their in-place times (by the log of
+    :func:`op_ratios`' ratio), as ``"name 0.67x, ..."``."""
+    worst = sorted(ratios.items(), key=lambda kv: -abs(np.log(kv[1])))[:n]
+    return ", ".join(f"{name} {r:.2f}x" for name, r in worst)
+
+
 def _prefetch_terms(cost: OpCostModel, probe: StreamProbe) -> tuple[float, float]:
     """``(prefetch_compute_s_per_byte, prefetch_handoff_s)`` from the streaming runs and
     their resident twins (module docstring); 0 for a term its runs cannot measure."""
@@ -247,6 +284,8 @@ def fit_engine_terms(
         )
     report = _fit_overheads(base, meas, calls, count, a)
     report["overhead_iterations"] = float(measured_n)
+    ratios = op_ratios(profile, spec, points)
+    report.update({f"op_ratio.{k}": v for k, v in ratios.items()})
     if report["rms_rel_error"] > MAX_FIT_ERROR:
         worst = points[int(np.argmax(np.abs((base + a) / meas - 1.0)))]
         raise ImpossibleFit(
@@ -256,7 +295,9 @@ def fit_engine_terms(
             f"this engine's iterations (largest error {report['max_rel_error']:.0%}, at "
             f"{worst.tokens} prompt tokens and {worst.batch} decodes of {worst.context:.0f} "
             f"context tokens; op tables cover {report['ops_share']:.0%} of a measured "
-            "iteration on average)"
+            "iteration on average"
+            + (f"; tables over the ops timed in place: {furthest_ops(ratios)}" if ratios else "")
+            + ")"
         )
     link = profile.links.pcie.bandwidth
     achieved = probe.bandwidth

@@ -78,6 +78,9 @@ class PassPoint:
     sq_tokens: float | None = None  # None: one prompt of ``tokens`` (tokens ** 2)
     overhead_s: float | None = None
     overhead_count: int = 0  # iterations ``overhead_s`` averages (those not after idle)
+    #: ``(op name, mean seconds per iteration)`` of the ops timed in place (engine names:
+    #: :data:`sim.serving.opcost.iteration.OP_NAMES` and ``residual_add``); empty: not timed
+    op_s: tuple[tuple[str, float], ...] = ()
 
     @property
     def sq(self) -> float:
@@ -93,6 +96,7 @@ class PassPoint:
             "mean_s": self.mean_s,
             "count": float(self.count),
             "overhead_count": float(self.overhead_count),
+            **{f"op_s.{name}": secs for name, secs in self.op_s},
         } | ({} if self.overhead_s is None else {"overhead_s": self.overhead_s})
 
 
@@ -130,6 +134,7 @@ def engine_probe(
     return its iterations grouped by shape (total decode context in buckets of 64 tokens),
     with their measured overheads (module docstring)."""
     rows: Groups = {}
+    op_rows: dict[tuple[int, int, int, int], list[dict[str, float]]] = {}
     timer = OpTimer(op_clock(xp), syncer(xp))
     outside, inside = hook_cost(timer)
     with tempfile.TemporaryDirectory(prefix="pdsim-engine-probe-", dir=workdir) as tmp:
@@ -168,12 +173,19 @@ def engine_probe(
         for keep, w in probes:
             log = _timed_run(w, parts, timer, outside, inside)
             if keep:
-                _collect(rows, [r for r, _ in log], [o for _, o in log])
-    return [_point(k, v) for k, v in sorted(rows.items())]
+                _collect(rows, [r for r, _, _ in log], [o for _, o, _ in log])
+                for rec, _, ops in log:
+                    op_rows.setdefault(_key(rec), []).append(ops)
+    return [_point(k, v, op_rows.get(k, [])) for k, v in sorted(rows.items())]
 
 
-def _point(key: tuple[int, int, int, int], group: list[tuple[float, float, float]]) -> PassPoint:
+def _point(
+    key: tuple[int, int, int, int],
+    group: list[tuple[float, float, float]],
+    ops: Sequence[dict[str, float]] = (),
+) -> PassPoint:
     ovh = [o for _, _, o in group if o == o]  # NaN: after idle, or not measured
+    names = sorted({name for it in ops for name in it})
     return PassPoint(
         key[0],
         key[2],
@@ -184,6 +196,7 @@ def _point(key: tuple[int, int, int, int], group: list[tuple[float, float, float
         sq_tokens=float(np.mean([sq for _, sq, _ in group])) if key[0] else 0.0,
         overhead_s=float(np.mean(ovh)) if ovh else None,
         overhead_count=len(ovh),
+        op_s=tuple((n, float(np.mean([it.get(n, 0.0) for it in ops]))) for n in names),
     )
 
 
@@ -213,21 +226,22 @@ def hook_cost(timer: OpTimer, calls: int = 20_000) -> tuple[float, float]:
 
 def _timed_run(
     w: ValidationWorkload, parts: Any, timer: OpTimer, outside: float, inside: float
-) -> list[tuple[IterationRecord, float]]:
+) -> list[tuple[IterationRecord, float, dict[str, float]]]:
     """Serve ``w`` with every op timed by ``timer``: each iteration's record (its seconds
-    less the timer's own cost, ``outside`` per op) and its overhead (those seconds less the
-    ops' recorded seconds, less ``inside`` per op)."""
+    less the timer's own cost, ``outside`` per op), its overhead (those seconds less the
+    ops' recorded seconds, less ``inside`` per op) and its op seconds by name."""
     eng = engine_for(w, parts)
     eng.model.op = timer  # type: ignore[union-attr]
     timer.take()
     timer.calls = 0
-    out: list[tuple[IterationRecord, float]] = []
+    out: list[tuple[IterationRecord, float, dict[str, float]]] = []
 
     def on_iteration(rec: IterationRecord) -> None:
-        ops_s, calls = sum(timer.take().values()), timer.calls
+        ops = timer.take()
+        ops_s, calls = sum(ops.values()), timer.calls
         timer.calls = 0
         secs = float(rec.seconds) - calls * outside
-        out.append((rec._replace(seconds=secs), secs - (ops_s - calls * inside)))
+        out.append((rec._replace(seconds=secs), secs - (ops_s - calls * inside), ops))
 
     eng.on_iteration = on_iteration
     eng.run(workload_for(w))
@@ -242,11 +256,16 @@ def _collect(rows: Groups, log: list[Any], overheads: Sequence[float] | None = N
     ``overheads`` is not given."""
     idle = after_idle(log)
     for i, rec in enumerate(log):
-        ptok, nd, ctx = int(rec.prompt_tokens), int(rec.decode_batch), int(rec.decode_context)
-        p = ptok // 32 * 32 + 16 if ptok else 0
-        key = (p, int(rec.new) if ptok else 0, nd, ctx // 64 * 64 + 32 if nd else 0)
         ovh = float("nan") if overheads is None or idle[i] else float(overheads[i])
-        rows.setdefault(key, []).append((float(rec.seconds), float(rec.prompt_sq_tokens), ovh))
+        row = (float(rec.seconds), float(rec.prompt_sq_tokens), ovh)
+        rows.setdefault(_key(rec), []).append(row)
+
+
+def _key(rec: Any) -> tuple[int, int, int, int]:
+    """An iteration's group (:func:`_collect`)."""
+    ptok, nd, ctx = int(rec.prompt_tokens), int(rec.decode_batch), int(rec.decode_context)
+    p = ptok // 32 * 32 + 16 if ptok else 0
+    return (p, int(rec.new) if ptok else 0, nd, ctx // 64 * 64 + 32 if nd else 0)
 
 
 class ProbeRun(NamedTuple):

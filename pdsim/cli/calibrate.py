@@ -299,6 +299,11 @@ def _engine_rows(table: Table, profile: Profile, report: dict[str, float]) -> No
             "engine: overhead by least squares (evidence)",
             f"{report['raw_iteration_overhead_s'] * 1e6:.3g} us",
         )
+        from hwbench.engine_fit import furthest_ops
+
+        ratios = {k[9:]: v for k, v in report.items() if k.startswith("op_ratio.")}
+        if ratios:
+            table.add_row("op tables / ops timed in place (furthest)", furthest_ops(ratios))
         table.add_row(
             "engine fit error (RMS / max)",
             f"{report['rms_rel_error']:.1%} / {report['max_rel_error']:.1%}",

@@ -80,7 +80,13 @@ def _fake_engine_fit(monkeypatch: pytest.MonkeyPatch, fail: str | None = None) -
         if fail is not None:
             raise ef.ImpossibleFit(fail)
         terms = EngineTerms(fused_iterations=False, layer_overhead_s=2e-4, iter_gap_s=1e-5)
-        report = {"rms_rel_error": 0.05, "max_rel_error": 0.1, "raw_iteration_overhead_s": 4e-4}
+        report = {
+            "rms_rel_error": 0.05,
+            "max_rel_error": 0.1,
+            "raw_iteration_overhead_s": 4e-4,
+            "op_ratio.down_gemm": 1.53,
+            "op_ratio.norms": 0.98,
+        }
         return ef.with_engine(profile, terms, 3e-4), report
 
     monkeypatch.setattr(ef, "calibrate_engine", fake)
@@ -123,6 +129,7 @@ def test_cli_calibrate_tiny_writes_a_valid_profile(
     # measured hardware terms are the probes' (the engine fit does not touch them)
     assert p.gpu == handed.gpu and p.links == handed.links
     assert "per-layer overhead" in res.output and "engine fit error" in res.output
+    assert "down_gemm 1.53x, norms 0.98x" in res.output  # furthest from in place first
     # the engine's elementwise ops are tables (one per op, timed in place), rope fused
     assert {t.op for t in p.ops.elementwise} == {"norm", "activation", "embedding"}
     assert all("in place" in t.kernel for t in [*p.ops.elementwise, *p.ops.attention])

@@ -19,6 +19,7 @@ from hwbench.engine_fit import (
     MAX_FIT_ERROR,
     ImpossibleFit,
     fit_engine_terms,
+    op_ratios,
     with_engine,
 )
 from hwbench.engine_probe import PassPoint, ProbeRun, StreamProbe
@@ -390,3 +391,30 @@ def test_a_fitted_profile_with_unmeasured_points_round_trips_through_json() -> N
     assert back == prof
     rows = back.fitted["engine_pass"]
     assert "overhead_s" not in rows[0] and rows[1]["overhead_s"] == pytest.approx(4e-4)
+
+
+def test_op_ratios_compare_each_table_with_the_op_timed_in_place() -> None:
+    """Points whose in-place ops are the tables' seconds, gate/up GEMMs 1.5x slower and the
+    norms split into norm and residual-add calls: gate_up_gemm's table is 1/1.5 of it, the
+    others 1, the norms compared as one; a rejected fit names gate_up_gemm first."""
+    zero = OpCostModel(with_engine(base_profile(), EngineTerms(**ENGINE_SHAPE), 0.0), SPEC)
+
+    def timed(p: PassPoint, noise: float = 0.0) -> PassPoint:
+        ops = zero.iteration_ops(p.tokens, round(p.sq), p.prompts if p.tokens else 0, p.batch,
+                                 float(p.context))  # fmt: skip
+        ops["gate_up_gemm"] *= 1.5
+        norm = ops.pop("input_norm") + ops.pop("post_attn_norm")
+        ops["input_norm"], ops["residual_add"] = 0.25 * norm, 0.75 * norm
+        return replace(p, op_s=tuple(sorted((k, v) for k, v in ops.items() if v > 0)))
+
+    pts = [timed(p) for p in points(4e-4)]
+    ratios = op_ratios(base_profile(), SPEC, pts)
+    assert ratios["gate_up_gemm"] == pytest.approx(1 / 1.5)
+    assert ratios["norms"] == pytest.approx(1.0)
+    assert all(r == pytest.approx(1.0) for k, r in ratios.items() if k != "gate_up_gemm")
+    assert "residual_add" not in ratios and "iteration_overhead" not in ratios
+    _, report = fit_engine_terms(base_profile(), SPEC, pts, probe(1e9))
+    assert report["op_ratio.gate_up_gemm"] == pytest.approx(1 / 1.5)
+    noisy = [timed(p) for p in points(4e-3, noise=2 * MAX_FIT_ERROR)]
+    with pytest.raises(ImpossibleFit, match=r"timed in place: gate_up_gemm 0\.67x"):
+        fit_engine_terms(base_profile(), SPEC, noisy, probe(1e9))

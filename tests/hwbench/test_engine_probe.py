@@ -11,6 +11,7 @@ import numpy as np
 from engine.runtime.engine import IterationRecord
 from hwbench.engine_probe import TINY_RUNS, _collect, _point, engine_probe, hook_cost
 from hwbench.insitu_probe import OpTimer
+from sim.serving.opcost.iteration import OP_NAMES
 
 
 def ticking() -> Callable[[], float]:
@@ -54,3 +55,9 @@ def test_engine_probe_measures_every_iteration_in_place() -> None:
     assert sum(p.overhead_count for p in points) == iterations - len(TINY_RUNS)
     measured = [p for p in points if p.overhead_s is not None]
     assert measured and all(0.0 < p.overhead_s < p.mean_s for p in measured)  # type: ignore[operator]
+    # every point carries its ops' seconds by the op model's names, less than its time
+    names = set(OP_NAMES) | {"residual_add"}
+    for p in points:
+        ops = dict(p.op_s)
+        assert {"qkv_gemm", "lm_head"} <= set(ops) <= names
+        assert 0.0 < sum(ops.values()) < p.mean_s

@@ -46,13 +46,17 @@ def test_collect_leaves_iterations_after_idle_out_of_the_overhead() -> None:
 
 
 def test_engine_probe_measures_every_iteration_in_place() -> None:
-    """The tiny probe on NumPy: every iteration but each run's first (which follows the
-    engine's start) carries an overhead, and the overheads are positive and a fraction of
+    """The tiny probe on NumPy: no run's first iteration (which follows the engine's start)
+    carries an overhead, and the overheads are positive and a fraction of
     the iterations they belong to."""
     points = engine_probe(np, runs=TINY_RUNS, repeats=1, mixed=0)
     iterations = sum(max(out, 1) for _, _, out in TINY_RUNS)
     assert sum(p.count for p in points) == iterations
-    assert sum(p.overhead_count for p in points) == iterations - len(TINY_RUNS)
+    # each run's first iteration follows the engine's start: never an overhead sample (a
+    # later one may follow a pause of the machine and be left out too)
+    assert 0 < sum(p.overhead_count for p in points) <= iterations - len(TINY_RUNS)
+    firsts = {(p.tokens, p.batch) for p in points if p.batch == 0 and p.count == 1}
+    assert all(p.overhead_count == 0 for p in points if (p.tokens, p.batch) in firsts)
     measured = [p for p in points if p.overhead_s is not None]
     assert measured and all(0.0 < p.overhead_s < p.mean_s for p in measured)  # type: ignore[operator]
     # every point carries its ops' seconds by the op model's names, less than its time

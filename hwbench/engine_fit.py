@@ -49,8 +49,8 @@ Measured hardware terms (the op tables, link bandwidths, memory bandwidth, FLOP 
 inputs here and never change. :class:`ImpossibleFit` rejects a result that cannot describe
 the machine: no in-place overhead measured, an overhead negative or below
 :data:`MIN_OVERHEAD_S`, an error of ``ops + overhead`` against the measured iteration times
-over :data:`MAX_FIT_ERROR` (the op tables then do not time what the engine runs), or an achieved copy rate above the link's own measured rate by
-more than :data:`MAX_ABOVE_PEAK`.
+over :data:`MAX_FIT_ERROR` (the op tables then do not time what the engine runs), or an
+achieved copy rate above the link's own measured rate by more than :data:`MAX_ABOVE_PEAK`.
 """
 
 from __future__ import annotations
@@ -126,17 +126,19 @@ class FitReport(dict[str, float]):
     (:func:`op_ratios`)."""
 
 
-def _base_times(profile: Profile, spec: ModelSpec, points: Sequence[PassPoint]) -> np.ndarray:
-    """Op-table seconds of each point's iteration, no overheads, split into parts."""
-    zero = with_engine(profile, EngineTerms(**ENGINE_SHAPE), 0.0)
-    cost = OpCostModel(zero, spec)
-    return np.array(
-        [
-            cost.iteration_time(p.tokens, round(p.sq), p.prompts if p.tokens else 0, p.batch,
-                                float(p.context))
-            for p in points
-        ]
-    )  # fmt: skip
+def _tables_only(profile: Profile, spec: ModelSpec) -> OpCostModel:
+    """The op tables' prices of the engine's iterations (its shape, no overheads)."""
+    return OpCostModel(with_engine(profile, EngineTerms(**ENGINE_SHAPE), 0.0), spec)
+
+
+def _shape(p: PassPoint) -> tuple[int, int, int, int, float]:
+    """A point's iteration as :meth:`OpCostModel.iteration_time` takes it."""
+    return p.tokens, round(p.sq), p.prompts if p.tokens else 0, p.batch, float(p.context)
+
+
+def _base_times(cost: OpCostModel, points: Sequence[PassPoint]) -> np.ndarray:
+    """Op-table seconds of each point's iteration (``cost``: :func:`_tables_only`)."""
+    return np.array([cost.iteration_time(*_shape(p)) for p in points])
 
 
 def _measured_overhead(points: Sequence[PassPoint]) -> tuple[float, int]:
@@ -210,15 +212,13 @@ def op_ratios(profile: Profile, spec: ModelSpec, points: Sequence[PassPoint]) ->
     """Per op, the op tables' seconds over the same ops' seconds timed in place, summed over
     the points' iterations (count-weighted; ``norms``: both norms and the residual adds);
     only ops timed in place and priced above 0."""
-    zero = OpCostModel(with_engine(profile, EngineTerms(**ENGINE_SHAPE), 0.0), spec)
+    zero = _tables_only(profile, spec)
     table: dict[str, float] = {}
     inplace: dict[str, float] = {}
     for p in points:
         if not p.op_s:
             continue
-        priced = zero.iteration_ops(
-            p.tokens, round(p.sq), p.prompts if p.tokens else 0, p.batch, float(p.context)
-        )
+        priced = zero.iteration_ops(*_shape(p))
         for name, secs in p.op_s:
             key = _PRICED_AS.get(name, name)
             inplace[key] = inplace.get(key, 0.0) + p.count * secs
@@ -271,7 +271,7 @@ def fit_engine_terms(
     result cannot describe the machine."""
     if not points:
         raise ImpossibleFit("the engine probe logged no iterations")
-    base = _base_times(profile, spec, points)
+    base = _base_times(_tables_only(profile, spec), points)
     meas = np.array([p.mean_s for p in points])
     calls = np.array([spec.n_layers * (2 if p.tokens and p.batch else 1) for p in points])
     count = np.array([float(p.count) for p in points])

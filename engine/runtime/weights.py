@@ -166,11 +166,10 @@ class TieredWeights:
         with self.lock:
             for cid in range(self.table.n_chunks):
                 self.store.read_chunk(cid, now, count=False)
-            name_of, tier = self.store.stack.name_of, self.store.stack.levels[0].tier
             for layer in range(self.n_layers):
                 keys = self.keys(layer)
                 if len(keys) > 1 and all(k in self.device for k in keys):
-                    self._assemble(layer, [tier.get(name_of(k)) for k in keys])
+                    self._assemble(layer, self._device_parts(keys))
 
     def layer(self, layer: int, now: float) -> Any:
         """The layer's values from the device level; missing chunks are fetched first. The
@@ -203,10 +202,15 @@ class TieredWeights:
                     )
                 pinned += landed
                 missing = [c for c in missing if self.store.key(c) not in device]
-            name_of, tier = self.store.stack.name_of, self.store.stack.levels[0].tier
-            parts = [tier.get(name_of(key)) for key in keys]  # in chunk order
+            parts = self._device_parts(keys)
             self._pinned[layer] = pinned
         return self._assemble(layer, parts).view(self.xp.float32)
+
+    def _device_parts(self, keys: list[tuple[str, int]]) -> list[Any]:
+        """The device level's arrays of chunks ``keys``, in order (call with the lock held;
+        every key resident)."""
+        name_of, tier = self.store.stack.name_of, self.store.stack.levels[0].tier
+        return [tier.get(name_of(key)) for key in keys]
 
     def _assemble(self, layer: int, parts: list[Any]) -> Any:
         """One flat array of the layer: the chunk itself when the layer is one chunk (no

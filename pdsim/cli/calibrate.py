@@ -301,7 +301,9 @@ def _engine_rows(table: Table, profile: Profile, report: dict[str, float]) -> No
         )
         from hwbench.engine_fit import furthest_ops
 
-        ratios = {k[9:]: v for k, v in report.items() if k.startswith("op_ratio.")}
+        ratios = {
+            k.removeprefix("op_ratio."): v for k, v in report.items() if k.startswith("op_ratio.")
+        }
         if ratios:
             table.add_row("op tables / ops timed in place (furthest)", furthest_ops(ratios))
         table.add_row(

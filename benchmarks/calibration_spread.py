@@ -32,6 +32,7 @@ from sim.serving.costmodel import Profile, load_profile
 UNITS: dict[str, tuple[float, str]] = {
     "iteration_overhead_s": (1e6, "us"),
     "raw_iteration_overhead_s": (1e6, "us"),
+    "prompt_overhead_s_per_token": (1e6, "us"),
     "iter_gap_s": (1e6, "us"),
     "wake_s": (1e6, "us"),
     "layer_overhead_s": (1e6, "us"),

@@ -5,9 +5,10 @@
 returns :class:`sim.serving.opcost.EngineTerms` plus ``ops.roofline.iteration_overhead_s``:
 
 * ``iteration_overhead_s`` (s per iteration): **measured**, not fitted: the count-weighted
-  mean of the closed runs' in-place overheads (:class:`hwbench.engine_probe.PassPoint`
-  ``overhead_s``: an iteration's seconds less its ops' seconds, each op timed inside the
-  engine's layer loop, iterations after an idle spell left to ``wake_s``). It is the
+  mean of the closed runs' in-place overheads of their decode iterations
+  (:class:`hwbench.engine_probe.PassPoint` ``overhead_s``: an iteration's seconds less its
+  ops' seconds, each op timed inside the engine's layer loop, iterations after an idle
+  spell left to ``wake_s``; every iteration's when the probe ran no pure decode). It is the
   engine's work per iteration outside the ops: the serving loop's batch set-up and
   sampling, and each layer's weight pin, tensor views and prefetch planning. A fitted
   overhead (least squares of the iteration times against ``ops + overhead``) absorbed
@@ -17,6 +18,13 @@ returns :class:`sim.serving.opcost.EngineTerms` plus ``ops.roofline.iteration_ov
   op sum ``ops`` is :class:`sim.serving.opcost.OpCostModel`'s with the engine's shape
   :data:`ENGINE_SHAPE` (a prefill part plus a decode part, q/k/v and gate/up as separate
   GEMMs); ``layer_overhead_s`` stays 0;
+* ``prompt_overhead_s_per_token`` (s/token): how much that overhead grows per prompt token
+  in the iteration: the count-weighted least-squares slope, through the origin, of the
+  in-place overheads of the iterations with prompt tokens in excess of
+  ``iteration_overhead_s``, over their prompt tokens (floored at 0). The engine's own work
+  between ops (pins, views, planning) runs on caches the prompt's large ops have just
+  evicted: on the 2-core VM, 0.5 ms after a decode step and 1.8 ms after a 496-token
+  prefill, the same code 2-3x slower;
 * ``iter_gap_s``: the median gap between back-to-back iterations of the resident open-loop
   runs (measured, not fitted);
 * ``wake_s``: the median extra (measured - modelled) of the iterations that follow an idle
@@ -142,9 +150,17 @@ def _base_times(cost: OpCostModel, points: Sequence[PassPoint]) -> np.ndarray:
 
 
 def _measured_overhead(points: Sequence[PassPoint]) -> tuple[float, int]:
-    """The count-weighted mean of the points' in-place overheads, and the iterations it
-    averages (module docstring)."""
+    """The count-weighted mean of the decode iterations' in-place overheads (of every
+    iteration's where none is a pure decode), and the iterations it averages (module
+    docstring)."""
     ovh = [(p.overhead_s, p.overhead_count) for p in points if p.overhead_s is not None]
+    decode = [
+        (p.overhead_s, p.overhead_count)
+        for p in points
+        if p.overhead_s is not None and not p.tokens
+    ]
+    if sum(c for _, c in decode) > 0:
+        ovh = decode
     n = sum(c for _, c in ovh)
     if n <= 0:
         raise ImpossibleFit(
@@ -154,15 +170,37 @@ def _measured_overhead(points: Sequence[PassPoint]) -> tuple[float, int]:
     return sum(o * c for o, c in ovh) / n, n
 
 
+def _prompt_overhead(points: Sequence[PassPoint], base: float) -> tuple[float, int]:
+    """``prompt_overhead_s_per_token`` (module docstring): the count-weighted least-squares
+    slope, through the origin, of the in-place overheads of the points with prompt tokens
+    in excess of ``base`` over their prompt tokens, floored at 0; and the iterations it
+    rests on (0 s/token when none)."""
+    rows = [
+        (float(p.tokens), p.overhead_s - base, float(p.overhead_count))
+        for p in points
+        if p.tokens and p.overhead_s is not None and p.overhead_count > 0
+    ]
+    if not rows:
+        return 0.0, 0
+    num = sum(c * tok * extra for tok, extra, c in rows)
+    den = sum(c * tok * tok for tok, _, c in rows)
+    return max(num / den, 0.0), int(sum(c for _, _, c in rows))
+
+
 def _fit_overheads(
-    base: np.ndarray, meas: np.ndarray, calls: np.ndarray, count: np.ndarray, a: float
+    base: np.ndarray,
+    meas: np.ndarray,
+    calls: np.ndarray,
+    count: np.ndarray,
+    a: float,
+    extra: np.ndarray,
 ) -> FitReport:
-    """The error of ``meas = base + a`` (``a`` measured), and for the record the weighted
-    least-squares solutions on relative error of ``base + a1`` and of ``base + a2 + b2 *
-    calls`` (module docstring)."""
+    """The error of ``meas = base + a + extra`` (``a`` and the per-prompt-token ``extra``
+    measured), and for the record the weighted least-squares solutions on relative error of
+    ``base + a1`` and of ``base + a2 + b2 * calls`` (module docstring)."""
     w2 = count / count.sum() / meas**2
     a1 = float(np.sum(w2 * (meas - base)) / np.sum(w2))
-    rel = (base + a) / meas - 1.0
+    rel = (base + a + extra) / meas - 1.0
     w = np.sqrt(w2)
     design = np.column_stack([np.ones_like(base), calls]) * w[:, None]
     (_, b2), *_ = np.linalg.lstsq(design, (meas - base) * w, rcond=None)
@@ -282,12 +320,16 @@ def fit_engine_terms(
             f"(allowed: >= {MIN_OVERHEAD_S:g}); the in-place op times exceed the engine's "
             "iteration times, so the timer's own cost was not taken out"
         )
-    report = _fit_overheads(base, meas, calls, count, a)
+    per_tok, prompt_n = _prompt_overhead(points, a)
+    extra = per_tok * np.array([float(p.tokens) for p in points])
+    report = _fit_overheads(base, meas, calls, count, a, extra)
     report["overhead_iterations"] = float(measured_n)
+    report["prompt_overhead_s_per_token"] = per_tok
+    report["prompt_overhead_iterations"] = float(prompt_n)
     ratios = op_ratios(profile, spec, points)
     report.update({f"op_ratio.{k}": v for k, v in ratios.items()})
     if report["rms_rel_error"] > MAX_FIT_ERROR:
-        worst = points[int(np.argmax(np.abs((base + a) / meas - 1.0)))]
+        worst = points[int(np.argmax(np.abs((base + a + extra) / meas - 1.0)))]
         raise ImpossibleFit(
             f"engine iteration error {report['rms_rel_error']:.1%} (RMS, relative) is over "
             f"the {MAX_FIT_ERROR:.0%} allowed: op tables plus the measured overhead "
@@ -307,7 +349,9 @@ def fit_engine_terms(
             f"own measured {link:.3g} B/s by more than {MAX_ABOVE_PEAK:.0%}"
         )
     contention = min(max(link / achieved - 1.0, 0.0), 4.0) if achieved > 0 else 0.0
-    terms = EngineTerms(**ENGINE_SHAPE, copy_contention=contention)
+    terms = EngineTerms(
+        **ENGINE_SHAPE, copy_contention=contention, prompt_overhead_s_per_token=per_tok
+    )
     fitted = with_engine(profile, terms, a)
     cost = OpCostModel(fitted, spec)
     gap, wake = _serving(cost, probe)
@@ -322,7 +366,7 @@ def fit_engine_terms(
     )
     report["copy_rate_Bps"] = achieved
     out = with_engine(profile, terms, a)
-    pred = base + a
+    pred = base + a + extra
     tables = dict(out.fitted)
     tables["engine_pass"] = [
         {**p.row(), "model_s": float(m)} for p, m in zip(points, pred, strict=True)

@@ -283,7 +283,12 @@ def _engine_rows(table: Table, profile: Profile, report: dict[str, float]) -> No
     rl = profile.ops.roofline
     table.add_row("op floor (untabled ops)", f"{rl.op_floor_s * 1e6:.3g} us")
     table.add_row(
-        "engine: iteration overhead (measured)", f"{rl.iteration_overhead_s * 1e6:.3g} us"
+        "engine: iteration overhead (measured, decode)",
+        f"{rl.iteration_overhead_s * 1e6:.3g} us",
+    )
+    table.add_row(
+        "engine: overhead per prompt token",
+        f"{eng.prompt_overhead_s_per_token * 1e6:.3g} us",
     )
     table.add_row("engine: per-layer overhead", f"{eng.layer_overhead_s * 1e6:.3g} us")
     table.add_row("engine: serving-loop gap", f"{eng.iter_gap_s * 1e6:.3g} us")

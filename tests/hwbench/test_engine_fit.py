@@ -50,15 +50,17 @@ def shapes() -> list[tuple[int, int, int, int, int]]:
     return out
 
 
-def points(a: float, b: float = 0.0, noise: float = 0.0, ops_scale: float = 1.0) -> list[PassPoint]:
+def points(
+    a: float, b: float = 0.0, noise: float = 0.0, ops_scale: float = 1.0, per_tok: float = 0.0
+) -> list[PassPoint]:
     """Iterations whose times are the op model's for the engine's shape, its ops taking
-    ``ops_scale`` times the tables' seconds, with overhead ``a`` per iteration and ``b`` per
-    layer and part (and a multiplicative ``noise`` alternating in sign), each with the
-    overhead an in-place measurement sees (``a`` plus ``b`` on every layer of each part)."""
+    ``ops_scale`` times the tables' seconds, with overhead ``a`` per iteration, ``b`` per
+    layer and part and ``per_tok`` per prompt token (and a multiplicative ``noise``
+    alternating in sign), each with the overhead an in-place measurement sees."""
     zero = OpCostModel(with_engine(base_profile(), EngineTerms(**ENGINE_SHAPE), 0.0), SPEC)
     out = []
     for i, (tok, pr, sq, batch, ctx) in enumerate(shapes()):
-        ovh = a + b * SPEC.n_layers * ((tok > 0) + (batch > 0))
+        ovh = a + b * SPEC.n_layers * ((tok > 0) + (batch > 0)) + per_tok * tok
         t = ops_scale * zero.iteration_time(tok, sq, pr, batch, float(ctx)) + ovh
         t *= 1.0 + noise * (-1) ** i
         out.append(
@@ -94,24 +96,29 @@ def test_split_iteration_is_a_prefill_part_plus_a_decode_part() -> None:
 @settings(max_examples=40, deadline=None)
 @given(
     st.integers(0, 600), st.integers(0, 32), st.floats(0, 4000), st.floats(0, 1e-3),
-    st.floats(0, 1e-2),
+    st.floats(0, 1e-2), st.floats(0, 1e-5),
 )  # fmt: skip
 def test_engine_overheads_add_linearly(
-    tokens: int, batch: int, ctx: float, layer_s: float, iter_s: float
+    tokens: int, batch: int, ctx: float, layer_s: float, iter_s: float, tok_s: float
 ) -> None:
-    """Against a reference: the op sum without overheads, plus ``iter_s`` once and
-    ``layer_s`` per layer call of each part that runs."""
+    """Against a reference: the op sum without overheads, plus ``iter_s`` once, ``layer_s``
+    per layer call of each part that runs and ``tok_s`` per prompt token; the breakdown
+    sums to the same."""
     if tokens == 0 and batch == 0:
         return
     zero = OpCostModel(with_engine(base_profile(), EngineTerms(fused_iterations=False), 0.0), SPEC)
-    terms = EngineTerms(fused_iterations=False, layer_overhead_s=layer_s)
+    terms = EngineTerms(
+        fused_iterations=False, layer_overhead_s=layer_s, prompt_overhead_s_per_token=tok_s
+    )
     cost = OpCostModel(with_engine(base_profile(), terms, iter_s), SPEC)
     parts = (tokens > 0) + (batch > 0)
     ctx = ctx if batch else 0.0
-    want = zero.iteration_time(tokens, tokens * tokens, 1 if tokens else 0, batch, ctx)
-    want += iter_s + layer_s * SPEC.n_layers * parts
-    got = cost.iteration_time(tokens, tokens * tokens, 1 if tokens else 0, batch, ctx)
-    assert got == pytest.approx(want, rel=1e-9, abs=1e-15)
+    args = (tokens, tokens * tokens, 1 if tokens else 0, batch, ctx)
+    want = zero.iteration_time(*args)
+    want += iter_s + layer_s * SPEC.n_layers * parts + tok_s * tokens
+    assert cost.iteration_time(*args) == pytest.approx(want, rel=1e-9, abs=1e-15)
+    assert sum(cost.iteration_ops(*args).values()) == pytest.approx(want, rel=1e-9, abs=1e-15)
+    assert cost.iteration_ops(*args)["prompt_overhead"] == pytest.approx(tok_s * tokens)
 
 
 def test_the_overhead_is_the_measured_one() -> None:
@@ -121,7 +128,9 @@ def test_the_overhead_is_the_measured_one() -> None:
     assert prof.ops is not None and prof.ops.engine is not None
     assert prof.ops.roofline.iteration_overhead_s == pytest.approx(4e-4, rel=1e-9)
     assert report["raw_iteration_overhead_s"] == pytest.approx(4e-4, rel=1e-6)
-    assert report["overhead_iterations"] == 3 * len(shapes())
+    # the decode iterations' mean (3 iterations of each decode-only shape)
+    assert report["overhead_iterations"] == 3 * sum(1 for sh in shapes() if sh[0] == 0)
+    assert prof.ops.engine.prompt_overhead_s_per_token == 0.0
     assert prof.ops.engine.layer_overhead_s == 0.0  # not identifiable: same layers throughout
     assert not prof.ops.engine.fused_iterations and prof.ops.engine.split_projections
     assert report["rms_rel_error"] < 1e-9
@@ -140,6 +149,39 @@ def test_op_tables_that_miss_time_do_not_move_the_overhead() -> None:
     assert prof.ops.roofline.iteration_overhead_s == pytest.approx(4e-4, rel=1e-9)
     assert report["raw_iteration_overhead_s"] > 4.2e-4
     assert 0.01 < report["rms_rel_error"] < 0.1
+
+
+def test_overhead_per_prompt_token_is_the_slope_over_the_decode_mean() -> None:
+    """Overheads of 0.4 ms plus 2 us per prompt token: the term is the decode iterations'
+    0.4 ms, the per-token term 2 us, the error nil; the simulator's price of a 256-token
+    prefill then carries 0.4 ms + 256 x 2 us of overhead."""
+    pts = points(4e-4, per_tok=2e-6)
+    prof, report = fit_engine_terms(base_profile(), SPEC, pts, probe(1e9))
+    assert prof.ops is not None and prof.ops.engine is not None
+    assert prof.ops.roofline.iteration_overhead_s == pytest.approx(4e-4, rel=1e-9)
+    assert prof.ops.engine.prompt_overhead_s_per_token == pytest.approx(2e-6, rel=1e-9)
+    assert report["prompt_overhead_s_per_token"] == pytest.approx(2e-6, rel=1e-9)
+    assert report["prompt_overhead_iterations"] == 3 * sum(1 for sh in shapes() if sh[0] > 0)
+    assert report["rms_rel_error"] < 1e-9
+    ops = OpCostModel(prof, SPEC).iteration_ops(256, 256 * 256, 1, 0, 0.0)
+    assert ops["prompt_overhead"] == pytest.approx(256 * 2e-6, rel=1e-9)
+    assert ops["iteration_overhead"] == pytest.approx(4e-4, rel=1e-9)
+    # without the per-token term the same points' prefills are priced short
+    no_tok = prof.ops.engine.model_copy(update={"prompt_overhead_s_per_token": 0.0})
+    flat = with_engine(prof, no_tok, 4e-4)
+    p = next(p for p in pts if p.tokens == 512 and p.batch == 0)
+    assert OpCostModel(flat, SPEC).iteration_time(512, round(p.sq), 2, 0, 0.0) < p.mean_s - 1e-3
+
+
+def test_a_prompt_overhead_below_the_decode_mean_is_floored_at_zero() -> None:
+    """Prefill iterations with less overhead than decodes: no negative per-token term."""
+    pts = [
+        replace(p, overhead_s=p.overhead_s - 1e-4) if p.tokens and p.overhead_s else p
+        for p in points(4e-4)
+    ]
+    prof, _ = fit_engine_terms(base_profile(), SPEC, pts, probe(1e9))
+    assert prof.ops is not None and prof.ops.engine is not None
+    assert prof.ops.engine.prompt_overhead_s_per_token == 0.0
 
 
 def test_points_without_a_measured_overhead_are_rejected() -> None:

@@ -27,6 +27,8 @@ final_norm         1         RMSNorm: reads ``hidden``, writes ``hidden``
 lm_head            1         GEMM ``m = n_prompts + n_decode`` (last prompt token and each
                              decode only), ``n = vocab / tp``, ``k = hidden``, bf16
 iteration_overhead 1         the profile's ``ops.roofline.iteration_overhead_s``
+prompt_overhead    1         ``ops.engine.prompt_overhead_s_per_token`` x prompt tokens (a
+                             calibrated engine's work outside the ops, slower after prefills)
 ================== ========= ==============================================================
 
 Each op's time comes from the profile's measured tables (:mod:`sim.serving.opcost.tables`) where one
@@ -74,7 +76,11 @@ OP_NAMES: tuple[str, ...] = (
     "lm_head",
     "iteration_overhead",
     "layer_overhead",
+    "prompt_overhead",
 )
+#: ops the memoised part of :meth:`OpCostModel.iteration_time` leaves out (they depend on
+#: more than the token count)
+_NOT_MEMOISED = ("attention_prefill", "attention_decode", "prompt_overhead")
 #: links :meth:`OpCostModel.copy_time` accepts (the profile's links plus on-device memories)
 COPY_LINKS: tuple[str, ...] = ("pcie", "nvlink", "rdma", "nvme", "object_store", "hbm", "dram")
 
@@ -134,6 +140,10 @@ class OpCostModel:
         self._head_dtype = "fp32" if db == 4 else "bf16"  # fp8 models keep a 16-bit lm_head
         #: the engine's own terms (sim.serving.opcost.tables.EngineTerms); None: fused, none extra
         self.engine = self.ops.engine
+        #: seconds of engine overhead per prompt token (EngineTerms; 0 without an engine)
+        self._prompt_overhead = (
+            self.engine.prompt_overhead_s_per_token if self.engine is not None else 0.0
+        )
         # per dtype: the table timed with weights resident in the smallest cache that holds
         # this model's weights per GPU, else the one timed with cold weights
         weights = model.param_bytes / tp
@@ -343,6 +353,9 @@ class OpCostModel:
         add("iteration_overhead", rl.iteration_overhead_s, "overhead")
         per_layer = self.engine.layer_overhead_s if self.engine is not None else 0.0
         add("layer_overhead", per_layer, "overhead" if per_layer else "not run", layers + 2)
+        per_tok = self._prompt_overhead
+        run = per_tok > 0 and prefill_tokens > 0
+        add("prompt_overhead", per_tok * prefill_tokens, "overhead" if run else "not run")
         return out
 
     def _split(self) -> bool:
@@ -425,7 +438,7 @@ class OpCostModel:
                         lm = op.seconds
                     elif op.name == "iteration_overhead":
                         over = op.seconds
-                    elif op.name not in ("attention_prefill", "attention_decode"):
+                    elif op.name not in _NOT_MEMOISED:
                         pre += op.seconds
                 tail = (lm, over)
                 if len(self._pre_cache) < 65536:
@@ -437,4 +450,4 @@ class OpCostModel:
         layers = self.shape.n_layers
         attn = self.prefill_attention_time(prefill_tokens, prefill_sq, n_prompts)[0]
         attn += self.decode_attention_time(n_decode, decode_ctx)[0]
-        return fixed + layers * attn
+        return fixed + layers * attn + self._prompt_overhead * prefill_tokens

@@ -317,6 +317,15 @@ class EngineTerms(_Strict):
     measured on the calibration's streaming runs as their iterations' seconds less
     parameter wait, less their resident twins' seconds per priced second times the same
     price, over the bytes prefetched; s/B, 0: copies cost the compute nothing."""
+    prompt_overhead_s_per_token: float = Field(default=0.0, ge=0)
+    """Seconds the engine's per-iteration work outside the timed ops grows by per prompt
+    token in the iteration: large prefill ops leave the caches cold for the engine's own
+    interpreter work after them (weight pins, prefetch planning, bookkeeping; on the 2-core VM
+    2-3x slower after a 496-token prefill than after a decode); the simulator adds it, times
+    the iteration's prompt tokens, to the iteration (op `prompt_overhead`); measured as the
+    count-weighted least-squares slope, through the origin, of the in-place overheads of the
+    calibration's iterations with prompt tokens in excess of the decode iterations' mean
+    (`ops.roofline.iteration_overhead_s`), over their prompt tokens; s/token, 0: none."""
     prefetch_handoff_s: float = Field(default=0.0, ge=0)
     """Seconds from a prefetch being planned to its copy starting (the copy thread waking
     and taking its turn): the simulator starts each prefetch this much later; measured as

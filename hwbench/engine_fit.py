@@ -40,7 +40,11 @@ returns :class:`sim.serving.opcost.EngineTerms` plus ``ops.roofline.iteration_ov
   floored at 0. On the 2-core VM a streamed decode iteration computed 2.2-3.0x its
   resident time, and the excess grew with the bytes streamed (a dimensionless stretch
   measured at one cache fraction missed another's by 30-40%). The simulator adds it, times
-  the bytes prefetched at a layer, to that layer's compute;
+  the bytes prefetched at a layer, to that layer's compute. ``prefetch_compute_knots``:
+  the same figure per device weight cache size of the runs (bytes, s/B), when the runs
+  cover two or more: on the 2-core VM a prefetched byte cost the compute 2-3x more with
+  80% of the weights resident than with 45% (the engine's memory filling the 32 MiB
+  last-level cache), so the simulator interpolates between them by the replica's cache;
 * ``prefetch_handoff_s`` (s): the mean, over the streaming runs' prefetch jobs, of the
   job's service time (planned, or the previous job's end, to landed) less its bytes at the
   copy thread's own rate: the wait for the copy thread to wake and take its turn (on
@@ -66,13 +70,14 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 from types import ModuleType
-from typing import Any
+from typing import Any, TypedDict
 
 import numpy as np
 
 from hwbench.engine_probe import (
     TINY_RUNS,
     PassPoint,
+    ProbeRun,
     StreamProbe,
     after_idle,
     engine_probe,
@@ -108,7 +113,15 @@ MAX_ABOVE_PEAK = 0.10
 
 #: how pdsim's engine runs an iteration (facts of :mod:`engine.runtime.model`, not fitted):
 #: a prefill part and a decode part per layer, and q/k/v and gate/up as separate GEMMs
-ENGINE_SHAPE: dict[str, bool] = {"fused_iterations": False, "split_projections": True}
+class EngineShape(TypedDict):
+    """The :class:`sim.serving.opcost.EngineTerms` fields that say how an engine runs an
+    iteration."""
+
+    fused_iterations: bool
+    split_projections: bool
+
+
+ENGINE_SHAPE: EngineShape = {"fused_iterations": False, "split_projections": True}
 
 
 class ImpossibleFit(Exception):
@@ -273,21 +286,36 @@ def furthest_ops(ratios: dict[str, float], n: int = 3) -> str:
     return ", ".join(f"{name} {r:.2f}x" for name, r in worst)
 
 
-def _prefetch_terms(cost: OpCostModel, probe: StreamProbe) -> tuple[float, float]:
-    """``(prefetch_compute_s_per_byte, prefetch_handoff_s)`` from the streaming runs and
-    their resident twins (module docstring); 0 for a term its runs cannot measure."""
-    res_s = sum(float(r.seconds) for run in probe.runs for r in run.resident_log)
-    res_price = sum(_price(cost, r) for run in probe.runs for r in run.resident_log)
-    nbytes = sum(run.prefetch_bytes for run in probe.runs)
-    per_byte = 0.0
-    if res_price > 0 and nbytes > 0:
-        ratio = res_s / res_price
-        extra = sum(
-            float(r.seconds) - float(r.param_wait) - ratio * _price(cost, r)
-            for run in probe.runs
-            for r in run.stream_log
-        )
-        per_byte = max(extra / nbytes, 0.0)
+def _per_byte(cost: OpCostModel, runs: Sequence[ProbeRun]) -> float | None:
+    """What a prefetched byte cost the compute on ``runs`` (module docstring), floored at 0;
+    None when they prefetched nothing or their resident twins are not priced."""
+    res_s = sum(float(r.seconds) for run in runs for r in run.resident_log)
+    res_price = sum(_price(cost, r) for run in runs for r in run.resident_log)
+    nbytes = sum(run.prefetch_bytes for run in runs)
+    if res_price <= 0 or nbytes <= 0:
+        return None
+    ratio = res_s / res_price
+    extra = sum(
+        float(r.seconds) - float(r.param_wait) - ratio * _price(cost, r)
+        for run in runs
+        for r in run.stream_log
+    )
+    return max(extra / nbytes, 0.0)
+
+
+def _prefetch_terms(
+    cost: OpCostModel, probe: StreamProbe
+) -> tuple[float, list[tuple[float, float]], float]:
+    """``(prefetch_compute_s_per_byte, prefetch_compute_knots, prefetch_handoff_s)`` from the
+    streaming runs and their resident twins (module docstring): the per-byte cost over all
+    runs and per device weight cache size; 0 (or no knots) for what the runs cannot
+    measure."""
+    per_byte = _per_byte(cost, probe.runs) or 0.0
+    knots: list[tuple[float, float]] = []
+    for pool in sorted({run.pool_bytes for run in probe.runs if run.pool_bytes > 0}):
+        value = _per_byte(cost, [run for run in probe.runs if run.pool_bytes == pool])
+        if value is not None:
+            knots.append((float(pool), value))
     lags = [
         secs - size / run.copy_rate
         for run in probe.runs
@@ -295,7 +323,7 @@ def _prefetch_terms(cost: OpCostModel, probe: StreamProbe) -> tuple[float, float
         for secs, size in run.jobs
     ]
     handoff = max(float(np.mean(lags)), 0.0) if lags else 0.0
-    return per_byte, handoff
+    return per_byte, knots if len(knots) > 1 else [], handoff
 
 
 def fit_engine_terms(
@@ -355,12 +383,13 @@ def fit_engine_terms(
     fitted = with_engine(profile, terms, a)
     cost = OpCostModel(fitted, spec)
     gap, wake = _serving(cost, probe)
-    per_byte, handoff = _prefetch_terms(cost, probe)
+    per_byte, knots, handoff = _prefetch_terms(cost, probe)
     terms = terms.model_copy(
         update={
             "iter_gap_s": gap,
             "wake_s": wake,
             "prefetch_compute_s_per_byte": per_byte,
+            "prefetch_compute_knots": knots,
             "prefetch_handoff_s": handoff,
         }
     )
@@ -386,7 +415,7 @@ def probe_engine(
         return points, fetch_probe(xp, requests=3, rate=1e9, seeds=1, workdir=workdir)
     full = mode == "full"
     points = engine_probe(xp, repeats=6 if full else 2, mixed=3 if full else 1, workdir=workdir)
-    return points, fetch_probe(xp, seeds=8 if full else 4, workdir=workdir)
+    return points, fetch_probe(xp, seeds=16 if full else 8, workdir=workdir)
 
 
 def calibrate_engine(

@@ -283,6 +283,8 @@ class ProbeRun(NamedTuple):
     prefetch_bytes: int = 0
     copy_rate: float = 0.0
     jobs: tuple[tuple[float, int], ...] = ()
+    #: the streaming run's device weight cache, bytes
+    pool_bytes: int = 0
 
     @property
     def resident_s(self) -> float:
@@ -322,6 +324,11 @@ PROBE_POLICIES: tuple[str, ...] = ("lru", "lru-k")
 #: load multipliers (rate and request count) the runs take in turn after each policy round:
 #: light load, and twice it (larger batches: a layer's compute grows against its copy)
 PROBE_LOADS: tuple[float, ...] = (1.0, 2.0)
+#: the device weight cache of the streaming runs, as fractions of the model, taken in turn
+#: by consecutive runs: what a prefetched byte costs the compute grew with it on the 2-core
+#: VM (the engine's memory filling the last-level cache), so the calibration measures both
+#: ends; the validation workloads' fractions (0.45, 0.8) lie between them, unseen
+PROBE_FRACTIONS: tuple[float, ...] = (0.3, 0.9)
 
 
 def fetch_probe(
@@ -333,10 +340,11 @@ def fetch_probe(
     workdir: Path | None = None,
 ) -> StreamProbe:
     """Serve probe workloads (``requests`` Poisson arrivals at ``rate``/s, prompts of 32-256
-    and outputs of 4-32 tokens; ``seeds`` draws, the HBM policy taking
-    :data:`PROBE_POLICIES` in turn and, after each round of policies, the load the next of
-    :data:`PROBE_LOADS`) on the engine with HBM holding 60% of the weights (layers stream
-    host -> device every iteration) and again with every weight resident.
+    and outputs of 4-32 tokens; ``seeds`` draws, the HBM holding each fraction of
+    :data:`PROBE_FRACTIONS` of the weights in turn (layers stream host -> device every
+    iteration), after each round of fractions the HBM policy the next of
+    :data:`PROBE_POLICIES` and, after each round of policies, the load the next of
+    :data:`PROBE_LOADS`) on the engine, and again with every weight resident.
 
     ``bandwidth`` = bytes the weight reads moved over the time they took, while the engine
     computed (:mod:`hwbench.engine_fit` compares it with the idle link's rate): on NumPy the
@@ -348,7 +356,7 @@ def fetch_probe(
         "engine fetch probe",
         requests=requests,
         rate=rate,
-        hbm_fraction=0.6,
+        hbm_fraction=PROBE_FRACTIONS[0],
         input_low=32,
         input_high=256,
         output_low=4,
@@ -359,15 +367,17 @@ def fetch_probe(
     fetch_s, fetch_bytes = 0.0, 0
     with tempfile.TemporaryDirectory(prefix="pdsim-fetch-probe-", dir=workdir) as tmp:
         for k in range(seeds + 1):  # run 0 warms the interpreter and allocator; not kept
-            npol = len(PROBE_POLICIES)
-            pol = PROBE_POLICIES[(k - 1) % npol] if k else "lru"
-            load = PROBE_LOADS[(k - 1) // npol % len(PROBE_LOADS)] if k else 1.0
+            nfr, npol = len(PROBE_FRACTIONS), len(PROBE_POLICIES)
+            frac = PROBE_FRACTIONS[(k - 1) % nfr] if k else 0.6
+            pol = PROBE_POLICIES[(k - 1) // nfr % npol] if k else "lru"
+            load = PROBE_LOADS[(k - 1) // (nfr * npol) % len(PROBE_LOADS)] if k else 1.0
             ws = replace(
                 w,
                 seed=w.seed + k,
                 policy=pol,
                 rate=rate * load,
                 requests=max(1, round(requests * load)),
+                hbm_fraction=frac,
             )
             wres = replace(ws, name="probe-resident", hbm_fraction=1.5)
             # Fresh, warmed stacks for every run, as `pdsim validate` serves each workload:
@@ -389,6 +399,7 @@ def fetch_probe(
                         prefetch_bytes=weights.fetch_bytes,
                         copy_rate=weights.fetch_bytes / max(secs, 1e-9),
                         jobs=jobs,
+                        pool_bytes=int(parts[2].hbm_weights),
                     )
                 )
                 fetch_s += secs

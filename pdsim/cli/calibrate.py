@@ -298,6 +298,13 @@ def _engine_rows(table: Table, profile: Profile, report: dict[str, float]) -> No
         "engine: compute lost per prefetched MB",
         f"{eng.prefetch_compute_s_per_byte * 1e12:.3g} us",
     )
+    if eng.prefetch_compute_knots:
+        table.add_row(
+            "engine: compute lost per prefetched MB, by HBM weight cache",
+            ", ".join(
+                f"{x / 2**20:.3g} MiB: {y * 1e12:.3g} us" for x, y in eng.prefetch_compute_knots
+            ),
+        )
     table.add_row("engine: prefetch hand-off", f"{eng.prefetch_handoff_s * 1e6:.3g} us")
     if report:
         table.add_row(

@@ -106,6 +106,15 @@ class ModelRt:
     def key(self, chunk_id: int) -> int:
         return self.base | chunk_id
 
+    def prefetch_s_per_byte_at(self, cache_bytes: int) -> float:
+        """Compute seconds lost per prefetched byte on a replica whose HBM weight cache holds
+        ``cache_bytes`` (:meth:`sim.serving.opcost.EngineTerms.prefetch_per_byte`; the single
+        ``prefetch_s_per_byte`` without a calibrated engine)."""
+        terms = getattr(self.cost, "engine_terms", None)
+        if terms is None:
+            return self.prefetch_s_per_byte
+        return float(terms.prefetch_per_byte(float(cache_bytes)))
+
     def wake(self, compute_s: float) -> float:
         """Extra seconds of the first iteration after an idle spell, whose own compute takes
         ``compute_s``: ``wake_s - wake_hide * compute_s``, floored at 0."""

@@ -184,6 +184,9 @@ class CostModel:
     #: ``prefetch_handoff_s``); zero here, as above
     prefetch_compute_s_per_byte: float = 0.0
     prefetch_handoff_s: float = 0.0
+    #: the calibrated engine's terms, whose ``prefetch_per_byte`` gives the per-byte figure
+    #: by a replica's weight cache (None: the single figure above)
+    engine_terms: Any = None
 
     #: whether an iteration that mixes prefill chunks and decodes is ONE pass over the weights
     #: (a vLLM / SGLang server: :meth:`iteration_time`) or a prefill pass plus a decode pass
@@ -228,6 +231,7 @@ class CostModel:
                 self.iter_gap_s = eng.iter_gap_s
                 self.prefetch_compute_s_per_byte = eng.prefetch_compute_s_per_byte
                 self.prefetch_handoff_s = eng.prefetch_handoff_s
+                self.engine_terms = eng
         gpu = profile.gpu
         peak = gpu.flops_fp16 if model.dtype_bytes <= 2 else gpu.flops_fp32
         self.flop_rate = peak * gpu.compute_efficiency  # achieved FLOP/s

@@ -78,6 +78,7 @@ def run_layers(
     t_start, lent = env.now, node._lent
     wait = 0.0
     log = met.layer_log
+    per_byte = mr.prefetch_s_per_byte_at(ws.hbm.capacity)
     counts = ws.counts[m]
     for layer in range(mr.n_layers):
         dt = t_total * float(mr.layer_frac[layer])
@@ -118,7 +119,7 @@ def run_layers(
             if node._window and node.hold_pins:
                 pf, pf_bytes = prefetch(node, m, layer, charge)
             # a calibrated engine's compute loses time to the copies it overlaps
-            yield env.timeout(dt + mr.prefetch_s_per_byte * pf_bytes if pf_bytes else dt)
+            yield env.timeout(dt + per_byte * pf_bytes if pf_bytes else dt)
             if node.hold_pins and pf:  # the real engine's rule (engine.runtime, hold_pins)
                 t0 = env.now
                 yield simpy.AllOf(env, pf)

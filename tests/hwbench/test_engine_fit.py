@@ -284,6 +284,53 @@ def test_prefetch_terms_are_the_streamed_compute_per_byte_and_the_job_lag() -> N
     assert fitted.ops.engine.prefetch_handoff_s == 0.0
 
 
+def test_prefetch_compute_is_measured_per_weight_cache_size() -> None:
+    """Runs at two weight caches losing 1 and 3 ns of compute per prefetched byte: knots
+    (cache bytes, s/B) at both, the single figure their byte-weighted mean; one cache size
+    gives no knots."""
+    base = points(4e-4)
+    prof, _ = fit_engine_terms(base_profile(), SPEC, base, probe(1e9))
+    cost = OpCostModel(prof, SPEC)
+    resident = _records(cost, 1.0, 0.0)
+    n = len(resident)
+
+    def run(pool: int, ns: float) -> ProbeRun:
+        lost = ns * 1e-9 * 1_000_000  # per iteration, 1 MB prefetched each
+        streamed = tuple(
+            r._replace(seconds=r.seconds + 1e-3 + lost, param_wait=1e-3) for r in resident
+        )
+        return ProbeRun(None, streamed, None, resident, n * 1_000_000, 5e9, (), pool)
+
+    runs = (run(4_000_000, 1.0), run(12_000_000, 3.0), run(4_000_000, 1.0))
+    fitted, _ = fit_engine_terms(base_profile(), SPEC, base, StreamProbe(1e9, runs))
+    assert fitted.ops is not None and fitted.ops.engine is not None
+    eng = fitted.ops.engine
+    assert [x for x, _ in eng.prefetch_compute_knots] == [4e6, 12e6]
+    assert [y for _, y in eng.prefetch_compute_knots] == pytest.approx([1e-9, 3e-9], rel=1e-6)
+    assert eng.prefetch_compute_s_per_byte == pytest.approx(5e-9 / 3, rel=1e-6)
+    # interpolated between the knots, clamped beyond them
+    assert eng.prefetch_per_byte(8e6) == pytest.approx(2e-9, rel=1e-6)
+    assert eng.prefetch_per_byte(1e6) == pytest.approx(1e-9, rel=1e-6)
+    assert eng.prefetch_per_byte(1e9) == pytest.approx(3e-9, rel=1e-6)
+    one = StreamProbe(1e9, runs[:1])
+    fitted, _ = fit_engine_terms(base_profile(), SPEC, base, one)
+    assert fitted.ops is not None and fitted.ops.engine is not None
+    assert fitted.ops.engine.prefetch_compute_knots == []
+    assert fitted.ops.engine.prefetch_per_byte(8e6) == fitted.ops.engine.prefetch_compute_s_per_byte
+
+
+@pytest.mark.parametrize(
+    "knots, why",
+    [([(8.0, 1e-9), (4.0, 2e-9)], "ascending"), ([(0.0, 1e-9)], "ascending"),
+     ([(4.0, -1e-9)], ">= 0")],
+)  # fmt: skip
+def test_prefetch_knots_must_ascend_and_be_non_negative(
+    knots: list[tuple[float, float]], why: str
+) -> None:
+    with pytest.raises(ValueError, match=why):
+        EngineTerms(prefetch_compute_knots=knots)
+
+
 def test_simulator_charges_the_prefetch_terms_only_where_weights_stream(
     tmp_path: Path,
 ) -> None:
@@ -311,6 +358,13 @@ def test_simulator_charges_the_prefetch_terms_only_where_weights_stream(
         else:
             np.testing.assert_array_equal(lat[0], lat[1])
             np.testing.assert_array_equal(lat[0], lat[2])
+    # knots by weight cache: the replica's cache picks the figure (here below the first
+    # knot, so 1 ns/B, the slow_compute figure, whatever the single figure says)
+    knots = {"prefetch_compute_s_per_byte": 0.0, "prefetch_compute_knots": [(1e12, 1e-9)]}
+    by_cache = with_engine(base_profile(), EngineTerms(**ENGINE_SHAPE, **knots), 4e-4)
+    lat_k = run_simulator(stream, by_cache, tmp_path / "knots")[0].eval("end - arrival")
+    lat_1 = run_simulator(stream, slow_compute, tmp_path / "one")[0].eval("end - arrival")
+    np.testing.assert_array_equal(lat_k.to_numpy(), lat_1.to_numpy())
 
 
 def _meas(label: str, nbytes: float, secs: float) -> Measurement:

@@ -317,6 +317,14 @@ class EngineTerms(_Strict):
     measured on the calibration's streaming runs as their iterations' seconds less
     parameter wait, less their resident twins' seconds per priced second times the same
     price, over the bytes prefetched; s/B, 0: copies cost the compute nothing."""
+    prefetch_compute_knots: list[tuple[float, float]] = Field(default_factory=list)
+    """`prefetch_compute_s_per_byte` per size of the device weight cache: `[cache bytes,
+    s/B]` pairs, cache bytes strictly ascending and > 0, s/B >= 0; the simulator
+    interpolates linearly in a replica's weight cache (clamped to the end knots) and uses it
+    in place of the single figure. Measured like it, on the calibration's streaming runs at
+    each cache size (on the 2-core VM a prefetched byte cost the compute 2-3x more with 80%
+    of the weights resident than with 45%: the engine's memory filling the last-level
+    cache); empty: the single figure everywhere."""
     prompt_overhead_s_per_token: float = Field(default=0.0, ge=0)
     """Seconds the engine's per-iteration work outside the timed ops grows by per prompt
     token in the iteration: large prefill ops leave the caches cold for the engine's own
@@ -332,6 +340,30 @@ class EngineTerms(_Strict):
     the mean, over the calibration's prefetch jobs, of (time from planned, or from the
     previous job's end, to landed) less the job's bytes at the copy thread's own rate;
     seconds."""
+
+    @model_validator(mode="after")
+    def _knots(self) -> EngineTerms:
+        xs = [x for x, _ in self.prefetch_compute_knots]
+        if xs and not ascending(xs):
+            raise ValueError(
+                "prefetch_compute_knots: cache bytes must be > 0 and strictly ascending"
+            )
+        if any(y < 0 for _, y in self.prefetch_compute_knots):
+            raise ValueError("prefetch_compute_knots: s/B must be >= 0")
+        return self
+
+    def prefetch_per_byte(self, cache_bytes: float) -> float:
+        """Seconds of compute lost per prefetched byte on a replica whose device weight cache
+        holds ``cache_bytes``: the knots interpolated (clamped), else the single figure."""
+        k = self.prefetch_compute_knots
+        if not k:
+            return self.prefetch_compute_s_per_byte
+        if cache_bytes <= k[0][0]:
+            return k[0][1]
+        for (x0, y0), (x1, y1) in itertools.pairwise(k):
+            if cache_bytes <= x1:
+                return y0 + (y1 - y0) * (cache_bytes - x0) / (x1 - x0)
+        return k[-1][1]
 
 
 class OpsProfile(_Strict):

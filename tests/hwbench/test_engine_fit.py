@@ -222,6 +222,16 @@ def test_copy_contention_and_a_copy_rate_above_the_link() -> None:
     assert prof.ops.engine.copy_contention == pytest.approx(1.5)
     with pytest.raises(ImpossibleFit, match="above the host->device link"):
         fit_engine_terms(base_profile(), SPEC, points(4e-4), probe(link * 1.5))
+    # chunk copies the link probe itself timed at 2x the link (cache-resident): the engine's
+    # copies at 1.5x are possible (no contention), at 2.5x not
+    fast = {"bytes": 4.0 * 2**20, "min_s": 4.0 * 2**20 / (2 * link), "median_s": 1.0}
+    small = {"bytes": 4096.0, "min_s": 4096.0 / (100 * link), "median_s": 1.0}  # not a chunk
+    cached = base_profile().model_copy(update={"fitted": {"copy_host_to_device": [fast, small]}})
+    prof, _ = fit_engine_terms(cached, SPEC, points(4e-4), probe(link * 1.5))
+    assert prof.ops is not None and prof.ops.engine is not None
+    assert prof.ops.engine.copy_contention == 0.0
+    with pytest.raises(ImpossibleFit, match="fastest probe copy"):
+        fit_engine_terms(cached, SPEC, points(4e-4), probe(link * 2.5))
 
 
 def test_simulator_runs_weight_copies_slower_by_the_contention(tmp_path: Path) -> None:

@@ -32,7 +32,9 @@ returns :class:`sim.serving.opcost.EngineTerms` plus ``ops.roofline.iteration_ov
 * ``copy_contention``: ``link / achieved - 1``, the idle host -> device link's measured
   bandwidth (``links.pcie``) over what the engine's copy thread achieved while the engine
   computed, floored at 0 (the simulator then runs weight copies ``1 + copy_contention``
-  times slower than the link);
+  times slower than the link); ``copy_contention_knots``: the same per device weight cache
+  size of the streaming runs (on the 2-core VM the copies ran at 41 GB/s with 30% of the
+  weights resident, above the link's fitted 33.7 GB/s, and far below it at 60%);
 * ``prefetch_compute_s_per_byte`` (s/B): what the copy thread's prefetches cost the
   compute, on the streaming runs against their resident twins: the streamed iterations'
   seconds less parameter wait, less ``r`` times the model's price of the same iterations
@@ -328,6 +330,24 @@ def _prefetch_terms(
     return per_byte, knots if len(knots) > 1 else [], handoff
 
 
+def _contention(link: float, achieved: float) -> float:
+    """``link / achieved - 1`` in [0, 4] (module docstring); 0 when nothing was copied."""
+    return min(max(link / achieved - 1.0, 0.0), 4.0) if achieved > 0 else 0.0
+
+
+def _contention_knots(link: float, probe: StreamProbe) -> list[tuple[float, float]]:
+    """The copy contention per device weight cache size of the streaming runs (their bytes
+    over their copy seconds), when they cover two or more sizes; else none."""
+    knots: list[tuple[float, float]] = []
+    for pool in sorted({run.pool_bytes for run in probe.runs if run.pool_bytes > 0}):
+        runs = [r for r in probe.runs if r.pool_bytes == pool and r.copy_rate > 0]
+        nbytes = sum(r.prefetch_bytes for r in runs)
+        secs = sum(r.prefetch_bytes / r.copy_rate for r in runs)
+        if nbytes > 0 and secs > 0:
+            knots.append((float(pool), _contention(link, nbytes / secs)))
+    return knots if len(knots) > 1 else []
+
+
 def _probe_peak(profile: Profile) -> float:
     """The fastest host->device copy of a chunk or more (:data:`MIN_CHUNK_BYTES`) the link
     probe timed (``fitted.copy_host_to_device``: bytes over its fastest repeat), B/s; 0 when
@@ -395,9 +415,12 @@ def fit_engine_terms(
             f"own measured {link:.3g} B/s and its fastest probe copy of a chunk or more "
             f"({ceiling:.3g} B/s) by more than {MAX_ABOVE_PEAK:.0%}"
         )
-    contention = min(max(link / achieved - 1.0, 0.0), 4.0) if achieved > 0 else 0.0
+    contention = _contention(link, achieved)
     terms = EngineTerms(
-        **ENGINE_SHAPE, copy_contention=contention, prompt_overhead_s_per_token=per_tok
+        **ENGINE_SHAPE,
+        copy_contention=contention,
+        copy_contention_knots=_contention_knots(link, probe),
+        prompt_overhead_s_per_token=per_tok,
     )
     fitted = with_engine(profile, terms, a)
     cost = OpCostModel(fitted, spec)

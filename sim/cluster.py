@@ -419,9 +419,11 @@ def _add_replicas(
     nvme_r = int(c.server.nvme * share)
     swap_r = sc.kv.swap_space * g
     # profile hook (sim.serving.opcost.EngineTerms.copy_contention): a calibrated engine's weight
-    # copies run 1 + copy_contention times slower than its idle link while it computes
+    # copies run 1 + copy_contention times slower than its idle link while it computes (by
+    # the replica's weight cache when the profile has knots)
     eng = profile.ops.engine if profile.ops is not None else None
-    pcie_bw = L.pcie.bandwidth * g / (1.0 + (eng.copy_contention if eng is not None else 0.0))
+    contention = eng.copy_contention_at(weight_cap) if eng is not None else 0.0
+    pcie_bw = L.pcie.bandwidth * g / (1.0 + contention)
     n_models = len(ctx.models)
     for i in range(c.replicas):
         name = f"node{i}"

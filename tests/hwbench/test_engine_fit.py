@@ -330,15 +330,52 @@ def test_prefetch_compute_is_measured_per_weight_cache_size() -> None:
 
 
 @pytest.mark.parametrize(
-    "knots, why",
-    [([(8.0, 1e-9), (4.0, 2e-9)], "ascending"), ([(0.0, 1e-9)], "ascending"),
-     ([(4.0, -1e-9)], ">= 0")],
+    "field, knots, why",
+    [("prefetch_compute_knots", [(8.0, 1e-9), (4.0, 2e-9)], "ascending"),
+     ("prefetch_compute_knots", [(0.0, 1e-9)], "ascending"),
+     ("prefetch_compute_knots", [(4.0, -1e-9)], ">= 0"),
+     ("copy_contention_knots", [(4.0, 5.0)], r"in \[0, 4\]"),
+     ("copy_contention_knots", [(4.0, 1.0), (4.0, 2.0)], "ascending")],
 )  # fmt: skip
-def test_prefetch_knots_must_ascend_and_be_non_negative(
-    knots: list[tuple[float, float]], why: str
+def test_engine_knots_must_ascend_and_stay_in_range(
+    field: str, knots: list[tuple[float, float]], why: str
 ) -> None:
     with pytest.raises(ValueError, match=why):
-        EngineTerms(prefetch_compute_knots=knots)
+        EngineTerms(**{field: knots})
+
+
+def test_copy_contention_is_measured_per_weight_cache_size(tmp_path: Path) -> None:
+    """Copies at the link's rate with a small weight cache and at half of it with a large
+    one: contention knots 0 and 1; the cluster's host->device links follow the replica's
+    weight cache."""
+    link = base_profile().links.pcie.bandwidth
+    base = points(4e-4)
+
+    def run(pool: int, rate: float) -> ProbeRun:
+        return ProbeRun(None, (), None, (), 10_000_000, rate, (), pool)
+
+    runs = (run(4_000_000, link), run(12_000_000, link / 2), run(12_000_000, link / 2))
+    fitted, _ = fit_engine_terms(base_profile(), SPEC, base, StreamProbe(link / 1.6, runs))
+    assert fitted.ops is not None and fitted.ops.engine is not None
+    eng = fitted.ops.engine
+    assert eng.copy_contention_knots == [(4e6, 0.0), (12e6, pytest.approx(1.0))]
+    assert eng.copy_contention_at(8e6) == pytest.approx(0.5)
+    assert eng.copy_contention == pytest.approx(0.6)  # the probe's aggregate rate
+
+    from sim.cluster import build
+    from sim.scenario import validate as validate_scenario
+    from sim.serving.models import load_catalogue
+
+    cat = load_catalogue()
+    sc = validate_scenario({"name": "t", "deployments": [{"model": "llama-2-7b"}]})
+    plain = build(sc, 0, cat, with_engine(base_profile(), EngineTerms(), 0.0), CostModel)
+    cap = plain.ctx.nodes[0].ws.hbm.capacity
+    bw0 = plain.ctx.nodes[0].ws.links["pcie"].bandwidth
+    for lo, hi, want in ((cap / 2, cap * 2, 1.0 + 2.0 / 3.0), (cap * 2, cap * 4, 1.0)):
+        knots = EngineTerms(copy_contention_knots=[(lo, 1.0), (hi, 3.0)])
+        cl = build(sc, 0, cat, with_engine(base_profile(), knots, 0.0), CostModel)
+        # interpolated a third of the way from cap / 2 to 2 cap; clamped below cap * 2
+        assert cl.ctx.nodes[0].ws.links["pcie"].bandwidth == pytest.approx(bw0 / (1 + want))
 
 
 def test_simulator_charges_the_prefetch_terms_only_where_weights_stream(

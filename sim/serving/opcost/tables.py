@@ -317,6 +317,13 @@ class EngineTerms(_Strict):
     measured on the calibration's streaming runs as their iterations' seconds less
     parameter wait, less their resident twins' seconds per priced second times the same
     price, over the bytes prefetched; s/B, 0: copies cost the compute nothing."""
+    copy_contention_knots: list[tuple[float, float]] = Field(default_factory=list)
+    """`copy_contention` per size of the device weight cache: `[cache bytes, contention]`
+    pairs, cache bytes strictly ascending and > 0, contention in [0, 4]; the simulator
+    interpolates linearly in a replica's weight cache (clamped to the end knots) and uses it
+    in place of the single figure. Measured like it, per cache size of the calibration's
+    streaming runs (the copy thread's rate depends on whether the engine's memory fits the
+    last-level cache); empty: the single figure everywhere."""
     prefetch_compute_knots: list[tuple[float, float]] = Field(default_factory=list)
     """`prefetch_compute_s_per_byte` per size of the device weight cache: `[cache bytes,
     s/B]` pairs, cache bytes strictly ascending and > 0, s/B >= 0; the simulator
@@ -343,27 +350,38 @@ class EngineTerms(_Strict):
 
     @model_validator(mode="after")
     def _knots(self) -> EngineTerms:
-        xs = [x for x, _ in self.prefetch_compute_knots]
-        if xs and not ascending(xs):
-            raise ValueError(
-                "prefetch_compute_knots: cache bytes must be > 0 and strictly ascending"
-            )
-        if any(y < 0 for _, y in self.prefetch_compute_knots):
-            raise ValueError("prefetch_compute_knots: s/B must be >= 0")
+        for name, top in (("prefetch_compute_knots", None), ("copy_contention_knots", 4.0)):
+            knots: list[tuple[float, float]] = getattr(self, name)
+            xs = [x for x, _ in knots]
+            if xs and not ascending(xs):
+                raise ValueError(f"{name}: cache bytes must be > 0 and strictly ascending")
+            if any(y < 0 or (top is not None and y > top) for _, y in knots):
+                limit = f"in [0, {top:g}]" if top is not None else ">= 0"
+                raise ValueError(f"{name}: values must be {limit}")
         return self
 
     def prefetch_per_byte(self, cache_bytes: float) -> float:
         """Seconds of compute lost per prefetched byte on a replica whose device weight cache
         holds ``cache_bytes``: the knots interpolated (clamped), else the single figure."""
-        k = self.prefetch_compute_knots
-        if not k:
-            return self.prefetch_compute_s_per_byte
-        if cache_bytes <= k[0][0]:
-            return k[0][1]
-        for (x0, y0), (x1, y1) in itertools.pairwise(k):
-            if cache_bytes <= x1:
-                return y0 + (y1 - y0) * (cache_bytes - x0) / (x1 - x0)
-        return k[-1][1]
+        return _at(self.prefetch_compute_knots, cache_bytes, self.prefetch_compute_s_per_byte)
+
+    def copy_contention_at(self, cache_bytes: float) -> float:
+        """The copy contention of a replica whose device weight cache holds ``cache_bytes``:
+        the knots interpolated (clamped), else the single figure."""
+        return _at(self.copy_contention_knots, cache_bytes, self.copy_contention)
+
+
+def _at(knots: Sequence[tuple[float, float]], x: float, default: float) -> float:
+    """``knots`` (ascending x) interpolated linearly at ``x``, clamped to the end knots;
+    ``default`` when there are none."""
+    if not knots:
+        return default
+    if x <= knots[0][0]:
+        return knots[0][1]
+    for (x0, y0), (x1, y1) in itertools.pairwise(knots):
+        if x <= x1:
+            return y0 + (y1 - y0) * (x - x0) / (x1 - x0)
+    return knots[-1][1]
 
 
 class OpsProfile(_Strict):

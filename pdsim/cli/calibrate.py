@@ -298,6 +298,11 @@ def _engine_rows(table: Table, profile: Profile, report: dict[str, float]) -> No
         "engine: compute lost per prefetched MB",
         f"{eng.prefetch_compute_s_per_byte * 1e12:.3g} us",
     )
+    if eng.copy_contention_knots:
+        table.add_row(
+            "engine: copy contention, by HBM weight cache",
+            ", ".join(f"{x / 2**20:.3g} MiB: {y:.3g}" for x, y in eng.copy_contention_knots),
+        )
     if eng.prefetch_compute_knots:
         table.add_row(
             "engine: compute lost per prefetched MB, by HBM weight cache",

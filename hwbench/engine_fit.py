@@ -316,10 +316,10 @@ def _prefetch_terms(
     measure."""
     per_byte = _per_byte(cost, probe.runs) or 0.0
     knots: list[tuple[float, float]] = []
-    for pool in sorted({run.pool_bytes for run in probe.runs if run.pool_bytes > 0}):
-        value = _per_byte(cost, [run for run in probe.runs if run.pool_bytes == pool])
+    for pool, runs in _by_pool(probe.runs):
+        value = _per_byte(cost, runs)
         if value is not None:
-            knots.append((float(pool), value))
+            knots.append((pool, value))
     lags = [
         secs - size / run.copy_rate
         for run in probe.runs
@@ -339,13 +339,20 @@ def _contention_knots(link: float, probe: StreamProbe) -> list[tuple[float, floa
     """The copy contention per device weight cache size of the streaming runs (their bytes
     over their copy seconds), when they cover two or more sizes; else none."""
     knots: list[tuple[float, float]] = []
-    for pool in sorted({run.pool_bytes for run in probe.runs if run.pool_bytes > 0}):
-        runs = [r for r in probe.runs if r.pool_bytes == pool and r.copy_rate > 0]
-        nbytes = sum(r.prefetch_bytes for r in runs)
-        secs = sum(r.prefetch_bytes / r.copy_rate for r in runs)
+    for pool, runs in _by_pool(probe.runs):
+        copied = [r for r in runs if r.copy_rate > 0]
+        nbytes = sum(r.prefetch_bytes for r in copied)
+        secs = sum(r.prefetch_bytes / r.copy_rate for r in copied)
         if nbytes > 0 and secs > 0:
-            knots.append((float(pool), _contention(link, nbytes / secs)))
+            knots.append((pool, _contention(link, nbytes / secs)))
     return knots if len(knots) > 1 else []
+
+
+def _by_pool(runs: Sequence[ProbeRun]) -> list[tuple[float, list[ProbeRun]]]:
+    """The streaming runs grouped by their device weight cache (bytes, ascending; runs
+    without one left out)."""
+    pools = sorted({run.pool_bytes for run in runs if run.pool_bytes > 0})
+    return [(float(p), [run for run in runs if run.pool_bytes == p]) for p in pools]
 
 
 def _probe_peak(profile: Profile) -> float:

@@ -21,6 +21,7 @@ import itertools
 from collections.abc import Sequence
 from typing import Literal
 
+import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 
@@ -376,12 +377,7 @@ def _at(knots: Sequence[tuple[float, float]], x: float, default: float) -> float
     ``default`` when there are none."""
     if not knots:
         return default
-    if x <= knots[0][0]:
-        return knots[0][1]
-    for (x0, y0), (x1, y1) in itertools.pairwise(knots):
-        if x <= x1:
-            return y0 + (y1 - y0) * (x - x0) / (x1 - x0)
-    return knots[-1][1]
+    return float(np.interp(x, [k[0] for k in knots], [k[1] for k in knots]))
 
 
 class OpsProfile(_Strict):

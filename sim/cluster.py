@@ -31,26 +31,12 @@ from sim.serving.paramstore import WeightStore
 from sim.serving.placement import Scheduler
 from sim.serving.replica import ComputeNode
 from sim.serving.workload import Workload, make_workload
+from sim.simenv import CountingEnvironment
 
 __all__ = ["Cluster", "CountingEnvironment", "build", "check_feasible", "replica_share"]
 
 #: open-loop arrivals are read this many at a time as plain Python lists
 _ARRIVAL_SLICE = 4096
-
-
-_simpy_step = simpy.Environment.step
-
-
-class CountingEnvironment(simpy.Environment):
-    """A SimPy environment that counts processed events (``steps``)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.steps = 0
-
-    def step(self) -> None:
-        self.steps += 1
-        _simpy_step(self)
 
 
 def replica_share(sc: Scenario) -> float:

@@ -53,17 +53,19 @@ def start_tokens(node: ComputeNode, rid: int) -> int:
     return node._inp[rid] + node._gen.get(rid, 0)
 
 
-def fits(node: ComputeNode, rid: int, m: int) -> bool:
+def fits(node: ComputeNode, rid: int, m: int, tokens: int = -1) -> bool:
     """Whether ``rid``'s blocks fit now, leaving the admission watermark free (a replica
-    with nothing running admits anything that fits at all)."""
+    with nothing running admits anything that fits at all); ``tokens``: its
+    :func:`start_tokens` when the caller has them (-1: computed here)."""
     bpt = node.ctx.models[m].kv_bytes_per_token
     if bpt == 0:
         return True
+    if tokens < 0:
+        tokens = start_tokens(node, rid)
     kv = node.kv
-    if node.prefix is None:
-        need = kv.size(start_tokens(node, rid), bpt)[0]
-    else:  # [prefix caching] blocks running sequences already hold cost nothing
-        need = node.prefix.need(rid, m, start_tokens(node, rid), bpt)
+    # [prefix caching] blocks running sequences already hold cost nothing
+    pc = node.prefix
+    need = kv.size(tokens, bpt)[0] if pc is None else pc.need(rid, m, tokens, bpt)
     return kv.fits(need, node.running > 0)
 
 
@@ -91,10 +93,12 @@ def admit(node: ComputeNode, m: int, budget: int) -> tuple[list[int], list[int]]
             rid = q[0]
             sw = node._swapped.get(rid)
             if sw is None:
-                tokens = start_tokens(node, rid)
+                tokens = node._inp[rid] + node._gen.get(rid, 0)  # start_tokens, inline
                 if not mr.is_cnn and not allows(tokens, budget, first_prompt, node.chunked):
                     return new, swapped
-            if not fits(node, rid, m):
+            else:
+                tokens = sw[0]
+            if not fits(node, rid, m, tokens):
                 return new, swapped  # head-of-line: never let a lower class overtake
             q.popleft()
             node.qlen -= 1
@@ -103,7 +107,7 @@ def admit(node: ComputeNode, m: int, budget: int) -> tuple[list[int], list[int]]
             order[rid] = None
             node._seqno += 1
             node._life[rid] = node._seqno
-            skip = node.kv.take(rid, m, start_tokens(node, rid), bpt, sw is None) if bpt else 0
+            skip = node.kv.take(rid, m, tokens, bpt, sw is None) if bpt else 0
             v = met.start[rid]
             if v != v:  # NaN: never started before (a float test, no numpy call)
                 met.start[rid] = now
@@ -113,7 +117,6 @@ def admit(node: ComputeNode, m: int, budget: int) -> tuple[list[int], list[int]]
             if sw is not None:
                 swapped.append(rid)
                 continue
-            tokens = start_tokens(node, rid)
             if node.prefix_skip:  # a prefix read from the KV store (sim.disagg)
                 skip = max(skip, node.prefix_skip.pop(rid, 0))
             pf.append([rid, tokens - skip, skip])  # skip: a reused cached prefix

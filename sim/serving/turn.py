@@ -37,6 +37,7 @@ from collections.abc import Generator
 from typing import TYPE_CHECKING, Any
 
 import simpy
+from simpy.events import Timeout
 
 from engine.kv.admission import iteration_kind
 from sim.serving.fetchpath import execute
@@ -76,14 +77,19 @@ def turn(node: ComputeNode, m: int) -> Generator[simpy.Event, Any, None]:
             extra += preempt(node, m, off)
         n = node.b_n[m]
         # 2. prefill chunks of running prompts, then newly admitted ones, within the budget
-        _new, swapped = admit(node, m, node.max_tokens - n - sum(e[1] for e in pf))
-        extra = _swap_in(node, m, off, swapped, extra)
+        left = node.max_tokens - n
+        if pf:
+            left -= sum(e[1] for e in pf)
+        swapped = admit(node, m, left)[1]
+        if swapped:
+            extra = _swap_in(node, m, off, swapped, extra)
         n = node.b_n[m]
         woke, node._woke = node._woke, False
         used = ws.hbm.used + node.kv.reserved
         if used > met.peak_hbm:
             met.peak_hbm = used
-        resident = ws.all_resident(m)  # a pure read; nothing below changes it before a yield
+        # ws.all_resident(m), inline: a pure read; nothing below changes it before a yield
+        resident = ws.full[m] == mr.nonempty_layers
         # 3. one iteration, or a decode segment
         if pf or mr.is_cnn or not resident or extra > 0:
             off = yield from _iterate(node, m, off, n, extra, woke, resident)
@@ -172,14 +178,14 @@ def _iterate(
     if ends and node.on_prefill_iter is not None:
         node.on_prefill_iter(node, [e[0] for e in ends], carry + t)
     if resident:  # execute's all-resident case, inline (hot path)
-        yield env.timeout(carry + t)
+        yield Timeout(env, carry + t)
         node.busy += t
         met.busy += t
         c = mr.n_chunks
         node._hits_mv[0] += c
         node._cum_mv[m][1] += c
         met.accesses += c
-        ws.touch(m, env.now)
+        ws.touches.record(m, env.now)  # ws.touch, inline
         spent = t
     else:
         t0, lent = env.now, node._lent
@@ -240,17 +246,17 @@ def _segment(
     if node.qlen or others_running(node, m):
         k = min(k, max(node.max_steps - node._quantum, 1))
     k = fit_steps(node, m, off, k)
-    node.kind = iteration_kind(0, n)
+    node.kind = "decode"  # iteration_kind(0, n)
     t_step, fl, by = mr.iter_cost(0, 0.0, 0, n, node.b_base[m] + n * (off + (k - 1) / 2.0))
     if mr.warm_on:  # spread over the k steps (an interrupted segment pays its share)
         t_step += (mr.rewarm(node._since, k) + (mr.wake(t_step) if woke else 0.0)) / k
     if node._carry > 0:  # the interrupted step still has to finish
         carry, node._carry = node._carry, 0.0
-        yield env.timeout(carry)
+        yield Timeout(env, carry)
     t0 = env.now
     node.seg_model = m
     try:
-        yield env.timeout(k * t_step)
+        yield Timeout(env, k * t_step)
         steps = k
     except simpy.Interrupt as intr:
         if intr.cause is not None:  # a kill, not an arrival: leave the process
@@ -258,7 +264,7 @@ def _segment(
         steps = min(k, int((env.now - t0) / t_step) + 1)
         rest = max(t0 + steps * t_step - env.now, 0.0)
         if steps == k:  # completions are due at that boundary: wait for it here
-            yield env.timeout(rest)
+            yield Timeout(env, rest)
         else:  # nothing completes: the next iteration starts after `rest` (one event)
             node._carry = rest
     node.seg_model = -1
@@ -277,5 +283,5 @@ def _segment(
     node._hits_mv[0] += c
     node._cum_mv[m][1] += c
     met.accesses += c
-    ws.touch(m, env.now)
+    ws.touches.record(m, env.now)  # ws.touch, inline
     return off

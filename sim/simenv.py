@@ -1,0 +1,106 @@
+"""The simulator's SimPy environment: SimPy's event loop, counting the events it processes.
+
+:class:`CountingEnvironment` is a :class:`simpy.Environment` whose :meth:`~CountingEnvironment.step`
+and :meth:`~CountingEnvironment.run` (with a numeric ``until``, the run loop's slices) process
+events exactly as SimPy does -- the same queue, the same order, the same callbacks, the same
+failure and stop semantics -- and count them in ``steps`` (``summary.events``). Both are
+written out here, rather than wrapping SimPy's, because the run loop is the simulator's
+innermost loop: per event it saves the wrapper's call and ``run``'s call of ``step``.
+
+Contract (tested against SimPy's own loop in ``tests/sim/test_simenv.py``): for any process
+set, ``run(until=t)`` leaves the clock, the queue and every event's state as
+``simpy.Environment.run(until=t)`` does and returns the same value; an event that failed and
+was not defused crashes the run with a copy of its exception, chained to the original.
+"""
+
+from __future__ import annotations
+
+from heapq import heappop
+from typing import Any
+
+import simpy
+from simpy.core import EmptySchedule, StopSimulation
+from simpy.events import URGENT, Event, EventPriority
+
+__all__ = ["CountingEnvironment"]
+
+#: SimPy re-queues the event a StopSimulation interrupted one priority ahead of URGENT
+_RESUME_FIRST = EventPriority(URGENT - 1)
+
+
+class CountingEnvironment(simpy.Environment):
+    """A SimPy environment that counts processed events (``steps``)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.steps = 0
+
+    def step(self) -> None:
+        """Process the next event (SimPy's ``step``), counting it; raises
+        :class:`simpy.core.EmptySchedule` when none is left."""
+        try:
+            self._now, _, _, event = heappop(self._queue)
+        except IndexError:
+            raise EmptySchedule from None
+        self.steps += 1
+        _fire(self, event)
+
+    def run(self, until: Any = None) -> Any:
+        """SimPy's ``run``; a numeric ``until`` runs the event loop inline (no call per
+        event), anything else goes through SimPy's ``run`` (and this ``step``)."""
+        if until is None or isinstance(until, Event):
+            return super().run(until)
+        at = until if isinstance(until, int) else float(until)
+        if at <= self._now:
+            raise ValueError(f"until ({at}) must be greater than the current simulation time")
+        stop = Event(self)  # the stop event, ahead of every regular event at `at`
+        stop._ok = True
+        stop._value = None
+        self.schedule(stop, URGENT, at - self._now)
+        stop.callbacks.append(StopSimulation.callback)
+        queue = self._queue
+        try:
+            while True:
+                try:
+                    self._now, _, _, event = heappop(queue)
+                except IndexError:
+                    raise RuntimeError(
+                        f'No scheduled events left but "until" event was not triggered: {stop}'
+                    ) from None
+                self.steps += 1
+                # _fire(self, event), inline (this loop runs once per event)
+                callbacks, event.callbacks = event.callbacks, None  # type: ignore[assignment]
+                try:
+                    for cb in callbacks:
+                        cb(event)
+                except StopSimulation:
+                    event.callbacks = callbacks[callbacks.index(cb) + 1 :]
+                    self.schedule(event, _RESUME_FIRST)
+                    raise
+                if not event._ok and not hasattr(event, "_defused"):
+                    _crash(event)
+        except StopSimulation as exc:
+            return exc.args[0]
+
+
+def _fire(env: CountingEnvironment, event: Event) -> None:
+    """Run ``event``'s callbacks (detached first, so none can be added meanwhile); on a
+    StopSimulation put the ones not yet run back and re-queue the event first in line; crash
+    on a failed event nobody defused."""
+    callbacks, event.callbacks = event.callbacks, None  # type: ignore[assignment]
+    try:
+        for cb in callbacks:
+            cb(event)
+    except StopSimulation:
+        event.callbacks = callbacks[callbacks.index(cb) + 1 :]
+        env.schedule(event, _RESUME_FIRST)
+        raise
+    if not event._ok and not hasattr(event, "_defused"):
+        _crash(event)
+
+
+def _crash(event: Event) -> None:
+    """Raise a copy of failed ``event``'s exception, chained to it (its traceback stays)."""
+    exc = type(event._value)(*event._value.args)
+    exc.__cause__ = event._value
+    raise exc

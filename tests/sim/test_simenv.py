@@ -1,0 +1,142 @@
+"""The counting environment processes events exactly as SimPy's own loop does."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Generator
+from typing import Any
+
+import pytest
+import simpy
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from sim.simenv import CountingEnvironment
+
+#: one process's plan: (delay, action) steps; action 0 = wait, 1 = interrupt the next
+#: process, 2 = succeed a shared event, 3 = wait on the shared event
+Plan = list[tuple[float, int]]
+
+
+def _world(env: simpy.Environment, plans: list[Plan], log: list[Any]) -> None:
+    procs: list[simpy.Process] = []
+    shared = [env.event()]
+
+    def proc(i: int, plan: Plan) -> Generator[simpy.Event, Any, None]:
+        for j, (delay, action) in enumerate(plan):
+            try:
+                if action == 3 and not shared[0].triggered:
+                    v = yield shared[0]
+                    log.append((env.now, i, j, "shared", v))
+                else:
+                    yield env.timeout(delay, value=(i, j))
+                    log.append((env.now, i, j, "timeout"))
+                if action == 1:
+                    k = (i + 1) % len(procs)
+                    if k != i and procs[k].is_alive:
+                        procs[k].interrupt((i, j))
+                elif action == 2 and not shared[0].triggered:
+                    shared[0].succeed((i, j))
+                    shared.append(shared[0])
+            except simpy.Interrupt as intr:
+                log.append((env.now, i, j, "interrupted", intr.cause))
+
+    for i, plan in enumerate(plans):
+        procs.append(env.process(proc(i, plan)))
+
+
+_plans = st.lists(
+    st.lists(
+        st.tuples(st.sampled_from([0.0, 0.5, 1.0, 1.5, 2.0, 3.25]), st.integers(0, 3)),
+        max_size=8,
+    ),
+    min_size=1,
+    max_size=5,
+)
+
+
+def _run_slices(env: simpy.Environment, untils: list[float]) -> list[Any]:
+    out: list[Any] = []
+    for u in untils:
+        if u > env.now:
+            out.append(env.run(until=u))
+        out.append((env.now, len(env._queue)))
+    return out
+
+
+@settings(max_examples=150, deadline=None)
+@given(_plans, st.lists(st.sampled_from([0.5, 1.0, 2.0, 2.5, 4.0, 9.0]), min_size=1, max_size=4))
+def test_same_events_as_simpy(plans: list[Plan], slices: list[float]) -> None:
+    """The same log, clock and queue length after every slice as SimPy's own loop, and a
+    count of processed events equal to the number of events SimPy stepped through."""
+    untils = sorted(set(slices))
+    ref_env, ref_log = simpy.Environment(), []
+    _world(ref_env, plans, ref_log)
+    stepped = [0]
+    real_step = ref_env.step
+
+    def counting_step() -> None:
+        stepped[0] += 1
+        real_step()
+
+    ref_env.step = counting_step  # type: ignore[method-assign]
+    ref = _run_slices(ref_env, untils)
+    env, log = CountingEnvironment(), []
+    _world(env, plans, log)
+    got = _run_slices(env, untils)
+    assert log == ref_log
+    assert got == ref
+    assert env.steps == stepped[0]
+
+
+def test_until_in_the_past_is_refused() -> None:
+    env = CountingEnvironment()
+    env.run(until=1.0)
+    with pytest.raises(ValueError, match="must be greater"):
+        env.run(until=1.0)
+
+
+def test_failed_event_crashes_the_run_with_a_chained_copy() -> None:
+    env = CountingEnvironment()
+    boom = ValueError("boom")
+    env.timeout(1.0).callbacks.append(lambda _e: None)
+    ev = env.event()
+    ev.fail(boom)
+    with pytest.raises(ValueError, match="boom") as info:
+        env.run(until=5.0)
+    assert info.value is not boom and info.value.__cause__ is boom
+
+
+def test_defused_failure_does_not_crash() -> None:
+    env = CountingEnvironment()
+    ev = env.event()
+    ev.fail(ValueError("handled"))
+    ev.defused = True
+    env.run(until=2.0)
+    assert env.now == 2.0 and env.steps == 2  # the failed event, then the stop event
+
+
+def test_until_an_event_and_until_none_use_simpy_semantics() -> None:
+    env = CountingEnvironment()
+    done = env.timeout(3.0, value="v")
+    assert env.run(until=done) == "v"
+    assert env.now == 3.0
+    env.timeout(1.0)
+    assert env.run() is None
+    assert env.now == 4.0
+    assert env.steps == 3  # `done`, `done` again (re-queued by its stop), the timeout
+
+
+def test_stop_inside_callbacks_keeps_the_rest() -> None:
+    """A StopSimulation raised by one callback re-queues the event with the callbacks not
+    yet run, which run on the next slice (SimPy's rule)."""
+    seen: list[str] = []
+    for make in (simpy.Environment, CountingEnvironment):
+        env = make()
+        ev = env.timeout(1.0)
+        stopper: Callable[[Any], None] = simpy.core.StopSimulation.callback
+        ev.callbacks.extend([lambda _e: seen.append("a"), stopper, lambda _e: seen.append("b")])
+        assert env.run(until=5.0) is None
+        assert env.now == 1.0 and seen[-1] == "a"
+        env.run(until=5.0)
+        assert seen[-1] == "b" and env.now == 5.0
+    assert seen == ["a", "b", "a", "b"]

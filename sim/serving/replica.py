@@ -43,6 +43,7 @@ from sim.serving.paramstore import WeightStore
 from sim.serving.prefixcache import make_prefix_cache
 from sim.serving.replicakv import fits
 from sim.serving.replicakv import release as release_kv
+from sim.serving.segcut import SegmentCut
 from sim.serving.streams import pick_streams, stream_turn
 from sim.serving.turn import turn
 
@@ -172,6 +173,8 @@ class ComputeNode:
         #: abort); the least-loaded placement's heap listens here
         self.on_unload: Callable[[Any], None] | None = None
         self.seg_model = -1
+        #: the timeout of the decode segment in progress (None between segments)
+        self.seg_ev: simpy.Event | None = None
         self._up_watchers: list[Callable[[], None]] = []
         self._up = True
         #: accumulated work: busy seconds, token-budget integral (tokens x seconds), model
@@ -274,8 +277,8 @@ class ComputeNode:
                 self.wake.succeed()
         elif self.seg_model >= 0 and (self.seg_model != m or self.b_n[m] < self.max_seqs):
             self.seg_model = -1
-            assert self.proc is not None
-            self.proc.interrupt()
+            assert self.proc is not None and self.seg_ev is not None
+            SegmentCut(self.proc, self.seg_ev)
 
     def abort_all(self) -> list[int]:
         """Drop every request this replica holds (a crash): release their KV and swap space,
@@ -315,6 +318,7 @@ class ComputeNode:
         self.running = 0
         self.wake = None
         self.seg_model = -1
+        self.seg_ev = None
         self._carry = 0.0
         self._quantum = 0
         self._cur = -1

@@ -22,8 +22,9 @@ that started decoding at ``a`` finishes at ``a + out - 1`` (a min-heap of those 
 the decoding sequences' total context is ``base + n * off``. In a decode segment nothing can
 change until the next completion, KV block boundary or arrival, so the replica runs ``k``
 decode steps as ONE timeout (capped by ``max_steps_per_turn`` when other models wait, and by
-the free KV blocks, :func:`sim.serving.replicakv.fit_steps`); an arrival that could join interrupts
-it (:meth:`sim.serving.replica.ComputeNode.submit`), the step in progress finishes and the replica
+the free KV blocks, :func:`sim.serving.replicakv.fit_steps`); an arrival that could join cuts
+it short (:meth:`sim.serving.replica.ComputeNode.submit`, :class:`sim.serving.segcut.SegmentCut`:
+the process wakes now, as an interrupt would), the step in progress finishes and the replica
 re-plans (the rest of that step is carried into the next iteration, ``node._carry``).
 
 Warm-up costs (off unless the cost model sets them, e.g. a calibrated engine's): the first
@@ -52,6 +53,7 @@ from sim.serving.replicakv import (
     release,
     start_decoding,
 )
+from sim.serving.segcut import CUT
 
 if TYPE_CHECKING:
     from sim.serving.context import ModelRt
@@ -255,19 +257,18 @@ def _segment(
         yield Timeout(env, carry)
     t0 = env.now
     node.seg_model = m
-    try:
-        yield Timeout(env, k * t_step)
-        steps = k
-    except simpy.Interrupt as intr:
-        if intr.cause is not None:  # a kill, not an arrival: leave the process
-            raise
+    seg = node.seg_ev = Timeout(env, k * t_step)
+    if (yield seg) is CUT:  # an arrival that could join cut it short (sim.serving.segcut)
         steps = min(k, int((env.now - t0) / t_step) + 1)
         rest = max(t0 + steps * t_step - env.now, 0.0)
         if steps == k:  # completions are due at that boundary: wait for it here
             yield Timeout(env, rest)
         else:  # nothing completes: the next iteration starts after `rest` (one event)
             node._carry = rest
+    else:
+        steps = k
     node.seg_model = -1
+    node.seg_ev = None
     grow_steps(node, m, off + 1, off + steps)  # the blocks of the steps that ran
     if mr.warm_on:
         node._since += steps

@@ -123,6 +123,13 @@ class KvAdmission:
         spare = self.capacity * self.watermark if running else 0.0
         return self.reserved + need + spare <= self.capacity
 
+    def fits_tokens(self, tokens: int, bytes_per_token: int, running: bool) -> bool:
+        """``fits(size(tokens, bytes_per_token)[0], running)``: whether a sequence whose
+        blocks hold ``tokens`` may start now."""
+        bt = self.block_tokens
+        spare = self.capacity * self.watermark if running else 0.0
+        return self.reserved + -(-tokens // bt) * bt * bytes_per_token + spare <= self.capacity
+
     @staticmethod
     def budget_allows(tokens: int, budget: int, first: bool, chunked: bool) -> bool:
         """Whether a prompt of ``tokens`` may join an iteration with ``budget`` tokens left:

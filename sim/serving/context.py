@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import simpy
@@ -71,6 +71,10 @@ class ModelRt:
     _dec_memo: dict[tuple[int, int], tuple[float, float, float, float, float, float]] = field(
         init=False, default_factory=dict, repr=False
     )
+    #: the cost model's ``iteration_work`` (None: it prices prefill and decode passes apart)
+    #: and whether it fuses them into one pass, looked up once (``cost`` is fixed)
+    _work: Any = field(init=False, default=None, repr=False)
+    _fused: bool = field(init=False, default=True, repr=False)
 
     def __post_init__(self) -> None:
         self.n_layers = int(self.layer_start.shape[0] - 1)
@@ -79,6 +83,8 @@ class ModelRt:
         self.layer_chunks = [int(c) for c in counts]
         self.nonempty_layers = int((counts > 0).sum())
         self.base = self.idx << 32
+        self._work = getattr(self.cost, "iteration_work", None)
+        self._fused = bool(getattr(self.cost, "fused_iterations", True))
         self.wake_s = float(getattr(self.cost, "wake_s", 0.0))
         self.wake_hide = float(getattr(self.cost, "wake_hide", 0.0))
         if self.wake_hide < 0:
@@ -177,11 +183,11 @@ class ModelRt:
         self, prefill_tokens: int, prefill_sq: float, n_prompts: int, n_dec: int, ctx: float
     ) -> tuple[float, float, float]:
         cost = self.cost
-        work = getattr(cost, "iteration_work", None)
+        work = self._work
         f = b = 0.0
         if work is not None:
             c, k, f, b = work(prefill_tokens, prefill_sq, n_prompts, n_dec, ctx)
-            if getattr(cost, "fused_iterations", True):
+            if self._fused:
                 return c + k, f, b
         t = 0.0
         if prefill_tokens > 0:

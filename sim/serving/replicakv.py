@@ -63,10 +63,10 @@ def fits(node: ComputeNode, rid: int, m: int, tokens: int = -1) -> bool:
     if tokens < 0:
         tokens = start_tokens(node, rid)
     kv = node.kv
+    if node.prefix is None:
+        return kv.fits_tokens(tokens, bpt, node.running > 0)
     # [prefix caching] blocks running sequences already hold cost nothing
-    pc = node.prefix
-    need = kv.size(tokens, bpt)[0] if pc is None else pc.need(rid, m, tokens, bpt)
-    return kv.fits(need, node.running > 0)
+    return kv.fits(node.prefix.need(rid, m, tokens, bpt), node.running > 0)
 
 
 def admit(node: ComputeNode, m: int, budget: int) -> tuple[list[int], list[int]]:

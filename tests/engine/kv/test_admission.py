@@ -120,3 +120,20 @@ def test_grow_at_is_grow_with_the_items_built(
     assert [fa.block_table(r) for r in base] == [fb.block_table(r) for r in base]
     assert [fa.num_tokens(r) for r in base] == [fb.num_tokens(r) for r in base]
     assert fa.num_free_blocks == fb.num_free_blocks and fa.pool_blocks == fb.pool_blocks
+
+
+@given(
+    st.integers(0, 10_000),
+    st.integers(1, 4096),
+    st.integers(0, 50_000_000),
+    st.booleans(),
+    st.sampled_from([8, 16, 32]),
+    st.floats(0.0, 0.5),
+)
+def test_fits_tokens_is_fits_of_the_block_size(
+    tokens: int, bpt: int, reserved: int, running: bool, bt: int, watermark: float
+) -> None:
+    """The one-call test gives exactly what ``fits(size(tokens)[0])`` gives."""
+    kv = KvAdmission(40_000_000, bt, None, watermark)
+    kv.reserved = reserved
+    assert kv.fits_tokens(tokens, bpt, running) == kv.fits(kv.size(tokens, bpt)[0], running)

@@ -4,8 +4,9 @@
 and :meth:`~CountingEnvironment.run` (with a numeric ``until``, the run loop's slices) process
 events exactly as SimPy does -- the same queue, the same order, the same callbacks, the same
 failure and stop semantics -- and count them in ``steps`` (``summary.events``). Both are
-written out here, rather than wrapping SimPy's, because the run loop is the simulator's
-innermost loop: per event it saves the wrapper's call and ``run``'s call of ``step``.
+written out here (one loop, :meth:`CountingEnvironment._loop`), rather than wrapping SimPy's,
+because the run loop is the simulator's innermost loop: per event it saves the wrapper's call
+and ``run``'s call of ``step``.
 
 Contract (tested against SimPy's own loop in ``tests/sim/test_simenv.py``): for any process
 set, ``run(until=t)`` leaves the clock, the queue and every event's state as
@@ -38,15 +39,10 @@ class CountingEnvironment(simpy.Environment):
     def step(self) -> None:
         """Process the next event (SimPy's ``step``), counting it; raises
         :class:`simpy.core.EmptySchedule` when none is left."""
-        try:
-            self._now, _, _, event = heappop(self._queue)
-        except IndexError:
-            raise EmptySchedule from None
-        self.steps += 1
-        _fire(self, event)
+        self._loop(1)
 
     def run(self, until: Any = None) -> Any:
-        """SimPy's ``run``; a numeric ``until`` runs the event loop inline (no call per
+        """SimPy's ``run``; a numeric ``until`` runs :meth:`_loop` directly (no call per
         event), anything else goes through SimPy's ``run`` (and this ``step``)."""
         if until is None or isinstance(until, Event):
             return super().run(until)
@@ -58,45 +54,40 @@ class CountingEnvironment(simpy.Environment):
         stop._value = None
         self.schedule(stop, URGENT, at - self._now)
         stop.callbacks.append(StopSimulation.callback)
-        queue = self._queue
         try:
-            while True:
-                try:
-                    self._now, _, _, event = heappop(queue)
-                except IndexError:
-                    raise RuntimeError(
-                        f'No scheduled events left but "until" event was not triggered: {stop}'
-                    ) from None
-                self.steps += 1
-                # _fire(self, event), inline (this loop runs once per event)
-                callbacks, event.callbacks = event.callbacks, None  # type: ignore[assignment]
-                try:
-                    for cb in callbacks:
-                        cb(event)
-                except StopSimulation:
-                    event.callbacks = callbacks[callbacks.index(cb) + 1 :]
-                    self.schedule(event, _RESUME_FIRST)
-                    raise
-                if not event._ok and not hasattr(event, "_defused"):
-                    _crash(event)
+            self._loop(-1)
         except StopSimulation as exc:
             return exc.args[0]
+        except EmptySchedule:
+            raise RuntimeError(
+                f'No scheduled events left but "until" event was not triggered: {stop}'
+            ) from None
+        raise AssertionError("unreachable: the loop ends by StopSimulation or EmptySchedule")
 
-
-def _fire(env: CountingEnvironment, event: Event) -> None:
-    """Run ``event``'s callbacks (detached first, so none can be added meanwhile); on a
-    StopSimulation put the ones not yet run back and re-queue the event first in line; crash
-    on a failed event nobody defused."""
-    callbacks, event.callbacks = event.callbacks, None  # type: ignore[assignment]
-    try:
-        for cb in callbacks:
-            cb(event)
-    except StopSimulation:
-        event.callbacks = callbacks[callbacks.index(cb) + 1 :]
-        env.schedule(event, _RESUME_FIRST)
-        raise
-    if not event._ok and not hasattr(event, "_defused"):
-        _crash(event)
+    def _loop(self, limit: int) -> None:
+        """Process ``limit`` events (a negative limit: until an exception ends the loop),
+        counting each: pop the next, run its callbacks (detached first, so none can be added
+        meanwhile); on a StopSimulation put the ones not yet run back, re-queue the event
+        first in line and re-raise; crash on a failed event nobody defused. Raises
+        :class:`simpy.core.EmptySchedule` when no event is left."""
+        queue = self._queue
+        while limit:
+            try:
+                self._now, _, _, event = heappop(queue)
+            except IndexError:
+                raise EmptySchedule from None
+            self.steps += 1
+            callbacks, event.callbacks = event.callbacks, None  # type: ignore[assignment]
+            try:
+                for cb in callbacks:
+                    cb(event)
+            except StopSimulation:
+                event.callbacks = callbacks[callbacks.index(cb) + 1 :]
+                self.schedule(event, _RESUME_FIRST)
+                raise
+            if not event._ok and not hasattr(event, "_defused"):
+                _crash(event)
+            limit -= 1
 
 
 def _crash(event: Event) -> None:

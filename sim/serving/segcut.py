@@ -12,6 +12,10 @@ when processed, if ``proc`` still waits on ``seg`` it stops waiting on it and re
 :data:`CUT` from its ``yield seg``, else (the segment ended, or a kill ended the process first)
 nothing happens. ``seg`` itself still fires later, with no one waiting on it, as an
 interrupted timeout does.
+
+It reads two attributes of :class:`simpy.Process` that SimPy's own ``Interruption`` uses
+(``_target``, the event the process waits on, and ``_resume``, its callback there; SimPy 4.1
+on); ``tests/sim/serving/test_segcut.py`` pins the behaviour against SimPy's interrupt.
 """
 
 from __future__ import annotations

@@ -127,8 +127,7 @@ class KvAdmission:
         """``fits(size(tokens, bytes_per_token)[0], running)``: whether a sequence whose
         blocks hold ``tokens`` may start now."""
         bt = self.block_tokens
-        spare = self.capacity * self.watermark if running else 0.0
-        return self.reserved + -(-tokens // bt) * bt * bytes_per_token + spare <= self.capacity
+        return self.fits(num_blocks(tokens, bt) * bt * bytes_per_token, running)
 
     @staticmethod
     def budget_allows(tokens: int, budget: int, first: bool, chunked: bool) -> bool:

@@ -92,12 +92,13 @@ def admit(node: ComputeNode, m: int, budget: int) -> tuple[list[int], list[int]]
         while q and room > 0:
             rid = q[0]
             sw = node._swapped.get(rid)
-            if sw is None:
-                tokens = node._inp[rid] + node._gen.get(rid, 0)  # start_tokens, inline
-                if not mr.is_cnn and not allows(tokens, budget, first_prompt, node.chunked):
-                    return new, swapped
-            else:
-                tokens = sw[0]
+            tokens = start_tokens(node, rid)
+            if (
+                sw is None
+                and not mr.is_cnn
+                and not allows(tokens, budget, first_prompt, node.chunked)
+            ):
+                return new, swapped
             if not fits(node, rid, m, tokens):
                 return new, swapped  # head-of-line: never let a lower class overtake
             q.popleft()

@@ -90,8 +90,7 @@ def turn(node: ComputeNode, m: int) -> Generator[simpy.Event, Any, None]:
         used = ws.hbm.used + node.kv.reserved
         if used > met.peak_hbm:
             met.peak_hbm = used
-        # ws.all_resident(m), inline: a pure read; nothing below changes it before a yield
-        resident = ws.full[m] == mr.nonempty_layers
+        resident = ws.all_resident(m)  # a pure read; nothing below changes it before a yield
         # 3. one iteration, or a decode segment
         if pf or mr.is_cnn or not resident or extra > 0:
             off = yield from _iterate(node, m, off, n, extra, woke, resident)
@@ -187,7 +186,7 @@ def _iterate(
         node._hits_mv[0] += c
         node._cum_mv[m][1] += c
         met.accesses += c
-        ws.touches.record(m, env.now)  # ws.touch, inline
+        ws.touch(m, env.now)
         spent = t
     else:
         t0, lent = env.now, node._lent
@@ -248,7 +247,7 @@ def _segment(
     if node.qlen or others_running(node, m):
         k = min(k, max(node.max_steps - node._quantum, 1))
     k = fit_steps(node, m, off, k)
-    node.kind = "decode"  # iteration_kind(0, n)
+    node.kind = iteration_kind(0, n)
     t_step, fl, by = mr.iter_cost(0, 0.0, 0, n, node.b_base[m] + n * (off + (k - 1) / 2.0))
     if mr.warm_on:  # spread over the k steps (an interrupted segment pays its share)
         t_step += (mr.rewarm(node._since, k) + (mr.wake(t_step) if woke else 0.0)) / k
@@ -284,5 +283,5 @@ def _segment(
     node._hits_mv[0] += c
     node._cum_mv[m][1] += c
     met.accesses += c
-    ws.touches.record(m, env.now)  # ws.touch, inline
+    ws.touch(m, env.now)
     return off

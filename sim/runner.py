@@ -227,6 +227,8 @@ def lookup_metric(summary: dict[str, Any], path: str) -> Any:
 def evaluate_claims(sc: Scenario, summaries: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
     """Each claim with the figure this run measured for it (never hard-coded), with
     ``seeds: 1`` and ``ci_low``, ``ci_high``, ``verdict`` of ``None`` (see :mod:`sim.study.claims`)."""
+    if not sc.claims:
+        return []  # the study package is not imported for a run without claims
     from sim.study.claims import single_run_fields
 
     out = []

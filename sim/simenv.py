@@ -6,7 +6,8 @@ events exactly as SimPy does -- the same queue, the same order, the same callbac
 failure and stop semantics -- and count them in ``steps`` (``summary.events``). Both are
 written out here (one loop, :meth:`CountingEnvironment._loop`), rather than wrapping SimPy's,
 because the run loop is the simulator's innermost loop: per event it saves the wrapper's call
-and ``run``'s call of ``step``.
+and ``run``'s call of ``step``. The clock ``now`` is a plain attribute, not SimPy's property
+(the simulator reads it several times an event); the loop keeps it equal to SimPy's ``_now``.
 
 Contract (tested against SimPy's own loop in ``tests/sim/test_simenv.py``): for any process
 set, ``run(until=t)`` leaves the clock, the queue and every event's state as
@@ -32,8 +33,13 @@ _RESUME_FIRST = EventPriority(URGENT - 1)
 class CountingEnvironment(simpy.Environment):
     """A SimPy environment that counts processed events (``steps``)."""
 
+    #: the current simulation time, SimPy's ``_now`` (invariant: ``now == _now``; only
+    #: :meth:`_loop` advances the clock); an attribute where SimPy has a property
+    now: float = 0.0
+
     def __init__(self) -> None:
         super().__init__()
+        self.now = self._now
         self.steps = 0
 
     def step(self) -> None:
@@ -73,9 +79,10 @@ class CountingEnvironment(simpy.Environment):
         queue = self._queue
         while limit:
             try:
-                self._now, _, _, event = heappop(queue)
+                now, _, _, event = heappop(queue)
             except IndexError:
                 raise EmptySchedule from None
+            self._now = self.now = now
             self.steps += 1
             callbacks, event.callbacks = event.callbacks, None  # type: ignore[assignment]
             try:

@@ -35,7 +35,7 @@ No clock is read and nothing is iterated in hash order (ARCHITECTURE contracts 1
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Reversible, Sequence
+from collections.abc import Collection, Mapping, Reversible, Sequence
 from typing import TYPE_CHECKING, Any, Literal
 
 from engine.kv.prefix import num_blocks
@@ -221,31 +221,32 @@ class KvAdmission:
             self.log.extend((s, "block", rid, tokens) for rid, tokens, s in items)
 
     def grow_at(
-        self, m: int, rids: Iterable[int], base: Mapping[int, int], step: int, bytes_per_token: int
+        self,
+        m: int,
+        rids: Collection[int],
+        base: Mapping[int, int],
+        step: int,
+        bytes_per_token: int,
     ) -> None:
         """``grow(m, [(rid, base[rid] + step, step) for rid in rids], bytes_per_token)``: each
         of ``rids`` crosses into one more block at ``step``, its context ``base[rid] + step``
         after it (the simulator's decode step), without building the items. The caller
         checked :meth:`can_grow`."""
         seqs = self.seqs
-        grown: list[tuple[int, int]] = []
-        add = grown.append
         needed = 0
         for rid in rids:
             st = seqs[rid]
             tokens = base[rid] + step
-            d = tokens - st[1]
-            add((rid, d))
-            needed += d
+            needed += tokens - st[1]
             st[1] = tokens
             st[2] += 1
-        self.reserved += len(grown) * self.block_tokens * bytes_per_token
+        self.reserved += len(rids) * self.block_tokens * bytes_per_token
         self.needed += needed * bytes_per_token
         allocs = self.allocators
         if allocs is not None and (a := allocs[m]) is not None:
-            a.append_many(grown)
+            a.extend_to(rids, base, step)
         if self.log is not None:
-            self.log.extend((step, "block", rid, base[rid] + step) for rid, _ in grown)
+            self.log.extend((step, "block", rid, base[rid] + step) for rid in rids)
 
     def fragmentation(self) -> float:
         """Internal fragmentation of the reserved blocks (0 when nothing is reserved)."""

@@ -38,7 +38,10 @@ returns :class:`sim.serving.opcost.EngineTerms` plus ``ops.roofline.iteration_ov
 * ``prefetch_compute_s_per_byte`` (s/B): what the copy thread's prefetches cost the
   compute, on the streaming runs against their resident twins: the streamed iterations'
   seconds less parameter wait, less ``r`` times the model's price of the same iterations
-  (``r``: the resident twins' seconds over their price), over the bytes prefetched;
+  (``r``: the resident twins' seconds over their price), over the bytes the copy thread's
+  prefetch jobs moved (not the engine thread's demand reads, which are parameter wait and
+  which the simulator does not charge this term on: at 45% resident they were 43% of the
+  bytes read, and dividing by all of them priced a prefetched byte that much too low);
   floored at 0. On the 2-core VM a streamed decode iteration computed 2.2-3.0x its
   resident time, and the excess grew with the bytes streamed (a dimensionless stretch
   measured at one cache fraction missed another's by 30-40%). The simulator adds it, times
@@ -292,10 +295,12 @@ def furthest_ops(ratios: dict[str, float], n: int = 3) -> str:
 
 def _per_byte(cost: OpCostModel, runs: Sequence[ProbeRun]) -> float | None:
     """What a prefetched byte cost the compute on ``runs`` (module docstring), floored at 0;
-    None when they prefetched nothing or their resident twins are not priced."""
+    None when they prefetched nothing or their resident twins are not priced. The bytes are
+    the copy thread's (:attr:`hwbench.engine_probe.ProbeRun.prefetched_bytes`), the ones the
+    simulator charges the term on; the engine thread's demand reads are parameter wait."""
     res_s = sum(float(r.seconds) for run in runs for r in run.resident_log)
     res_price = sum(_price(cost, r) for run in runs for r in run.resident_log)
-    nbytes = sum(run.prefetch_bytes for run in runs)
+    nbytes = sum(run.prefetched_bytes for run in runs)
     if res_price <= 0 or nbytes <= 0:
         return None
     ratio = res_s / res_price
@@ -341,8 +346,8 @@ def _contention_knots(link: float, probe: StreamProbe) -> list[tuple[float, floa
     knots: list[tuple[float, float]] = []
     for pool, runs in _by_pool(probe.runs):
         copied = [r for r in runs if r.copy_rate > 0]
-        nbytes = sum(r.prefetch_bytes for r in copied)
-        secs = sum(r.prefetch_bytes / r.copy_rate for r in copied)
+        nbytes = sum(r.fetched_bytes for r in copied)
+        secs = sum(r.fetched_bytes / r.copy_rate for r in copied)
         if nbytes > 0 and secs > 0:
             knots.append((pool, _contention(link, nbytes / secs)))
     return knots if len(knots) > 1 else []

@@ -272,19 +272,26 @@ class ProbeRun(NamedTuple):
     """One fetch-probe run: the workload served with weights streaming (``stream``) and the
     same arrivals with every weight resident (``resident``), and the engine's iterations on
     each (:class:`engine.runtime.engine.IterationRecord`); on the streaming run, the bytes
-    its copy thread prefetched, that thread's own copy rate (B/s: bytes over its CPU
-    seconds on NumPy, wall seconds on a GPU) and its jobs (``(service seconds, bytes)``,
-    :attr:`engine.runtime.prefetcher.Prefetcher.job_log`)."""
+    every host -> device read moved (``fetched_bytes``: the copy thread's prefetches and the
+    engine thread's demand reads), their copy rate (B/s: those bytes over the reading
+    threads' CPU seconds on NumPy, wall seconds on a GPU) and the copy thread's jobs
+    (``(service seconds, bytes moved)``, :attr:`engine.runtime.prefetcher.Prefetcher.job_log`;
+    :attr:`prefetched_bytes` is theirs alone)."""
 
     stream: Any
     stream_log: tuple[Any, ...]
     resident: Any
     resident_log: tuple[Any, ...]
-    prefetch_bytes: int = 0
+    fetched_bytes: int = 0
     copy_rate: float = 0.0
     jobs: tuple[tuple[float, int], ...] = ()
     #: the streaming run's device weight cache, bytes
     pool_bytes: int = 0
+
+    @property
+    def prefetched_bytes(self) -> int:
+        """The bytes the copy thread's prefetch jobs moved (demand reads left out)."""
+        return sum(size for _, size in self.jobs)
 
     @property
     def resident_s(self) -> float:
@@ -396,7 +403,7 @@ def fetch_probe(
                         tuple(es.iteration_log),
                         wres,
                         tuple(er.iteration_log),
-                        prefetch_bytes=weights.fetch_bytes,
+                        fetched_bytes=weights.fetch_bytes,
                         copy_rate=weights.fetch_bytes / max(secs, 1e-9),
                         jobs=jobs,
                         pool_bytes=int(parts[2].hbm_weights),

@@ -46,7 +46,8 @@ class Prefetcher:
         self.error: BaseException | None = None
         self.planned_chunks = 0
         #: per job: (service seconds: from planned -- or from the previous job's end if it
-        #: queued behind one -- to landed, less the worker's CPU waits; bytes)
+        #: queued behind one -- to landed, less the worker's CPU waits; bytes it moved, i.e.
+        #: less its chunks that were resident by then)
         self.job_log: list[tuple[float, int]] = []
         self._last_done = 0.0
         self._enqueued: deque[float] = deque()
@@ -104,14 +105,15 @@ class Prefetcher:
                     return
                 t_enq = max(self._enqueued.popleft(), self._last_done)
                 w0 = thread_cpu_wait(threading.get_native_id())
+                nbytes = 0
                 if self.error is None:
                     try:
                         if stream is not None:
                             with stream:
-                                self.weights.fetch(job, self.clock())
+                                nbytes = self.weights.fetch(job, self.clock())
                             stream.synchronize()
                         else:
-                            self.weights.fetch(job, self.clock())
+                            nbytes = self.weights.fetch(job, self.clock())
                     except BaseException as err:  # surfaced by stop(); the run then fails
                         self.error = err
                     finally:
@@ -119,7 +121,6 @@ class Prefetcher:
                             for cid in job:
                                 self._queued.discard(self.weights.store.key(cid))
                     waited = thread_cpu_wait(threading.get_native_id()) - w0
-                    nbytes = sum(int(self.weights.table.size[c]) for c in job)
                     self._last_done = time.perf_counter()
                     self.job_log.append((self._last_done - t_enq - waited, nbytes))
             finally:

@@ -136,13 +136,14 @@ class TieredWeights:
             return all(self.store.key(c) in self.device for c in range(self.table.n_chunks))
 
     # -- fetching -------------------------------------------------------------------------------
-    def fetch(self, cids: list[int], now: float) -> None:
+    def fetch(self, cids: list[int], now: float) -> int:
         """Bring chunks ``cids`` into the device level (prefetch or demand) as one transfer,
-        charging sources (the simulator's rule: locate all, replay touches, promote all)."""
+        charging sources (the simulator's rule: locate all, replay touches, promote all).
+        Returns the bytes it moved (0 when every chunk was already resident)."""
         with self.lock:
             todo = [c for c in cids if self.store.key(c) not in self.device]
             if not todo:
-                return
+                return 0
             t0, c0 = time.perf_counter(), time.thread_time()
             results = self.store.read_chunks(
                 todo, self._clock(now), count=True, before_promote=self._flush_touches
@@ -152,9 +153,13 @@ class TieredWeights:
             c1 = time.thread_time()
             self.fetch_s += time.perf_counter() - t0
             self.fetch_cpu_s += c1 - c0
+            moved = 0
             for cid, res in zip(todo, results, strict=True):
-                self.fetch_bytes += int(self.table.size[cid])
-                self._charge(self._tier_of(res.level), 1, int(self.table.size[cid]))
+                size = int(self.table.size[cid])
+                moved += size
+                self._charge(self._tier_of(res.level), 1, size)
+            self.fetch_bytes += moved
+            return moved
 
     def warm(self, now: float = 0.0) -> None:
         """Read every chunk once in id order without counting (cold-start warm-up): the device

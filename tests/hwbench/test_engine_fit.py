@@ -267,25 +267,28 @@ def _records(cost: OpCostModel, scale: float, wait: float) -> tuple[IterationRec
 
 def test_prefetch_terms_are_the_streamed_compute_per_byte_and_the_job_lag() -> None:
     """Resident twins at 1.1x the model's price; streamed iterations at the same 1.1x plus
-    parameter wait plus 2 ms each of compute lost, 1 MB prefetched per iteration: 2 ns per
-    byte. Prefetch jobs taking 0.4 ms (+-10 us) more than their bytes at the copy thread's
-    rate: their mean lag is the hand-off. Streamed iterations no slower than their twins: both 0 (floored)."""
+    parameter wait plus 2 ms each of compute lost, one 1 MB prefetch job per iteration (and
+    0.5 MB of demand reads, which do not dilute it): 2 ns per prefetched byte. Prefetch jobs
+    taking 0.4 ms (+-10 us) more than their bytes at the copy thread's rate: their mean lag
+    is the hand-off. Streamed iterations no slower than their twins: both 0 (floored)."""
     base = points(4e-4)
     prof, _ = fit_engine_terms(base_profile(), SPEC, base, probe(1e9))
     cost = OpCostModel(prof, SPEC)
     resident = _records(cost, 1.1, 0.0)
     n = len(resident)
     rate = 5e9
-    jobs = tuple((1e6 / rate + 4e-4 + 1e-5 * (-1) ** i, 1_000_000) for i in range(5))
+    jobs = tuple((1e6 / rate + 4e-4 + 1e-5 * (-1) ** i, 1_000_000) for i in range(n))
     streamed = tuple(
         r._replace(seconds=r.seconds + 3e-3 + 2e-3, param_wait=3e-3)
         for r in _records(cost, 1.1, 0.0)
     )
-    run = ProbeRun(None, streamed, None, resident, n * 1_000_000, rate, jobs)
+    run = ProbeRun(None, streamed, None, resident, n * 1_500_000, rate, jobs)
+    assert run.prefetched_bytes == n * 1_000_000
     fitted, _ = fit_engine_terms(base_profile(), SPEC, base, StreamProbe(1e9, (run,)))
     assert fitted.ops is not None and fitted.ops.engine is not None
     assert fitted.ops.engine.prefetch_compute_s_per_byte == pytest.approx(2e-9, rel=1e-6)
-    assert fitted.ops.engine.prefetch_handoff_s == pytest.approx(4e-4 + 1e-5 / 5, rel=1e-9)
+    lag = 4e-4 + 1e-5 * sum((-1) ** i for i in range(n)) / n
+    assert fitted.ops.engine.prefetch_handoff_s == pytest.approx(lag, rel=1e-9)
     fast = tuple((1e6 / rate * 0.5, 1_000_000) for _ in range(3))
     twin = ProbeRun(None, _records(cost, 0.9, 1e-3), None, resident, n * 1_000_000, rate, fast)
     fitted, _ = fit_engine_terms(base_profile(), SPEC, base, StreamProbe(1e9, (twin,)))
@@ -309,7 +312,8 @@ def test_prefetch_compute_is_measured_per_weight_cache_size() -> None:
         streamed = tuple(
             r._replace(seconds=r.seconds + 1e-3 + lost, param_wait=1e-3) for r in resident
         )
-        return ProbeRun(None, streamed, None, resident, n * 1_000_000, 5e9, (), pool)
+        jobs = tuple((1e-3, 1_000_000) for _ in range(n))
+        return ProbeRun(None, streamed, None, resident, n * 1_000_000, 5e9, jobs, pool)
 
     runs = (run(4_000_000, 1.0), run(12_000_000, 3.0), run(4_000_000, 1.0))
     fitted, _ = fit_engine_terms(base_profile(), SPEC, base, StreamProbe(1e9, runs))

@@ -176,3 +176,28 @@ def test_warm_assembles_the_resident_multi_chunk_layers(tmp_path: Path) -> None:
     half.warm()
     assert all(i in half._bufs or not all(k in half.device for k in half.keys(i)) for i in multi)
     assert any(i not in half._bufs for i in multi)
+
+
+def test_a_fetch_returns_the_bytes_it_moved_and_jobs_log_theirs(tmp_path: Path) -> None:
+    """``TieredWeights.fetch`` returns the bytes it moved (0 for chunks already resident);
+    the prefetcher's job log records each job's moved bytes, which sum to the bytes the
+    copy thread read: at most every read's bytes (the engine thread's demand reads are the
+    rest)."""
+    total = sum(CFG.layer_bytes())
+    tw = tiered(tmp_path, CFG, device_bytes=total // 2)
+    tw.warm()
+    missing = tw.missing(0) or tw.missing(1)
+    assert missing
+    size = sum(int(tw.table.size[c]) for c in missing)
+    before = tw.fetch_bytes
+    assert tw.fetch(missing, 0.0) == size
+    assert tw.fetch_bytes - before == size
+    assert tw.fetch(missing, 0.0) == 0  # resident now: nothing moves
+    eng = Engine(DecoderModel(CFG, 2048), tw, sched(CFG.kv_bytes_per_token), window=2)
+    start = tw.fetch_bytes
+    eng.run(workload())
+    assert eng.prefetcher is not None and eng.prefetcher.job_log
+    moved = sum(b for _, b in eng.prefetcher.job_log)
+    assert 0 < moved <= tw.fetch_bytes - start
+    chunk_sizes = {int(s) for s in tw.table.size}
+    assert all(b == 0 or b >= min(chunk_sizes) for _, b in eng.prefetcher.job_log)

@@ -33,23 +33,21 @@ returns :class:`sim.serving.opcost.EngineTerms` plus ``ops.roofline.iteration_ov
   bandwidth (``links.pcie``) over what the engine's copy thread achieved while the engine
   computed, floored at 0 (the simulator then runs weight copies ``1 + copy_contention``
   times slower than the link); ``copy_contention_knots``: the same per device weight cache
-  size of the streaming runs (on the 2-core VM the copies ran at 41 GB/s with 30% of the
-  weights resident, above the link's fitted 33.7 GB/s, and far below it at 60%);
+  size of the streaming runs (on the 2-core VM the copies ran at 11-12 GB/s with 45-80% of
+  the weights resident, 9-11 GB/s at 90%, against the idle link's 34 GB/s;
+  :data:`hwbench.engine_probe.PROBE_FRACTIONS` says why the runs keep above 50%);
 * ``prefetch_compute_s_per_byte`` (s/B): what the copy thread's prefetches cost the
   compute, on the streaming runs against their resident twins: the streamed iterations'
   seconds less parameter wait, less ``r`` times the model's price of the same iterations
   (``r``: the resident twins' seconds over their price), over the bytes the copy thread's
-  prefetch jobs moved (not the engine thread's demand reads, which are parameter wait and
-  which the simulator does not charge this term on: at 45% resident they were 43% of the
-  bytes read, and dividing by all of them priced a prefetched byte that much too low);
-  floored at 0. On the 2-core VM a streamed decode iteration computed 2.2-3.0x its
+  prefetch jobs moved (not the engine thread's own demand reads, which are parameter wait
+  and which the simulator does not charge this term on; in the probe runs of 2026-12-02
+  the prefetcher moved every byte, so the two counts agreed); floored at 0. On the 2-core VM a streamed decode iteration computed 2.2-3.0x its
   resident time, and the excess grew with the bytes streamed (a dimensionless stretch
   measured at one cache fraction missed another's by 30-40%). The simulator adds it, times
   the bytes prefetched at a layer, to that layer's compute. ``prefetch_compute_knots``:
   the same figure per device weight cache size of the runs (bytes, s/B), when the runs
-  cover two or more: on the 2-core VM a prefetched byte cost the compute 2-3x more with
-  80% of the weights resident than with 45% (the engine's memory filling the 32 MiB
-  last-level cache), so the simulator interpolates between them by the replica's cache;
+  cover two or more (the simulator interpolates between them by the replica's cache);
 * ``prefetch_handoff_s`` (s): the mean, over the streaming runs' prefetch jobs, of the
   job's service time (planned, or the previous job's end, to landed) less its bytes at the
   copy thread's own rate: the wait for the copy thread to wake and take its turn (on

@@ -43,8 +43,9 @@ returns :class:`sim.serving.opcost.EngineTerms` plus ``ops.roofline.iteration_ov
   prefetch jobs moved (not the engine thread's own demand reads, which are parameter wait
   and which the simulator does not charge this term on; in the probe runs of 2026-12-02
   the prefetcher moved every byte, so the two counts agreed); floored at 0. On the 2-core
-  VM a streamed decode iteration computed 2.2-3.0x its resident time, and the excess grew with the bytes streamed (a dimensionless stretch
-  measured at one cache fraction missed another's by 30-40%). The simulator adds it, times
+  VM a streamed decode iteration computed 2.2-3.0x its resident time, and the excess grew
+  with the bytes streamed (a dimensionless stretch measured at one cache fraction missed
+  another's by 30-40%). The simulator adds it, times
   the bytes prefetched at a layer, to that layer's compute. ``prefetch_compute_knots``:
   the same figure per device weight cache size of the runs (bytes, s/B), when the runs
   cover two or more (the simulator interpolates between them by the replica's cache);

@@ -34,8 +34,8 @@ returns :class:`sim.serving.opcost.EngineTerms` plus ``ops.roofline.iteration_ov
   computed, floored at 0 (the simulator then runs weight copies ``1 + copy_contention``
   times slower than the link); ``copy_contention_knots``: the same per device weight cache
   size of the streaming runs (on the 2-core VM the copies ran at 11-12 GB/s with 45-80% of
-  the weights resident, against the idle link's 34 GB/s;
-  :data:`hwbench.engine_probe.PROBE_FRACTIONS` says which caches the runs use and why);
+  the weights resident, 9-11 GB/s at 90%, against the idle link's 34 GB/s;
+  :data:`hwbench.engine_probe.PROBE_FRACTIONS` says why the runs keep above 50%);
 * ``prefetch_compute_s_per_byte`` (s/B): what the copy thread's prefetches cost the
   compute, on the streaming runs against their resident twins: the streamed iterations'
   seconds less parameter wait, less ``r`` times the model's price of the same iterations

@@ -333,17 +333,14 @@ PROBE_POLICIES: tuple[str, ...] = ("lru", "lru-k")
 PROBE_LOADS: tuple[float, ...] = (1.0, 2.0)
 #: the device weight cache of the streaming runs, as fractions of the model, taken in turn
 #: by consecutive runs. Both hold the layer in use plus the prefetch window (3 of the probe
-#: decoder's 2.79 MB layers: 50% of it) and still stream the whole model once per iteration
-#: (16.8 MB with LRU), the regime of a server streaming its weights. A smaller cache evicts
-#: prefetched layers before their turn and fetches them again within the iteration: at 30%
-#: the probe moved 33.5 MB an iteration (twice the model) and its copies, of bytes just
-#: copied, ran at 85-91 GB/s, against 11-12 GB/s from 45% to 80% (2026-12-02); a knot there
-#: priced a 45% cache's copies at twice their rate. At 90% the cache keeps most layers and
-#: the runs stream 6.8-8.4 MB an iteration: their loss per prefetched byte, a small
-#: difference of iteration times over few bytes, came out 19-76 us/MB in four calibrations.
-#: The validation fractions 0.45 and 0.8 (beyond the knots: the nearer knot's value) stay
-#: unseen.
-PROBE_FRACTIONS: tuple[float, ...] = (0.6, 0.7)
+#: decoder's 2.79 MB layers: 50% of it), so every streamed byte crosses once per iteration,
+#: as in a server. A smaller cache evicts prefetched layers before their turn and fetches
+#: them again within the iteration: at 30% the probe moved 33.5 MB an iteration (twice the
+#: model) and its copies, of bytes just copied, ran at 85-91 GB/s, against 11-12 GB/s from
+#: 45% to 80% and 9-11 GB/s at 90% (2026-12-02); a knot there priced a 45% cache's copies
+#: at twice their rate. The validation fractions 0.45 (below the lowest knot: its value)
+#: and 0.8 (between them) stay unseen.
+PROBE_FRACTIONS: tuple[float, ...] = (0.6, 0.9)
 
 
 def fetch_probe(

@@ -9,7 +9,7 @@ layers from host memory every iteration), the HBM eviction policy, the prefetch 
 the batching limits.
 
 The suite is held out from calibration (:mod:`hwbench.engine_probe`): ``pdsim calibrate``
-fits the engine's terms on the small decoder only, with cache fractions 0.6, 0.7 and 1.5,
+fits the engine's terms on the small decoder only, with cache fractions 0.6, 0.9 and 1.5,
 prompts of 16-512 tokens and its own seeds. :data:`SUITE` uses other seeds and lengths, the
 large decoder (``large-resident``: its weights come from DRAM, not from the cache the
 calibration model sat in) and cache fractions calibration never saw (0.45 and 0.8).

@@ -18,13 +18,16 @@ returns :class:`sim.serving.opcost.EngineTerms` plus ``ops.roofline.iteration_ov
   op sum ``ops`` is :class:`sim.serving.opcost.OpCostModel`'s with the engine's shape
   :data:`ENGINE_SHAPE` (a prefill part plus a decode part, q/k/v and gate/up as separate
   GEMMs); ``layer_overhead_s`` stays 0;
-* ``prompt_overhead_s_per_token`` (s/token): how much that overhead grows per prompt token
-  in the iteration: the count-weighted least-squares slope, through the origin, of the
-  in-place overheads of the iterations with prompt tokens in excess of
-  ``iteration_overhead_s``, over their prompt tokens (floored at 0). The engine's own work
-  between ops (pins, views, planning) runs on caches the prompt's large ops have just
-  evicted: on the 2-core VM, 0.5 ms after a decode step and 1.8 ms after a 496-token
-  prefill, the same code 2-3x slower;
+* ``prompt_overhead_s_per_token`` (s/token): what a prompt token in the iteration costs the
+  engine beyond the op tables' price and ``iteration_overhead_s``: the least-squares slope,
+  through the origin and on relative error, of the prompt-carrying iterations' measured
+  seconds less their op-table price and the iteration overhead, over their prompt tokens
+  (floored at 0). Two things grow with the prompt: the engine's own work between ops (pins,
+  views, planning) runs on caches the prompt's large ops have just evicted (on the 2-core
+  VM 0.5 ms after a decode step, 1.8 ms after a 496-token prefill: the same code 2-3x
+  slower), and the prompt's ops themselves run 5-20% slower in the serving loop than in the
+  probes that time the tables (the engine's in-place op times against the tables, per op:
+  ``op_ratio.*``); a slope of the overheads outside the ops alone misses the second;
 * ``iter_gap_s``: the median gap between back-to-back iterations of the resident open-loop
   runs (measured, not fitted);
 * ``wake_s``: the median extra (measured - modelled) of the iterations that follow an idle
@@ -189,21 +192,23 @@ def _measured_overhead(points: Sequence[PassPoint]) -> tuple[float, int]:
     return sum(o * c for o, c in ovh) / n, n
 
 
-def _prompt_overhead(points: Sequence[PassPoint], base: float) -> tuple[float, int]:
-    """``prompt_overhead_s_per_token`` (module docstring): the count-weighted least-squares
-    slope, through the origin, of the in-place overheads of the points with prompt tokens
-    in excess of ``base`` over their prompt tokens, floored at 0; and the iterations it
+def _prompt_overhead(
+    points: Sequence[PassPoint], base: np.ndarray, meas: np.ndarray, a: float
+) -> tuple[float, int]:
+    """``prompt_overhead_s_per_token`` (module docstring): the least-squares slope, through
+    the origin and on relative error (weights: count over measured seconds squared), of the
+    prompt-carrying iterations' measured seconds less their op-table price ``base`` and the
+    iteration overhead ``a``, over their prompt tokens, floored at 0; and the iterations it
     rests on (0 s/token when none)."""
-    rows = [
-        (float(p.tokens), p.overhead_s - base, float(p.overhead_count))
-        for p in points
-        if p.tokens and p.overhead_s is not None and p.overhead_count > 0
-    ]
-    if not rows:
+    tok = np.array([float(p.tokens) for p in points])
+    count = np.array([float(p.count) for p in points])
+    has = tok > 0
+    if not has.any():
         return 0.0, 0
-    num = sum(c * tok * extra for tok, extra, c in rows)
-    den = sum(c * tok * tok for tok, _, c in rows)
-    return max(num / den, 0.0), int(sum(c for _, _, c in rows))
+    w = count[has] / meas[has] ** 2
+    excess = meas[has] - base[has] - a
+    slope = float(np.sum(w * tok[has] * excess) / np.sum(w * tok[has] ** 2))
+    return max(slope, 0.0), int(count[has].sum())
 
 
 def _fit_overheads(
@@ -396,7 +401,7 @@ def fit_engine_terms(
             f"(allowed: >= {MIN_OVERHEAD_S:g}); the in-place op times exceed the engine's "
             "iteration times, so the timer's own cost was not taken out"
         )
-    per_tok, prompt_n = _prompt_overhead(points, a)
+    per_tok, prompt_n = _prompt_overhead(points, base, meas, a)
     extra = per_tok * np.array([float(p.tokens) for p in points])
     report = _fit_overheads(base, meas, calls, count, a, extra)
     report["overhead_iterations"] = float(measured_n)

@@ -1,6 +1,7 @@
-"""Engine vs simulator: run one workload on the real engine and in the simulator, compare.
+"""Engine vs simulator: run workloads on the real engine and in the simulator, compare.
 
-:func:`validate_workload` runs a :class:`hwbench.workloads.ValidationWorkload` on both sides
+:func:`validate_suite` runs :class:`hwbench.workloads.ValidationWorkload` s on both sides
+(:func:`validate_workload`: one of them)
 with the same model, capacities and policies (:mod:`hwbench.validation_models`):
 
 * **engine** -- :func:`hwbench.validation_engine.run_engine`: the weights as verified chunks
@@ -18,6 +19,7 @@ public interface: it also exports the names of those modules that its callers us
 from __future__ import annotations
 
 import tempfile
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from types import ModuleType
 
@@ -71,6 +73,7 @@ __all__ = [
     "scenario_dict",
     "sim_catalogue",
     "sizes",
+    "validate_suite",
     "validate_workload",
     "workload_for",
     "write_scenario",
@@ -103,30 +106,65 @@ def validate_workload(
     xp: ModuleType = np,
     scenario_dir: Path | None = None,
 ) -> Comparison:
-    """Run ``w`` on the engine and in the simulator and compare (scratch files in ``workdir``
-    or a temporary directory). ``repeats``: serve ``w`` that many times on the engine (a
-    fresh warm stack each time) and compare the simulator (deterministic, run once) with the
-    engine's per-request medians (:func:`median_requests`; hits and bytes per tier: the
-    medians over the runs). ``xp``: the engine's array backend (NumPy or CuPy).
-    ``scenario_dir``: where the simulator's scenario folder goes (kept; default: scratch).
-    Raises ``ValueError`` when ``repeats`` < 1."""
+    """:func:`validate_suite` of ``w`` alone (its simulator scenario folder in
+    ``scenario_dir``, kept; default: scratch)."""
+    dirs = None if scenario_dir is None else {w.name: Path(scenario_dir)}
+    return validate_suite([w], profile, workdir, repeats=repeats, xp=xp, scenario_dirs=dirs)[0]
+
+
+def validate_suite(
+    workloads: Sequence[ValidationWorkload],
+    profile: Profile,
+    workdir: Path | None = None,
+    *,
+    repeats: int = 1,
+    xp: ModuleType = np,
+    scenario_dirs: Mapping[str, Path] | None = None,
+    on_run: Callable[[ValidationWorkload, int], None] | None = None,
+) -> list[Comparison]:
+    """Run each of ``workloads`` on the engine and in the simulator and compare, one
+    :class:`Comparison` per workload in order (scratch files in ``workdir`` or a temporary
+    directory).
+
+    The simulator (deterministic) runs each workload once, from the scenario folder
+    ``scenario_dirs[NAME]`` (kept; a workload not in it, or no ``scenario_dirs``: scratch).
+    The engine serves each workload
+    ``repeats`` times (a fresh warm stack each time), **interleaved**: pass ``k`` serves
+    every workload once, in order, before pass ``k + 1`` starts, so a workload's runs are
+    spread over the whole validation and a spell of the machine running slow or fast for a
+    minute or two falls on one or two of them, which the per-request median
+    (:func:`median_requests`) then leaves out. Back to back, such a spell could take every
+    run of one workload. Hits and bytes per tier: the medians over the runs. ``xp``: the
+    engine's array backend (NumPy or CuPy). ``on_run(w, k)`` is called before each engine
+    run. Raises ``ValueError`` when ``repeats`` < 1 or two workloads share a name."""
     if repeats < 1:
         raise ValueError(f"repeats must be >= 1, got {repeats}")
-    name = model_config(w).name
+    names = [w.name for w in workloads]
+    if len(set(names)) != len(names):
+        raise ValueError(f"workload names must differ, got {names}")
+    frames: dict[str, list[pd.DataFrame]] = {n: [] for n in names}
+    hits: dict[str, list[np.ndarray]] = {n: [] for n in names}
+    nbytes: dict[str, list[np.ndarray]] = {n: [] for n in names}
     with tempfile.TemporaryDirectory(prefix="pdsim-validate-") as tmp:
         base = Path(workdir) if workdir is not None else Path(tmp)
-        wdir = base / w.name
-        wdir.mkdir(parents=True, exist_ok=True)
-        sdir = scenario_dir if scenario_dir is not None else wdir / "scenario"
-        sim_df, sh, sb, _, _ = run_simulator(w, profile, sdir)
-        frames: list[pd.DataFrame] = []
-        hits: list[np.ndarray] = []
-        nbytes: list[np.ndarray] = []
+        sims = {}
+        for w in workloads:
+            sdir = (scenario_dirs or {}).get(w.name, base / w.name / "scenario")
+            sims[w.name] = run_simulator(w, profile, sdir)
         for k in range(repeats):
-            rdir = wdir / f"engine{k}"
-            res, _ = run_engine(w, rdir, engine_parts(w, rdir, xp))
-            frames.append(res.frame(name))
-            hits.append(res.tier_hits)
-            nbytes.append(res.tier_bytes)
-    eng_hits, eng_bytes = np.median(hits, axis=0), np.median(nbytes, axis=0)
-    return compare(w.name, median_requests(frames), eng_hits, eng_bytes, sim_df, sh, sb)
+            for w in workloads:
+                if on_run is not None:
+                    on_run(w, k)
+                rdir = base / w.name / f"engine{k}"
+                res, _ = run_engine(w, rdir, engine_parts(w, rdir, xp))
+                frames[w.name].append(res.frame(model_config(w).name))
+                hits[w.name].append(res.tier_hits)
+                nbytes[w.name].append(res.tier_bytes)
+    out = []
+    for w in workloads:
+        sim_df, sh, sb, _, _ = sims[w.name]
+        eng_hits, eng_bytes = np.median(hits[w.name], axis=0), np.median(nbytes[w.name], axis=0)
+        out.append(
+            compare(w.name, median_requests(frames[w.name]), eng_hits, eng_bytes, sim_df, sh, sb)
+        )
+    return out

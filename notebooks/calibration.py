@@ -322,8 +322,9 @@ plt.show()
 # error. Throughput follows the arrivals at these loads. Latency and TTFT depend on the fitted
 # compute terms, so they are only as good as the calibration is fresh: on a machine shared
 # with other jobs, iterations run slower or faster than when the engine probe ran and the
-# error moves with it. `pdsim validate --refit` (or `validate_workload(..., refit=True)`)
-# re-runs the engine probe right before the engine so both see the same machine load.
+# error moves with it: calibrate and validate in the same quiet window (`pdsim validate`
+# warns when a fixed reference workload runs more than 5% faster or slower than it did at
+# calibration).
 
 # %%
 print("files written:", ", ".join(sorted(p.name for p in OUT.iterdir())))

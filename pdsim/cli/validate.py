@@ -23,7 +23,9 @@ differences under keys ending in ``abs_error``, and ``passed``).
 ``P`` must carry the engine's op tables and terms (``ops.engine``: written by ``pdsim
 calibrate``). ``--repeats N`` serves each workload N times on the engine (the same arrivals)
 and compares the simulator with each request's median latency over them
-(:func:`hwbench.comparison.median_requests`). The engine runs on wall time, so it warns when
+(:func:`hwbench.comparison.median_requests`); the runs are interleaved (every workload once,
+then every workload again), so a slow minute of the machine falls on one run of a workload,
+not on all of them. The engine runs on wall time, so it warns when
 other processes or steal took more than 10% of the machine's CPU during the validation or the
 profile's calibration (:mod:`hwbench.quiet`), and when a fixed reference workload runs more
 than 5% slower or faster than when the profile was calibrated; ``--json`` reports them under
@@ -102,10 +104,10 @@ def validate(
             "--repeats",
             "-r",
             min=1,
-            help="Engine runs per workload (the same arrivals each time); the table takes "
-            "each request's median latency over them, so a slow spell of the machine does "
-            "not become the workload's P99 unless it hits the same request in most runs. "
-            "1 on a quiet machine.",
+            help="Engine runs per workload (the same arrivals each time), interleaved across "
+            "the workloads; the table takes each request's median latency over them, so a "
+            "slow spell of the machine does not become the workload's P99 unless it hits the "
+            "same request in most runs. 1 on a quiet machine.",
         ),
     ] = 5,
     backend: Annotated[
@@ -185,16 +187,21 @@ def _engine_profile(profile: str) -> Profile:
 def _run_suite(
     chosen: list[ValidationWorkload], prof: Profile, out: Path, repeats: int, xp: ModuleType
 ) -> list[Comparison]:
-    """Validate each workload of ``chosen`` in turn, its scenario folder kept under
-    ``out/scenarios/``."""
-    from hwbench.validate import validate_workload
+    """Validate ``chosen`` (:func:`hwbench.validate.validate_suite`: the engine's runs
+    interleaved across the workloads), their scenario folders kept under ``out/scenarios/``;
+    one line on stderr per workload, then per engine run."""
+    from hwbench.validate import validate_suite
 
-    comps = []
     for w in chosen:
         err_console.print(f"[bold]{w.name}[/]: {w.description}")
-        sdir = out / "scenarios" / w.name
-        comps.append(validate_workload(w, prof, repeats=repeats, xp=xp, scenario_dir=sdir))
-    return comps
+    total = repeats * len(chosen)
+    done = iter(range(1, total + 1))
+
+    def progress(w: ValidationWorkload, k: int) -> None:
+        err_console.print(f"engine run {next(done)}/{total}: {w.name} (pass {k + 1}/{repeats})")
+
+    dirs = {w.name: out / "scenarios" / w.name for w in chosen}
+    return validate_suite(chosen, prof, repeats=repeats, xp=xp, scenario_dirs=dirs, on_run=progress)
 
 
 def _steadiness(start: Sample | None, ref0: float, prof: Profile) -> _Steadiness:

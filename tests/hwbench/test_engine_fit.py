@@ -130,7 +130,8 @@ def test_the_overhead_is_the_measured_one() -> None:
     assert report["raw_iteration_overhead_s"] == pytest.approx(4e-4, rel=1e-6)
     # the decode iterations' mean (3 iterations of each decode-only shape)
     assert report["overhead_iterations"] == 3 * sum(1 for sh in shapes() if sh[0] == 0)
-    assert prof.ops.engine.prompt_overhead_s_per_token == 0.0
+    # no prompt cost beyond the tables: a slope of rounding residue (1e-23 s/token)
+    assert prof.ops.engine.prompt_overhead_s_per_token == pytest.approx(0.0, abs=1e-15)
     assert prof.ops.engine.layer_overhead_s == 0.0  # not identifiable: same layers throughout
     assert not prof.ops.engine.fused_iterations and prof.ops.engine.split_projections
     assert report["rms_rel_error"] < 1e-9
@@ -174,14 +175,25 @@ def test_overhead_per_prompt_token_is_the_slope_over_the_decode_mean() -> None:
 
 
 def test_a_prompt_overhead_below_the_decode_mean_is_floored_at_zero() -> None:
-    """Prefill iterations with less overhead than decodes: no negative per-token term."""
-    pts = [
-        replace(p, overhead_s=p.overhead_s - 1e-4) if p.tokens and p.overhead_s else p
-        for p in points(4e-4)
-    ]
+    """Prompt-carrying iterations shorter than their ops plus the decodes' overhead: no
+    negative per-token term."""
+    pts = [replace(p, mean_s=p.mean_s - 1e-4) if p.tokens else p for p in points(4e-4)]
     prof, _ = fit_engine_terms(base_profile(), SPEC, pts, probe(1e9))
     assert prof.ops is not None and prof.ops.engine is not None
     assert prof.ops.engine.prompt_overhead_s_per_token == 0.0
+
+
+def test_prompt_ops_slower_than_their_tables_go_to_the_per_token_term() -> None:
+    """Iterations whose prompt tokens each cost 3 us more than the tables price, none of it
+    outside the timed ops (the in-place overheads are the decodes' 0.4 ms): the per-token
+    term is those 3 us, the iteration overhead stays the measured 0.4 ms, the error nil."""
+    pts = points(4e-4)
+    slow = [replace(p, mean_s=p.mean_s + 3e-6 * p.tokens) for p in pts]
+    prof, report = fit_engine_terms(base_profile(), SPEC, slow, probe(1e9))
+    assert prof.ops is not None and prof.ops.engine is not None
+    assert prof.ops.roofline.iteration_overhead_s == pytest.approx(4e-4, rel=1e-9)
+    assert prof.ops.engine.prompt_overhead_s_per_token == pytest.approx(3e-6, rel=1e-6)
+    assert report["rms_rel_error"] < 1e-6
 
 
 def test_points_without_a_measured_overhead_are_rejected() -> None:

@@ -27,6 +27,7 @@ from hwbench.validate import (
     scenario_dict,
     sim_catalogue,
     sizes,
+    validate_suite,
     validate_workload,
 )
 from hwbench.workloads import SUITE, ValidationWorkload, arrivals, get_workload
@@ -163,6 +164,30 @@ def test_validate_workload_end_to_end_is_small_and_consistent() -> None:
     assert all(math.isfinite(r[1]) and r[1] > 0 for r in c.rows if r[0].startswith("latency"))
 
 
+def test_validate_suite_interleaves_the_engine_runs(tmp_path: Path) -> None:
+    """Two workloads, two runs each: every workload runs once before any runs again; the
+    comparisons come back in the workloads' order, the named scenario folder is kept and
+    each workload's figures come from its own runs."""
+    a = ValidationWorkload("a", "tiny", requests=3, rate=20.0, seed=3)
+    b = ValidationWorkload("b", "tiny", requests=5, rate=20.0, hbm_fraction=0.6, seed=4)
+    order: list[tuple[str, int]] = []
+    comps = validate_suite(
+        [a, b],
+        engine_profile(),
+        repeats=2,
+        scenario_dirs={"b": tmp_path / "kept"},
+        on_run=lambda w, k: order.append((w.name, k)),
+    )
+    assert order == [("a", 0), ("b", 0), ("a", 1), ("b", 1)]
+    assert [c.workload for c in comps] == ["a", "b"]
+    assert comps[0].engine_latency.size == 3 and comps[1].engine_latency.size == 5
+    assert (tmp_path / "kept" / "scenario.yaml").is_file()
+    with pytest.raises(ValueError, match="names must differ"):
+        validate_suite([a, a], engine_profile())
+    with pytest.raises(ValueError, match="repeats"):
+        validate_suite([a], engine_profile(), repeats=0)
+
+
 def test_pdsim_run_of_the_written_scenario_gives_the_validation_figures(tmp_path: Path) -> None:
     """The simulator side of a validation workload is the scenario folder it writes:
     ``pdsim run`` of it gives every request the very times the validation simulated."""
@@ -201,7 +226,7 @@ def test_cli_validate_exits_1_when_a_figure_is_over_or_a_check_differs(
     import hwbench.validate
 
     monkeypatch.setattr(
-        hwbench.validate, "validate_workload", lambda *a, **k: _comparison(p99_err, hit_diff)
+        hwbench.validate, "validate_suite", lambda *a, **k: [_comparison(p99_err, hit_diff)]
     )
     prof = tmp_path / "p.json"
     prof.write_text(engine_profile().model_dump_json(), encoding="utf-8")

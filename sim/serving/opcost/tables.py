@@ -334,14 +334,15 @@ class EngineTerms(_Strict):
     of the weights resident than with 45%: the engine's memory filling the last-level
     cache); empty: the single figure everywhere."""
     prompt_overhead_s_per_token: float = Field(default=0.0, ge=0)
-    """Seconds the engine's per-iteration work outside the timed ops grows by per prompt
-    token in the iteration: large prefill ops leave the caches cold for the engine's own
-    interpreter work after them (weight pins, prefetch planning, bookkeeping; on the 2-core VM
-    2-3x slower after a 496-token prefill than after a decode); the simulator adds it, times
-    the iteration's prompt tokens, to the iteration (op `prompt_overhead`); measured as the
-    count-weighted least-squares slope, through the origin, of the in-place overheads of the
-    calibration's iterations with prompt tokens in excess of the decode iterations' mean
-    (`ops.roofline.iteration_overhead_s`), over their prompt tokens; s/token, 0: none."""
+    """Seconds a prompt token in the iteration costs the engine beyond the op tables' price
+    and `ops.roofline.iteration_overhead_s`: large prefill ops leave the caches cold for the
+    engine's own interpreter work after them (weight pins, prefetch planning, bookkeeping; on
+    the 2-core VM 2-3x slower after a 496-token prefill than after a decode), and the
+    prompt's ops run slower inside the serving loop than in the probes that time the tables;
+    the simulator adds it, times the iteration's prompt tokens, to the iteration (op
+    `prompt_overhead`); measured as the least-squares slope, through the origin and on
+    relative error, of the calibration's prompt-carrying iterations' seconds less their
+    op-table price and the iteration overhead, over their prompt tokens; s/token, 0: none."""
     prefetch_handoff_s: float = Field(default=0.0, ge=0)
     """Seconds from a prefetch being planned to its copy starting (the copy thread waking
     and taking its turn): the simulator starts each prefetch this much later; measured as

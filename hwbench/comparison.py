@@ -7,6 +7,9 @@ byte counts (indexed as :data:`engine.runtime.weights.TIER_NAMES`) into one
 
 * **accuracy** -- latency and TTFT (P50, P99, mean) and throughput, each with the relative
   error ``(sim - engine) / engine`` (0 when both are 0, infinite when only the engine's is);
+* **the engine against itself** -- with several engine runs of the same arrivals, each
+  latency and TTFT figure's coefficient of variation over the runs (each run's own figure:
+  :attr:`Comparison.run_cv`): how far the engine moves on its own, to read an error next to;
 * **consistency** -- hit rate per tier (absolute difference) and bytes per chunk access per
   tier below the device (relative error): the same cache code on the same accesses, so these
   must agree; totals are not compared, since the iteration count follows timing.
@@ -19,7 +22,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +31,7 @@ import pandas as pd
 
 from engine.runtime.weights import TIER_NAMES
 
-__all__ = ["Comparison", "compare", "median_requests", "plot_cdfs"]
+__all__ = ["Comparison", "compare", "median_requests", "plot_cdfs", "run_cv"]
 
 #: one row of a comparison: (metric, engine, sim, error, kind: "rel" or "abs")
 Row = tuple[str, float, float, float, str]
@@ -42,21 +45,27 @@ _STATS: tuple[tuple[str, Callable[[np.ndarray], float]], ...] = (
 
 @dataclass
 class Comparison:
-    """Figures of one workload: ``rows`` of (metric, engine, sim, error, kind), and both
-    sides' latencies (seconds, requests done) for the CDF plot."""
+    """Figures of one workload: ``rows`` of (metric, engine, sim, error, kind), both sides'
+    latencies (seconds, requests done) for the CDF plot, and ``run_cv``: per latency and
+    TTFT metric, the coefficient of variation (population standard deviation over mean) of
+    that figure over the engine runs, each run's own (empty with one run)."""
 
     workload: str
     rows: list[Row]
     engine_latency: np.ndarray
     sim_latency: np.ndarray
+    run_cv: dict[str, float] = field(default_factory=dict)
 
     def as_dict(self) -> dict[str, Any]:
         """``{"workload": name, metric: {"engine", "sim", "rel_error" or "abs_error"}}``,
-        figures to 6 significant digits, non-finite ones as ``None``."""
+        plus ``"engine_run_cv"`` where :attr:`run_cv` has the metric; figures to 6
+        significant digits, non-finite ones as ``None``."""
         out: dict[str, Any] = {"workload": self.workload}
         for name, e, s, err, kind in self.rows:
             out[name] = {"engine": _num(e), "sim": _num(s)}
             out[name]["abs_error" if kind == "abs" else "rel_error"] = _num(err)
+            if name in self.run_cv:
+                out[name]["engine_run_cv"] = _num(self.run_cv[name])
         return out
 
     def errors(self) -> dict[str, float]:
@@ -116,8 +125,11 @@ def compare(
     sim: pd.DataFrame,
     sim_hits: np.ndarray,
     sim_bytes: np.ndarray,
+    runs: list[pd.DataFrame] | None = None,
 ) -> Comparison:
-    """The comparison table of workload ``name`` (see the module docstring)."""
+    """The comparison table of workload ``name`` (see the module docstring); ``runs``: the
+    engine's single runs ``eng`` was combined from (:func:`median_requests`), for
+    :attr:`Comparison.run_cv` (two or more)."""
     rows: list[Row] = []
     le, ls = _delays(eng, "end"), _delays(sim, "end")
     te, ts = _delays(eng, "first_token"), _delays(sim, "first_token")
@@ -128,7 +140,23 @@ def compare(
     re_, rs = _throughput(eng), _throughput(sim)
     rows.append(("throughput_rps", re_, rs, _rel(re_, rs), "rel"))
     rows.extend(_tier_rows(eng_hits, eng_bytes, sim_hits, sim_bytes))
-    return Comparison(name, rows, le, ls)
+    return Comparison(name, rows, le, ls, run_cv(runs) if runs and len(runs) > 1 else {})
+
+
+def run_cv(runs: list[pd.DataFrame]) -> dict[str, float]:
+    """Per latency and TTFT metric (``latency_p50`` ...), the coefficient of variation of
+    each run's own figure over ``runs`` (population standard deviation over mean; 0 when
+    the mean is 0); a metric some run has no requests done for is left out."""
+    out: dict[str, float] = {}
+    for label, col in (("latency", "end"), ("ttft", "first_token")):
+        delays = [_delays(r, col) for r in runs]
+        if any(d.size == 0 for d in delays):
+            continue
+        for stat, f in _STATS:
+            vals = np.array([f(d) for d in delays])
+            mean = float(vals.mean())
+            out[f"{label}_{stat}"] = float(vals.std()) / mean if mean else 0.0
+    return out
 
 
 def median_requests(frames: list[pd.DataFrame]) -> pd.DataFrame:

@@ -26,7 +26,7 @@ from types import ModuleType
 import numpy as np
 import pandas as pd
 
-from hwbench.comparison import Comparison, compare, median_requests, plot_cdfs
+from hwbench.comparison import Comparison, compare, median_requests, plot_cdfs, run_cv
 from hwbench.validation_engine import (
     engine_for,
     engine_parts,
@@ -68,6 +68,7 @@ __all__ = [
     "median_requests",
     "model_config",
     "plot_cdfs",
+    "run_cv",
     "run_engine",
     "run_simulator",
     "scenario_dict",
@@ -165,6 +166,15 @@ def validate_suite(
         sim_df, sh, sb, _, _ = sims[w.name]
         eng_hits, eng_bytes = np.median(hits[w.name], axis=0), np.median(nbytes[w.name], axis=0)
         out.append(
-            compare(w.name, median_requests(frames[w.name]), eng_hits, eng_bytes, sim_df, sh, sb)
+            compare(
+                w.name,
+                median_requests(frames[w.name]),
+                eng_hits,
+                eng_bytes,
+                sim_df,
+                sh,
+                sb,
+                runs=frames[w.name],
+            )
         )
     return out

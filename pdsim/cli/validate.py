@@ -8,6 +8,10 @@ profile ``P`` (:mod:`hwbench.validate`), then prints one table per workload:
 * **accuracy** -- latency P50/P99/mean, TTFT P50/P99/mean and throughput: engine,
   simulator, relative error. Latency P50 must be within 10% and P99 within 15%
   (:data:`LIMITS`); the others are reported only (throughput follows the arrivals).
+* **engine runs CV** -- with ``--repeats`` of 2 or more, each latency and TTFT figure's
+  coefficient of variation over the engine's runs (each run's own figure): how far the
+  engine moves on its own between runs of the same arrivals, to read an error against
+  (on the shared 2-core VM a single run's P50 moves 11-13%);
 * **consistency** -- hit rate and bytes per tier: both sides run the same cache code on the
   same accesses, so these must be equal, up to an iteration more or less where batches
   formed differently (:data:`CONSISTENCY_TOL`: 1 pp of hit rate, 2% of bytes).
@@ -18,7 +22,8 @@ The simulator side of each workload is an ordinary scenario folder, kept in
 it gives the simulator's figures. A PNG of the latency CDFs goes to ``DIR/validate_cdf.png``
 (default ``DIR``: ``runs/validate-PROFILE-HASH/``). ``--json`` prints the figures as one
 JSON object on the last line (relative errors under keys ending in ``rel_error``, hit-rate
-differences under keys ending in ``abs_error``, and ``passed``).
+differences under keys ending in ``abs_error``, the engine runs' coefficient of variation
+under ``engine_run_cv``, and ``passed``).
 
 ``P`` must carry the engine's op tables and terms (``ops.engine``: written by ``pdsim
 calibrate``). ``--repeats N`` serves each workload N times on the engine (the same arrivals)
@@ -219,14 +224,16 @@ def _print_tables(comps: list[Comparison]) -> list[str]:
     failed: list[str] = []
     for c in comps:
         table = Table(title=c.workload, header_style="bold")
-        for col in ("metric", "engine", "sim", "error", ""):
+        for col in ("metric", "engine", "engine runs CV", "sim", "error", ""):
             table.add_column(col, justify="left" if col == "metric" else "right")
         for name, e, s, err, kind in c.rows:
             shown = f"{err * 100:+.1f} pp" if kind == "abs" else f"{err * 100:+.1f}%"
             verdict = _verdict(name, err, kind)
             if verdict in ("OVER", "DIFFERS"):
                 failed.append(f"{c.workload}: {name} {shown} {verdict}")
-            table.add_row(name, f"{e:.4g}", f"{s:.4g}", shown, verdict)
+            cv = c.run_cv.get(name)
+            spread = "" if cv is None else f"{cv * 100:.1f}%"
+            table.add_row(name, f"{e:.4g}", spread, f"{s:.4g}", shown, verdict)
         console.print(table)
     return failed
 

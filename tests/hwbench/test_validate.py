@@ -16,6 +16,7 @@ from typer.testing import CliRunner
 
 from engine.backend import cupy_status
 from engine.runtime.engine import IterationRecord
+from engine.runtime.weights import TIER_NAMES
 from hwbench.engine_probe import PassPoint, _collect
 from hwbench.validate import (
     Comparison,
@@ -23,6 +24,7 @@ from hwbench.validate import (
     decoder_config,
     median_requests,
     model_config,
+    run_cv,
     run_simulator,
     scenario_dict,
     sim_catalogue,
@@ -104,6 +106,7 @@ def test_compare_relative_errors_and_hit_rate_differences() -> None:
         return pd.DataFrame(
             {
                 "arrival": np.zeros(n),
+                "start": np.zeros(n),
                 "first_token": np.array(lat) / 2,
                 "end": np.array(lat),
                 "status": ["done"] * n,
@@ -162,6 +165,36 @@ def test_validate_workload_end_to_end_is_small_and_consistent() -> None:
     assert all(abs(r[3]) < 0.02 for r in c.rows if r[0].startswith("bytes_per_access_"))
     assert c.engine_latency.size == c.sim_latency.size == 4
     assert all(math.isfinite(r[1]) and r[1] > 0 for r in c.rows if r[0].startswith("latency"))
+
+
+def test_run_cv_is_each_runs_own_figure_over_the_runs() -> None:
+    """Two runs whose latencies are 1 and 2 s, and 1 and 4 s: each run's own P50 (1.5 and
+    2.5 s) has a coefficient of variation of 0.25 over the runs (standard deviation 0.5
+    over mean 2); the comparison carries it and its JSON shows it; one run: none."""
+
+    def run(lat: list[float]) -> pd.DataFrame:
+        n = len(lat)
+        return pd.DataFrame(
+            {
+                "status": ["done"] * n,
+                "arrival": np.zeros(n),
+                "start": np.zeros(n),
+                "first_token": np.array(lat) / 2,
+                "end": np.array(lat),
+            }
+        )
+
+    runs = [run([1.0, 2.0]), run([1.0, 4.0])]
+    cv = run_cv(runs)
+    assert cv["latency_p50"] == pytest.approx(0.25)
+    assert cv["ttft_p50"] == pytest.approx(0.25)
+    assert cv["latency_mean"] == pytest.approx(0.25)
+    med = median_requests(runs)
+    t = np.ones(len(TIER_NAMES))
+    c = compare("w", med, t, t, runs[0], t, t, runs=runs)
+    assert c.run_cv == cv and c.as_dict()["latency_p50"]["engine_run_cv"] == 0.25
+    alone = compare("w", med, t, t, runs[0], t, t)
+    assert alone.run_cv == {} and "engine_run_cv" not in alone.as_dict()["latency_p50"]
 
 
 def test_validate_suite_interleaves_the_engine_runs(tmp_path: Path) -> None:

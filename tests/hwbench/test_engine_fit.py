@@ -23,7 +23,7 @@ from hwbench.engine_fit import (
     with_engine,
 )
 from hwbench.engine_probe import PassPoint, ProbeRun, StreamProbe
-from hwbench.opprobe import OpGrid, gemm_table, origin
+from hwbench.opprobe import OpGrid, gemm_table, origin, weight_pool
 from hwbench.probes import Measurement
 from hwbench.profile import CEILINGS, check_profile
 from hwbench.validate import decoder_config, sim_catalogue
@@ -495,13 +495,28 @@ def test_gemm_table_times_every_knot_and_states_its_cache() -> None:
     assert org.framework.startswith("numpy") and org.measured_at == "2026-12-01"
 
 
+@pytest.mark.parametrize(("k", "n"), [(8, 16), (4, 16), (8, 4), (4, 4)])
+def test_weight_pool_copies_are_distinct_buffers(k: int, n: int) -> None:
+    """Every copy of the pool is its own C-contiguous buffer with the slice's values, also
+    where the slice is already contiguous (the full width, or the whole array): a pool of
+    one buffer would time hot weights as cold ones."""
+    w_all = np.arange(8 * 16, dtype=np.float32).reshape(8, 16)
+    pool = weight_pool(np, w_all, k, n, 3)
+    assert len(pool) == 3
+    for i, a in enumerate(pool):
+        assert a.flags["C_CONTIGUOUS"] and a.shape == (k, n)
+        np.testing.assert_array_equal(a, w_all[:k, :n])
+        assert not np.shares_memory(a, w_all)
+        assert not any(np.shares_memory(a, b) for b in pool[i + 1 :])
+
+
 def fake_cupy(calls: list[str]) -> Any:
     """NumPy dressed as CuPy (module name ``cupy``, a ``cuda.runtime`` that records its
     synchronisations and reports a device): the GPU branches of hwbench.opprobe run on it."""
     import types
 
     mod = types.ModuleType("cupy")
-    for key in ("float32", "ones", "asarray", "ascontiguousarray", "matmul", "empty_like"):
+    for key in ("float32", "ones", "array", "asarray", "ascontiguousarray", "matmul", "empty_like"):
         setattr(mod, key, getattr(np, key))
     mod.__version__ = "0.0-standin"
     runtime = types.SimpleNamespace(

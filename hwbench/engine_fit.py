@@ -193,15 +193,13 @@ def _measured_overhead(points: Sequence[PassPoint]) -> tuple[float, int]:
 
 
 def _prompt_overhead(
-    points: Sequence[PassPoint], base: np.ndarray, meas: np.ndarray, a: float
+    tok: np.ndarray, count: np.ndarray, base: np.ndarray, meas: np.ndarray, a: float
 ) -> tuple[float, int]:
     """``prompt_overhead_s_per_token`` (module docstring): the least-squares slope, through
     the origin and on relative error (weights: count over measured seconds squared), of the
     prompt-carrying iterations' measured seconds less their op-table price ``base`` and the
-    iteration overhead ``a``, over their prompt tokens, floored at 0; and the iterations it
-    rests on (0 s/token when none)."""
-    tok = np.array([float(p.tokens) for p in points])
-    count = np.array([float(p.count) for p in points])
+    iteration overhead ``a``, over their prompt tokens ``tok`` (iterations: ``count``),
+    floored at 0; and the iterations it rests on (0 s/token when none)."""
     has = tok > 0
     if not has.any():
         return 0.0, 0
@@ -401,8 +399,9 @@ def fit_engine_terms(
             f"(allowed: >= {MIN_OVERHEAD_S:g}); the in-place op times exceed the engine's "
             "iteration times, so the timer's own cost was not taken out"
         )
-    per_tok, prompt_n = _prompt_overhead(points, base, meas, a)
-    extra = per_tok * np.array([float(p.tokens) for p in points])
+    tok = np.array([float(p.tokens) for p in points])
+    per_tok, prompt_n = _prompt_overhead(tok, count, base, meas, a)
+    extra = per_tok * tok
     report = _fit_overheads(base, meas, calls, count, a, extra)
     report["overhead_iterations"] = float(measured_n)
     report["prompt_overhead_s_per_token"] = per_tok

@@ -26,6 +26,7 @@ from types import ModuleType
 import numpy as np
 import pandas as pd
 
+from engine.runtime.engine import EngineResult
 from hwbench.comparison import Comparison, compare, median_requests, plot_cdfs, run_cv
 from hwbench.validation_engine import (
     engine_for,
@@ -129,23 +130,21 @@ def validate_suite(
 
     The simulator (deterministic) runs each workload once, from the scenario folder
     ``scenario_dirs[NAME]`` (kept; a workload not in it, or no ``scenario_dirs``: scratch).
-    The engine serves each workload
-    ``repeats`` times (a fresh warm stack each time), **interleaved**: pass ``k`` serves
-    every workload once, in order, before pass ``k + 1`` starts, so a workload's runs are
-    spread over the whole validation and a spell of the machine running slow or fast for a
-    minute or two falls on one or two of them, which the per-request median
-    (:func:`median_requests`) then leaves out. Back to back, such a spell could take every
-    run of one workload. Hits and bytes per tier: the medians over the runs. ``xp``: the
-    engine's array backend (NumPy or CuPy). ``on_run(w, k)`` is called before each engine
-    run. Raises ``ValueError`` when ``repeats`` < 1 or two workloads share a name."""
+    The engine serves each workload ``repeats`` times (a fresh warm stack each time),
+    **interleaved**: pass ``k`` serves every workload once, in order, before pass ``k + 1``
+    starts, so a workload's runs are spread over the whole validation and a spell of the
+    machine running slow or fast for a minute or two falls on one or two of them, which the
+    per-request median (:func:`median_requests`) then leaves out. Back to back, such a spell
+    could take every run of one workload. Hits and bytes per tier: the medians over the
+    runs. ``xp``: the engine's array backend (NumPy or CuPy). ``on_run(w, k)`` is called
+    before each engine run. Raises ``ValueError`` when ``repeats`` < 1 or two workloads
+    share a name."""
     if repeats < 1:
         raise ValueError(f"repeats must be >= 1, got {repeats}")
     names = [w.name for w in workloads]
     if len(set(names)) != len(names):
         raise ValueError(f"workload names must differ, got {names}")
-    frames: dict[str, list[pd.DataFrame]] = {n: [] for n in names}
-    hits: dict[str, list[np.ndarray]] = {n: [] for n in names}
-    nbytes: dict[str, list[np.ndarray]] = {n: [] for n in names}
+    runs: dict[str, list[EngineResult]] = {n: [] for n in names}
     with tempfile.TemporaryDirectory(prefix="pdsim-validate-") as tmp:
         base = Path(workdir) if workdir is not None else Path(tmp)
         sims = {}
@@ -157,24 +156,14 @@ def validate_suite(
                 if on_run is not None:
                     on_run(w, k)
                 rdir = base / w.name / f"engine{k}"
-                res, _ = run_engine(w, rdir, engine_parts(w, rdir, xp))
-                frames[w.name].append(res.frame(model_config(w).name))
-                hits[w.name].append(res.tier_hits)
-                nbytes[w.name].append(res.tier_bytes)
+                runs[w.name].append(run_engine(w, rdir, engine_parts(w, rdir, xp))[0])
     out = []
     for w in workloads:
         sim_df, sh, sb, _, _ = sims[w.name]
-        eng_hits, eng_bytes = np.median(hits[w.name], axis=0), np.median(nbytes[w.name], axis=0)
-        out.append(
-            compare(
-                w.name,
-                median_requests(frames[w.name]),
-                eng_hits,
-                eng_bytes,
-                sim_df,
-                sh,
-                sb,
-                runs=frames[w.name],
-            )
-        )
+        res = runs[w.name]
+        frames = [r.frame(model_config(w).name) for r in res]
+        eng_hits = np.median([r.tier_hits for r in res], axis=0)
+        eng_bytes = np.median([r.tier_bytes for r in res], axis=0)
+        eng = median_requests(frames)
+        out.append(compare(w.name, eng, eng_hits, eng_bytes, sim_df, sh, sb, runs=frames))
     return out

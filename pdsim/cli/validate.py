@@ -200,10 +200,11 @@ def _run_suite(
     for w in chosen:
         err_console.print(f"[bold]{w.name}[/]: {w.description}")
     total = repeats * len(chosen)
-    done = iter(range(1, total + 1))
+    position = {w.name: i for i, w in enumerate(chosen)}
 
     def progress(w: ValidationWorkload, k: int) -> None:
-        err_console.print(f"engine run {next(done)}/{total}: {w.name} (pass {k + 1}/{repeats})")
+        run = k * len(chosen) + position[w.name] + 1
+        err_console.print(f"engine run {run}/{total}: {w.name} (pass {k + 1}/{repeats})")
 
     dirs = {w.name: out / "scenarios" / w.name for w in chosen}
     return validate_suite(chosen, prof, repeats=repeats, xp=xp, scenario_dirs=dirs, on_run=progress)

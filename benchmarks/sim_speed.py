@@ -9,9 +9,11 @@ second of CPU time of the simulation (``time.process_time``: robust on a shared 
 the same rates over wall time under ``*_wall`` keys. Prints a table, then as the LAST line one
 JSON object:
 ``{"requests_per_s": {"10000": ..., "100000": ..., "1000000": ...}, "requests_per_s_wall":
-{...}, "events_per_request": ..., "peak_rss_mib": ..., "growth": ...}`` (events per
-request of the 100k run; the largest peak RSS; growth = CPU-time growth / request growth
-between the smallest and largest size, <= 1 means linear or better).
+{...}, "events_per_request": ..., "peak_rss_mib": ..., "growth": ..., "build": ...}`` (events
+per request of the 100k run; the largest peak RSS; growth = CPU-time growth / request growth
+between the smallest and largest size, <= 1 means linear or better; build = ``"python"`` or
+``"mypyc (k of n modules)"``, :func:`engine.native.build_label`: the speed target is met by
+the compiled build, ``PDSIM_COMPILE=1 pip install .``, see ``docs/native-build.md``).
 Usage: ``python benchmarks/sim_speed.py [--sizes 10000,100000,1000000]``.
 """
 
@@ -47,6 +49,7 @@ REFERENCE = {
 def one(n: int, warm: bool = False) -> dict[str, Any]:
     """Run the reference scenario with ``n`` requests in this process; return its figures.
     ``warm``: nodes start with the model in HBM (no cold-start fetch phase)."""
+    from engine.native import build_label
     from sim.runner import run_scenario
     from sim.scenario import validate
 
@@ -72,6 +75,7 @@ def one(n: int, warm: bool = False) -> dict[str, Any]:
         "sim_time_s": s["sim_time_s"],
         "latency_p99_s": s["latency"]["e2e"]["p99"],
         "trace_hash": res.trace_hash,
+        "build": build_label(),
     }
 
 
@@ -91,6 +95,9 @@ def main() -> None:
         return dict(json.loads(out.stdout.strip().splitlines()[-1]))
 
     rows = [child(int(x)) for x in args.sizes.split(",")]
+    print(
+        f"build: {rows[0]['build']}  (PDSIM_COMPILE=1 pip install . compiles; docs/native-build.md)"
+    )
     warm_n = 100000 if 100000 in [r["requests"] for r in rows] else int(rows[0]["requests"])
     warm_row = child(warm_n, warm=True)
     print(
@@ -131,6 +138,7 @@ def main() -> None:
                 "events_per_request": round(mid["events_per_request"], 3),
                 "peak_rss_mib": round(max(r["peak_rss_mib"] for r in rows), 1),
                 "growth": None if growth is None else round(growth, 3),
+                "build": rows[0]["build"],
             }
         )
     )

@@ -30,3 +30,13 @@ class InputError(ValueError):
 
 class ObjectTooLargeError(ValueError):
     """An object larger than a cache's whole capacity was offered to it."""
+
+
+class KVOutOfBlocks(RuntimeError):
+    """No free, growable or evictable KV block for a request; the allocator
+    (:class:`engine.kv.allocator.KVBlockAllocator`, which re-exports it) is unchanged."""
+
+    def __init__(self, message: str, needed: int, available: int) -> None:
+        super().__init__(message)
+        self.needed = needed
+        self.available = available

@@ -35,7 +35,7 @@ from typing import Literal, NamedTuple
 import numpy as np
 
 from engine.cache import TierCache
-from engine.errors import InputError
+from engine.errors import InputError, KVOutOfBlocks
 from engine.kv.blocks import BlockStates, KVStats
 from engine.kv.longctx import DEFAULT_CHUNK_TOKENS, split_chunks, validate_chunk_tokens
 from engine.kv.pool import UNBOUNDED, BlockPool
@@ -59,15 +59,6 @@ ALLOWED_BLOCK_TOKENS: tuple[int, ...] = (8, 16, 32, 64, 128, 256, 512)
 
 SeqId = Hashable
 OnFull = Literal["fail", "preempt"]
-
-
-class KVOutOfBlocks(RuntimeError):
-    """No free, growable or evictable block for a request; the allocator is unchanged."""
-
-    def __init__(self, message: str, needed: int, available: int) -> None:
-        super().__init__(message)
-        self.needed = needed
-        self.available = available
 
 
 class Allocation(NamedTuple):

@@ -42,8 +42,8 @@ def _ext_modules() -> list[Any]:
     if sys.platform != "win32":
         # No fused multiply-add contraction: every float operation rounds as CPython's does,
         # so a compiled run keeps the plain run's event times and trace hash bit for bit.
-        for ext in exts:
-            ext.extra_compile_args.append("-ffp-contract=off")
+        for ext in exts:  # a new list each: mypycify's extensions share one
+            ext.extra_compile_args = [*ext.extra_compile_args, "-ffp-contract=off"]
     return list(exts)
 
 

@@ -8,8 +8,9 @@ checks it on several scenarios).
 
 A module belongs here when it is on the simulator's per-request or per-transfer path and
 compiles without changing behaviour: no class of it is subclassed or monkeypatched outside
-it, no class of it raises a built-in exception subclass (those live in :mod:`engine.errors`),
-and its annotations are exact (mypyc checks ``int``/``float`` arguments at run time, so a
+it, no class of it is built on a built-in type other than ``object``, ``Exception``,
+``ValueError`` and the few others mypyc supports (``RuntimeError`` subclasses live in
+:mod:`engine.errors`), and its annotations are exact (mypyc checks ``int``/``float`` arguments at run time, so a
 NumPy scalar where ``int`` is declared is an error there).
 
 This module imports nothing beyond the standard library: ``setup.py`` loads it by path in a
@@ -26,10 +27,12 @@ COMPILED: tuple[str, ...] = (
     "engine.cache",
     "engine.kv.admission",
     "engine.kv.allocator",
+    "engine.prefetch",
     "engine.tiers.chain",
     "sim.simenv",
     "sim.serving.fetchpath",
     "sim.serving.maxmin",
+    "sim.serving.metrics",
     "sim.serving.network",
     "sim.serving.paramstore",
     "sim.serving.replica",

@@ -11,6 +11,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import pkgutil
 import shutil
 import subprocess
 import sys
@@ -126,6 +127,40 @@ def test_every_compiled_module_is_a_python_file_of_the_tree() -> None:
     assert len(set(COMPILED)) == len(COMPILED)
     for name in COMPILED:
         assert (ROOT / Path(*name.split("."))).with_suffix(".py").is_file(), name
+
+
+def _package_classes() -> list[type]:
+    """Every class defined in a module of the four packages (all of them imported)."""
+    out: list[type] = []
+    for pkg_name in ("engine", "sim", "hwbench", "pdsim"):
+        pkg = importlib.import_module(pkg_name)
+        for info in pkgutil.walk_packages(pkg.__path__, prefix=f"{pkg_name}."):
+            mod = importlib.import_module(info.name)
+            out += [
+                c for c in vars(mod).values() if isinstance(c, type) and c.__module__ == info.name
+            ]
+    return out
+
+
+#: the built-in bases mypyc's native classes may have (its "Native classes" page)
+NATIVE_BUILTIN_BASES = (object, dict, tuple, BaseException, Exception, ValueError, IndexError,
+                        LookupError, UserWarning, Warning)  # fmt: skip
+
+
+def test_no_class_of_a_compiled_module_is_subclassed_elsewhere_or_built_on_a_builtin() -> None:
+    # A Python class cannot inherit from a compiled one, and mypyc compiles a class built on
+    # a built-in type only for a few types (engine/native.py's rules; the slow test would
+    # fail at run time or at build time).
+    compiled = set(COMPILED)
+    classes = _package_classes()
+    assert len(classes) > 100
+    for cls in classes:
+        for base in cls.__mro__[1:]:
+            if base.__module__ in compiled and base.__module__ != cls.__module__:
+                raise AssertionError(f"{cls.__module__}.{cls.__name__} subclasses {base}")
+        if cls.__module__ in compiled:
+            builtin = [b for b in cls.__mro__ if b.__module__ == "builtins"]
+            assert set(builtin) <= set(NATIVE_BUILTIN_BASES), f"{cls}: {builtin}"
 
 
 def test_a_plain_install_compiles_nothing() -> None:

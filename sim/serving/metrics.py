@@ -270,12 +270,12 @@ def summarize(
         per[f"{mnames[mi]}/{cnames[ci]}"] = {"n": len(ix), "latency": lat(ix)}
     by_class: dict[str, Any] = {}
     is_shed = (st == "shed").to_numpy()
-    for ci in np.unique(ccode[win]):
-        sel = ccode[win] == ci
+    for code in np.unique(ccode[win]):
+        sel = ccode[win] == code
         g = win[sel]
         gd = g[is_done[g]]
         ok = ok_of(gd)
-        by_class[cnames[int(ci)]] = {
+        by_class[cnames[int(code)]] = {
             "n": len(g),
             "done": len(gd),
             "shed": int(is_shed[g].sum()),

@@ -19,6 +19,7 @@ import simpy
 from engine.errors import InputError
 from engine.kv.prefix import num_blocks
 from sim.feasible import check_feasible, gpu_host
+from sim.gcquiet import quiet_gc
 from sim.rng import RngStreams
 from sim.scenario import Scenario
 from sim.serving.context import ModelRt, SimContext
@@ -204,7 +205,8 @@ class Cluster:
         simulated seconds while some are unfinished; ``stop_reason`` then says which, and the
         unfinished requests stay ``pending`` in the results."""
         self._start()
-        self.stop_reason = self._advance(progress)
+        with quiet_gc():  # sim.gcquiet: the built cluster frozen, fewer young collections
+            self.stop_reason = self._advance(progress)
         if "w0" not in self.snaps:
             self.snaps["w0"] = self.snapshot()
         if "w1" not in self.snaps or self.wl.closed_loop:

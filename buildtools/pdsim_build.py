@@ -2,8 +2,9 @@
 
 A plain build (``pip install .`` or ``pip install -e .``) is setuptools' own. With
 ``PDSIM_COMPILE=1`` a wheel build also asks for mypy (its mypyc compiles the modules listed in
-``engine/native.py``, see ``setup.py``) and for NumPy and SimPy, whose types the compiled code
-is generated from. An editable install cannot be compiled: the extensions would shadow the
+``engine/native.py``, see ``setup.py``) and for the project's own dependencies
+(``pyproject.toml``): mypyc type-checks everything the compiled modules import, and pydantic,
+NumPy and SimPy must be there for their types to be known. An editable install cannot be compiled: the extensions would shadow the
 sources they were built from, so an edit would silently not run; it is refused with the
 command to use instead.
 """
@@ -11,6 +12,8 @@ command to use instead.
 from __future__ import annotations
 
 import os
+import tomllib
+from pathlib import Path
 from typing import Any
 
 from setuptools import build_meta as _setuptools
@@ -22,8 +25,16 @@ from setuptools.build_meta import (  # noqa: F401  (re-exported hooks, unchanged
     prepare_metadata_for_build_wheel,
 )
 
-#: what a compiled wheel build needs besides setuptools
-COMPILE_REQUIRES = ["mypy>=1.11", "numpy>=1.26", "simpy>=4.1"]
+#: the compiler a compiled wheel build needs besides setuptools (and the project's dependencies)
+COMPILER = "mypy>=1.11"
+
+
+def compile_requires() -> list[str]:
+    """What a compiled wheel build installs: mypy and the dependencies ``pyproject.toml``
+    lists (the build runs in the project's folder)."""
+    with Path("pyproject.toml").open("rb") as f:
+        deps = tomllib.load(f)["project"]["dependencies"]
+    return [COMPILER, *deps]
 
 
 def compile_requested() -> bool:
@@ -42,7 +53,7 @@ def get_requires_for_build_wheel(config_settings: dict[str, Any] | None = None) 
     # Compiled: setuptools' own hook would run setup.py, which needs mypyc, before anything
     # asked for it is installed; the project has no setup_requires, so the list is complete.
     if compile_requested():
-        return list(COMPILE_REQUIRES)
+        return compile_requires()
     return list(_setuptools.get_requires_for_build_wheel(config_settings))
 
 

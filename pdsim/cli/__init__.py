@@ -10,6 +10,7 @@ from importlib.metadata import PackageNotFoundError, version
 
 import typer
 
+from engine.native import build_label
 from pdsim.cli import ab as _ab
 from pdsim.cli import cache as _cache
 from pdsim.cli import calibrate as _calibrate
@@ -98,7 +99,7 @@ def _version_callback(value: bool) -> None:
             v = version("pdsim")
         except PackageNotFoundError:  # running from a source tree that was not installed
             v = "unknown (not installed)"
-        typer.echo(f"pdsim {v}")
+        typer.echo(f"pdsim {v}, build: {build_label()}")  # python, or mypyc (docs/native-build.md)
         raise typer.Exit()
 
 
@@ -109,7 +110,7 @@ def _root(
         "--version",
         callback=_version_callback,
         is_eager=True,
-        help="Print the pdsim version and exit.",
+        help="Print the pdsim version and build (python or mypyc) and exit.",
     ),
 ) -> None:
     """pdsim: a discrete-event simulator of PD-separated inference clusters."""

@@ -154,3 +154,10 @@ def test_values_never_use_scientific_notation(x: float, key: str) -> None:
     text = fmt_value(key, x)
     assert "e+" not in text and "e-" not in text
     assert text.endswith(("ms", " s", "req/s", "%"))
+
+
+def test_version_names_the_build() -> None:
+    res = runner.invoke(app, ["--version"])
+    assert res.exit_code == 0
+    # the tests run the sources: a plain build (a compiled install says "mypyc (k of n ...)")
+    assert res.output.startswith("pdsim ") and res.output.strip().endswith("build: python")

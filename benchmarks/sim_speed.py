@@ -12,8 +12,8 @@ JSON object:
 {...}, "events_per_request": ..., "peak_rss_mib": ..., "growth": ..., "build": ...}`` (events
 per request of the 100k run; the largest peak RSS; growth = CPU-time growth / request growth
 between the smallest and largest size, <= 1 means linear or better; build = ``"python"`` or
-``"mypyc (k of n modules)"``, :func:`engine.native.build_label`: the speed target is met by
-the compiled build, ``PDSIM_COMPILE=1 pip install .``, see ``docs/native-build.md``).
+``"mypyc (k of n modules)"``, :func:`engine.native.build_label`; the compiled build,
+``PDSIM_COMPILE=1 pip install .``, runs 1.35-2x faster, see ``docs/native-build.md``).
 Usage: ``python benchmarks/sim_speed.py [--sizes 10000,100000,1000000]``.
 """
 

@@ -4,9 +4,9 @@ A plain build (``pip install .`` or ``pip install -e .``) is setuptools' own. Wi
 ``PDSIM_COMPILE=1`` a wheel build also asks for mypy (its mypyc compiles the modules listed in
 ``engine/native.py``, see ``setup.py``) and for the project's own dependencies
 (``pyproject.toml``): mypyc type-checks everything the compiled modules import, and pydantic,
-NumPy and SimPy must be there for their types to be known. An editable install cannot be compiled: the extensions would shadow the
-sources they were built from, so an edit would silently not run; it is refused with the
-command to use instead.
+NumPy and SimPy must be there for their types to be known. An editable install cannot be
+compiled: the extensions would shadow the sources they were built from, so an edit would
+silently not run; it is refused with the command to use instead.
 """
 
 from __future__ import annotations

@@ -3,13 +3,13 @@
 Everything about the package is in ``pyproject.toml``; this file only adds the extensions.
 With ``PDSIM_COMPILE=1`` the modules named in ``engine/native.py`` (``COMPILED``) are
 compiled with mypyc; without it there are none and the package is plain Python. The build
-backend (``buildtools/pdsim_build.py``) validates the variable and brings mypy.
+backend (``buildtools/pdsim_build.py``) brings mypy, and its ``compile_requested`` reads the
+variable here too (``python setup.py build_ext`` runs without the backend).
 """
 
 from __future__ import annotations
 
 import importlib.util
-import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -19,25 +19,26 @@ from setuptools import setup
 HERE = Path(__file__).resolve().parent
 
 
-def _compiled_modules() -> tuple[str, ...]:
-    """``COMPILED`` of ``engine/native.py``, loaded by path (the build environment has no
-    NumPy, so the ``engine`` package itself is not imported)."""
-    spec = importlib.util.spec_from_file_location("_pdsim_native", HERE / "engine" / "native.py")
+def _load(relpath: str) -> Any:
+    """A module of the tree loaded by path: the build environment has no NumPy, so the
+    ``engine`` package itself is not imported, and ``buildtools`` is on the path only when
+    pip runs the backend."""
+    name = "_pdsim_" + Path(relpath).stem
+    spec = importlib.util.spec_from_file_location(name, HERE / relpath)
     assert spec is not None and spec.loader is not None
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
-    return tuple(mod.COMPILED)
+    return mod
 
 
 def _ext_modules() -> list[Any]:
-    flag = os.environ.get("PDSIM_COMPILE", "0")
-    if flag in ("", "0"):
+    # the backend's check: exits naming the allowed values for anything but 0, 1 or unset
+    if not _load("buildtools/pdsim_build.py").compile_requested():
         return []
-    if flag != "1":
-        sys.exit(f"PDSIM_COMPILE={flag!r}: allowed values are 0 and 1")
     from mypyc.build import mypycify
 
-    paths = [str(Path(*name.split("."))) + ".py" for name in _compiled_modules()]
+    compiled = _load("engine/native.py").COMPILED
+    paths = [str(Path(*name.split("."))) + ".py" for name in compiled]
     exts = mypycify(paths, opt_level="3")
     if sys.platform != "win32":
         # No fused multiply-add contraction: every float operation rounds as CPython's does,

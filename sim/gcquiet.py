@@ -33,19 +33,16 @@ def quiet_gc() -> Iterator[None]:
     """Freeze the objects that exist now and collect young objects less often until the
     block ends (see the module docstring); nested uses are no-ops."""
     global _depth
+    outer = _depth == 0
     _depth += 1
-    if _depth > 1:
-        try:
-            yield
-        finally:
-            _depth -= 1
-        return
     saved = gc.get_threshold()
-    gc.freeze()
-    gc.set_threshold(YOUNG_THRESHOLD, saved[1], saved[2])
+    if outer:
+        gc.freeze()
+        gc.set_threshold(YOUNG_THRESHOLD, saved[1], saved[2])
     try:
         yield
     finally:
-        gc.set_threshold(*saved)
-        gc.unfreeze()
         _depth -= 1
+        if outer:
+            gc.set_threshold(*saved)
+            gc.unfreeze()

@@ -22,6 +22,7 @@ from sim.feasible import check_feasible, gpu_host
 from sim.gcquiet import quiet_gc
 from sim.rng import RngStreams
 from sim.scenario import Scenario
+from sim.serving.arrivals import OpenLoop
 from sim.serving.context import ModelRt, SimContext
 from sim.serving.gpumemory import plan_memory
 from sim.serving.metrics import EV_REJECT, REJECTED, TIERS, Metrics, TraceRecorder
@@ -35,9 +36,6 @@ from sim.serving.workload import Workload, make_workload
 from sim.simenv import CountingEnvironment
 
 __all__ = ["Cluster", "CountingEnvironment", "build", "check_feasible", "replica_share"]
-
-#: open-loop arrivals are read this many at a time as plain Python lists
-_ARRIVAL_SLICE = 4096
 
 
 def replica_share(sc: Scenario) -> float:
@@ -93,25 +91,6 @@ class Cluster:
         ctx.trace.rec(ctx.env.now, EV_REJECT, rid, 0)
         if ctx.on_complete is not None:
             ctx.on_complete(rid)
-
-    def _open_loop(self) -> Any:
-        env, arr, n = self.env, self.wl.arrival, self.wl.n
-        if self._rejected is None:
-            self._rejected = self.rejected_mask()
-        dispatch, reject = self.scheduler.dispatch, self._reject
-        # Requests in slices of plain Python values (no numpy scalar per request; bounded memory).
-        for lo in range(0, n, _ARRIVAL_SLICE):
-            hi = min(lo + _ARRIVAL_SLICE, n)
-            rej = self._rejected[lo:hi].tolist()
-            models = self.wl.model[lo:hi].tolist()
-            for rid, t in enumerate(arr[lo:hi].tolist(), lo):
-                dt = t - env.now
-                if dt > 0:
-                    yield env.timeout(dt)
-                if rej[rid - lo]:
-                    reject(rid)
-                else:
-                    dispatch(rid, models[rid - lo])
 
     def _closed_next(self, rid: int) -> None:
         if self._next >= self.wl.n:
@@ -225,7 +204,12 @@ class Cluster:
             for _ in range(min(self.wl.clients, self.wl.n)):
                 self._closed_next(-1)
         else:
-            env.process(self._open_loop())
+            if self._rejected is None:
+                self._rejected = self.rejected_mask()
+            wl = self.wl
+            OpenLoop(
+                env, wl.arrival, wl.model, self._rejected, self.scheduler.dispatch, self._reject
+            ).start()
         interval = sc.metrics.interval or max(self.horizon / 200.0, 1e-3)
         env.process(self._sampler(interval))
         if sc.hot_shards.enabled:

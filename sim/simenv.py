@@ -9,20 +9,27 @@ because the run loop is the simulator's innermost loop: per event it saves the w
 and ``run``'s call of ``step``. The clock ``now`` is a plain attribute, not SimPy's property
 (the simulator reads it several times an event); the loop keeps it equal to SimPy's ``_now``.
 
+The environment's ``schedule``, ``timeout``, ``process`` and ``event`` are written out here
+as well, with the same semantics as SimPy's: ``schedule`` queues an event exactly as SimPy
+does; ``timeout`` makes a :class:`simpy.events.Timeout` and ``process`` a
+:class:`simpy.events.Process` (subclasses whose constructor and ``_resume`` live here, so the
+compiled build compiles them; ``docs/native-build.md``).
+
 Contract (tested against SimPy's own loop in ``tests/sim/test_simenv.py``): for any process
 set, ``run(until=t)`` leaves the clock, the queue and every event's state as
 ``simpy.Environment.run(until=t)`` does and returns the same value; an event that failed and
-was not defused crashes the run with a copy of its exception, chained to the original.
+was not defused crashes the run with a copy of its exception, chained to the original; a
+process resumes, fails and ends as SimPy's does.
 """
 
 from __future__ import annotations
 
-from heapq import heappop
+from heapq import heappop, heappush
 from typing import Any
 
 import simpy
-from simpy.core import EmptySchedule, StopSimulation
-from simpy.events import URGENT, Event, EventPriority
+from simpy.core import EmptySchedule, SimTime, StopSimulation
+from simpy.events import NORMAL, URGENT, Event, EventPriority, Process, ProcessGenerator, Timeout
 
 __all__ = ["CountingEnvironment"]
 
@@ -41,6 +48,23 @@ class CountingEnvironment(simpy.Environment):
         super().__init__()
         self.now = self._now
         self.steps = 0
+
+    def schedule(self, event: Event, priority: EventPriority = NORMAL, delay: SimTime = 0) -> None:
+        """Queue ``event`` at ``now + delay`` with ``priority`` (SimPy's ``schedule``)."""
+        heappush(self._queue, (self._now + delay, priority, next(self._eid), event))
+
+    def timeout(self, delay: SimTime = 0, value: Any = None) -> Timeout:
+        """A :class:`simpy.events.Timeout` of ``delay`` (scheduled now) with ``value``."""
+        return SimTimeout(self, delay, value)
+
+    def process(self, generator: ProcessGenerator) -> Process:
+        """Start ``generator`` as a :class:`simpy.events.Process` (it runs from an urgent
+        event scheduled now)."""
+        return SimProcess(self, generator)
+
+    def event(self) -> Event:
+        """A new pending :class:`simpy.events.Event`."""
+        return Event(self)
 
     def step(self) -> None:
         """Process the next event (SimPy's ``step``), counting it; raises
@@ -97,8 +121,80 @@ class CountingEnvironment(simpy.Environment):
             limit -= 1
 
 
+class SimTimeout(Timeout):
+    """SimPy's :class:`~simpy.events.Timeout`: triggered at creation, processed ``delay``
+    later with ``value``; a negative delay is a ``ValueError``."""
+
+    def __init__(self, env: CountingEnvironment, delay: SimTime, value: Any = None) -> None:
+        if delay < 0:
+            raise ValueError(f"Negative delay {delay}")
+        self.env = env
+        self.callbacks = []
+        self._value = value
+        self._delay = delay
+        self._ok = True
+        # env.schedule(self, NORMAL, delay), without the call
+        heappush(env._queue, (env._now + delay, NORMAL, next(env._eid), self))
+
+
+class SimProcess(Process):
+    """SimPy's :class:`~simpy.events.Process`, resumed by :meth:`_resume` below.
+
+    Resumption as SimPy's: the generator is sent each event's value (or thrown a copy of a
+    failed event's exception, which defuses the event) until it yields an event not yet
+    processed, whose callbacks then resume it; an event already processed is sent back at
+    once. When the generator returns, the process succeeds with the returned value; when it
+    raises, the process fails with that exception; either way it is scheduled now. Yielding
+    anything that is not an event is a ``RuntimeError``.
+    """
+
+    def _resume(self, event: Event) -> None:
+        env = self.env
+        env._active_proc = self
+        gen = self._generator
+        nxt: Any = None
+        while True:
+            try:
+                if event._ok:
+                    nxt = gen.send(event._value)
+                else:
+                    event._defused = True  # the process handles (or dies of) the failure
+                    nxt = gen.throw(_copy_failure(event._value))
+            except StopIteration as stop:
+                self._ok = True
+                self._value = stop.args[0] if stop.args else None
+                env.schedule(self)
+                nxt = None
+                break
+            except BaseException as err:
+                self._ok = False
+                tb = err.__traceback__
+                if tb is not None:  # this frame adds nothing to the generator's traceback
+                    err.__traceback__ = tb.tb_next
+                self._value = err
+                env.schedule(self)
+                nxt = None
+                break
+            try:
+                callbacks = nxt.callbacks
+            except AttributeError:
+                raise RuntimeError(f'Invalid yield value "{nxt}"') from None
+            if callbacks is not None:  # pending or triggered: resume when it is processed
+                callbacks.append(self._resume)
+                break
+            event = nxt  # already processed: its value goes straight back
+        self._target = nxt
+        env._active_proc = None
+
+
+def _copy_failure(exc: BaseException) -> BaseException:
+    """A copy of a failed event's exception, chained to it: each process that handles the
+    failure gets its own (its traceback stays the original's)."""
+    copy = type(exc)(*exc.args)
+    copy.__cause__ = exc
+    return copy
+
+
 def _crash(event: Event) -> None:
     """Raise a copy of failed ``event``'s exception, chained to it (its traceback stays)."""
-    exc = type(event._value)(*event._value.args)
-    exc.__cause__ = event._value
-    raise exc
+    raise _copy_failure(event._value)

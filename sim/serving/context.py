@@ -11,12 +11,13 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 import simpy
 
 from sim.scenario import Scenario
+from sim.serving.iterprice import IterPricer
 from sim.serving.metrics import Metrics, TraceRecorder
 
 if TYPE_CHECKING:
@@ -27,9 +28,6 @@ if TYPE_CHECKING:
     from sim.serving.network import Network
     from sim.serving.paramserver import MetadataDirectory, ParamServer
     from sim.serving.replica import ComputeNode
-
-CTX_BUCKET_BITS = 6  # decode cost table knots: every 64 tokens of total batch context
-CTX_BUCKET = 1 << CTX_BUCKET_BITS
 
 
 @dataclass
@@ -67,14 +65,9 @@ class ModelRt:
     #: prefetch starts that long after it is planned)
     prefetch_s_per_byte: float = field(init=False)
     prefetch_handoff_s: float = field(init=False)
-    #: decode cost per (batch, knot): (seconds, slope per token, flops, slope, bytes, slope)
-    _dec_memo: dict[tuple[int, int], tuple[float, float, float, float, float, float]] = field(
-        init=False, default_factory=dict, repr=False
-    )
-    #: the cost model's ``iteration_work`` (None: it prices prefill and decode passes apart)
-    #: and whether it fuses them into one pass, looked up once (``cost`` is fixed)
-    _work: Any = field(init=False, default=None, repr=False)
-    _fused: bool = field(init=False, default=True, repr=False)
+    #: the price of an iteration, built from ``cost`` (sim.serving.iterprice; rebuilt by
+    #: ``dataclasses.replace``)
+    pricer: IterPricer = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
         self.n_layers = int(self.layer_start.shape[0] - 1)
@@ -83,8 +76,6 @@ class ModelRt:
         self.layer_chunks = [int(c) for c in counts]
         self.nonempty_layers = int((counts > 0).sum())
         self.base = self.idx << 32
-        self._work = getattr(self.cost, "iteration_work", None)
-        self._fused = bool(getattr(self.cost, "fused_iterations", True))
         self.wake_s = float(getattr(self.cost, "wake_s", 0.0))
         self.wake_hide = float(getattr(self.cost, "wake_hide", 0.0))
         if self.wake_hide < 0:
@@ -104,6 +95,12 @@ class ModelRt:
             raise ValueError(f"iter_gap_s must be >= 0, got {self.iter_gap_s}")
         if not 0.0 <= self.rewarm_decay < 1.0:
             raise ValueError(f"rewarm_decay must be in [0, 1), got {self.rewarm_decay}")
+        self.pricer = IterPricer(
+            self.cost,
+            self.is_cnn,
+            self.iter_gap_s,
+            bool(getattr(self.cost, "fused_iterations", True)),
+        )
         cs = np.concatenate([[0], np.cumsum(self.chunk_size)])
         self.layer_bytes = [
             int(cs[self.layer_start[i + 1]] - cs[self.layer_start[i]]) for i in range(self.n_layers)
@@ -147,54 +144,10 @@ class ModelRt:
         A cost model with ``fused_iterations`` runs both in ONE pass over the weights
         (:meth:`sim.serving.costmodel.CostModel.iteration_time`); otherwise a prefill pass plus a decode
         pass (the project's engine). Decode-only lookups are memoised by batch and total
-        context, interpolated linearly between knots every ``CTX_BUCKET`` tokens -- exact
+        context, interpolated linearly between knots every
+        :data:`sim.serving.iterprice.CTX_BUCKET` tokens -- exact
         wherever the cost is linear in context (the roofline is, between kinks)."""
-        cost = self.cost
-        if self.is_cnn:
-            t = float(cost.cnn_batch_time(max(n_prompts, 1)))
-            return t + self.iter_gap_s, 0.0, 0.0
-        if prefill_tokens <= 0:
-            if n_dec <= 0:
-                return self.iter_gap_s, 0.0, 0.0
-            knot = int(ctx) >> CTX_BUCKET_BITS
-            key = (n_dec, knot)
-            d = self._dec_memo.get(key)
-            if d is None:
-                lo = self._raw(0, 0.0, 0, n_dec, float(knot << CTX_BUCKET_BITS))
-                hi = self._raw(0, 0.0, 0, n_dec, float((knot + 1) << CTX_BUCKET_BITS))
-                d = self._dec_memo[key] = (
-                    lo[0],
-                    (hi[0] - lo[0]) / CTX_BUCKET,
-                    lo[1],
-                    (hi[1] - lo[1]) / CTX_BUCKET,
-                    lo[2],
-                    (hi[2] - lo[2]) / CTX_BUCKET,
-                )
-            x = ctx - (knot << CTX_BUCKET_BITS)
-            return (
-                self.iter_gap_s + d[0] + d[1] * x,
-                d[2] + d[3] * x,
-                d[4] + d[5] * x,
-            )
-        t, f, b = self._raw(prefill_tokens, prefill_sq, n_prompts, n_dec, ctx)
-        return t + self.iter_gap_s, f, b
-
-    def _raw(
-        self, prefill_tokens: int, prefill_sq: float, n_prompts: int, n_dec: int, ctx: float
-    ) -> tuple[float, float, float]:
-        cost = self.cost
-        work = self._work
-        f = b = 0.0
-        if work is not None:
-            c, k, f, b = work(prefill_tokens, prefill_sq, n_prompts, n_dec, ctx)
-            if self._fused:
-                return c + k, f, b
-        t = 0.0
-        if prefill_tokens > 0:
-            t += float(cost.prefill_time(int(prefill_tokens), round(prefill_sq)))
-        if n_dec > 0:
-            t += float(cost.decode_step_time(int(n_dec), int(ctx)))
-        return t, f, b
+        return self.pricer.iter_cost(prefill_tokens, prefill_sq, n_prompts, n_dec, ctx)
 
     def iter_time(
         self, prefill_tokens: int, prefill_sq: float, n_prompts: int, n_dec: int, ctx: float

@@ -39,6 +39,7 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 
 from engine.configfile import parse_mapping, read_mapping, validate_model
 from engine.units import parse_duration, parse_rate, parse_size
+from sim.serving.iterprice import RooflinePass
 from sim.serving.models import ModelSpec
 from sim.serving.opcost.tables import OpsProfile
 
@@ -280,6 +281,26 @@ class CostModel:
             fsig[key] = fsig.get(key, 0) + 1
         self._fgroups = [(*k, c) for k, c in fsig.items()]
         self.n_allreduce = 2 * model.n_attention_layers + 1  # attention + MLP per layer, embedding
+        #: the fused pass's arithmetic (sim.serving.iterprice); ``roofline`` is what a
+        #: simulator asks directly, None when op tables price the pass instead
+        self._roof = RooflinePass(
+            self._fgroups,
+            tp=tp,
+            pp=pp,
+            flop_rate=self.flop_rate,
+            hbm_bandwidth=self.hbm_bandwidth,
+            overhead=self.overhead,
+            launch=self.launch,
+            attn_flops_per_ctx=self.attn_flops_per_ctx,
+            kv_bytes_per_token_layer=self.kv_bytes_per_token_layer,
+            kv_replication=self.kv_replication,
+            hidden=model.hidden,
+            dtype_bytes=model.dtype_bytes,
+            act_bytes=self.act_bytes,
+            n_allreduce=self.n_allreduce,
+            link=self.tp_link,
+        )
+        self.roofline: RooflinePass | None = self._roof if self.ops is None else None
         self._links: dict[str, tuple[float, float]] = {
             name: (getattr(profile.links, name).latency, getattr(profile.links, name).bandwidth)
             for name in LINK_NAMES
@@ -370,12 +391,7 @@ class CostModel:
         """One ring all-reduce of ``nbytes`` over the replica's ``tp`` GPUs: ``2 (tp-1)`` steps,
         each moving ``nbytes / tp`` over the TP link (NVLink inside a server, else the NIC) and
         paying its latency; 0 at ``tp = 1``."""
-        tp = self.tp
-        if tp <= 1 or nbytes <= 0:
-            return 0.0
-        lat, bw = self.tp_link
-        steps = 2 * (tp - 1)
-        return steps * (lat + nbytes / tp / bw)
+        return self._roof.allreduce_time(nbytes)
 
     def iteration_work(
         self,
@@ -401,42 +417,16 @@ class CostModel:
         op tables (``profile.ops``) prices the pass op by op instead
         (:meth:`sim.serving.opcost.OpCostModel.iteration_time`: measured kernels, all-reduces
         included), keeping the roofline's FLOPs and bytes and the PP hand-offs."""
-        tokens = float(prefill_tokens + n_decode)
-        if tokens <= 0:
-            return 0.0, 0.0, 0.0, 0.0
-        tp, m = self.tp, self.model
-        sampled = float(n_prompts + n_decode)
-        attn_f = (
-            0.5 * self.attn_flops_per_ctx * prefill_sq + self.attn_flops_per_ctx * decode_ctx
-        ) / tp
-        kv_b = (
-            self.kv_bytes_per_token_layer * (prefill_tokens + decode_ctx) * self.kv_replication / tp
+        compute, coll, flops, nbytes = self._roof.work(
+            prefill_tokens, prefill_sq, n_prompts, n_decode, decode_ctx
         )
-        row = m.hidden * m.dtype_bytes / tp
-        rate, bw, over = self.flop_rate, self.hbm_bandwidth, self.overhead
-        t = flops = nbytes = 0.0
-        for f1, b1, attention, lookup, head, count in self._fgroups:
-            toks = sampled if head else tokens
-            f = f1 * toks
-            b = min(b1, toks * row) if lookup else b1
-            if attention:
-                f += attn_f
-                b += kv_b
-            t += count * (max(f / rate, b / bw) + over)
-            flops += count * f
-            nbytes += count * b
-        compute = t + self.launch * self.pp  # every layer runs once, stage after stage
-        act = tokens * m.hidden * self.act_bytes
-        coll = self.n_allreduce * self.allreduce_time(act)
-        if self.ops is not None:  # measured op tables: their sum, all-reduces included
+        if self.ops is not None and (prefill_tokens + n_decode) > 0:
+            # measured op tables: their sum, all-reduces included; the PP hand-offs stay
             compute = self.ops.iteration_time(
                 prefill_tokens, prefill_sq, n_prompts, n_decode, decode_ctx
             )
-            coll = 0.0
-        if self.pp > 1:
-            lat, bw_l = self.tp_link
-            coll += (self.pp - 1) * (lat + act / tp / bw_l)
-        return compute, coll, flops * tp, nbytes * tp
+            coll = self._roof.handoff_time(float(prefill_tokens + n_decode))
+        return compute, coll, flops, nbytes
 
     def iteration_time(
         self,

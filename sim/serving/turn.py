@@ -164,7 +164,7 @@ def _iterate(
     pf = node.pf[m]
     ptok, sq, ends, chunks = form_batch(node, mr, pf, node.max_tokens - n)
     ctx_tok = node.b_base[m] + n * off
-    t, fl, by = mr.iter_cost(ptok, sq, len(ends), n, ctx_tok)
+    t, fl, by = mr.pricer.iter_cost(ptok, sq, len(ends), n, ctx_tok)
     node.kind = iteration_kind(ptok, n)
     t += extra
     if mr.warm_on:  # warm-up costs (sim.serving.context.ModelRt.rewarm): one iteration
@@ -248,7 +248,7 @@ def _segment(
         k = min(k, max(node.max_steps - node._quantum, 1))
     k = fit_steps(node, m, off, k)
     node.kind = iteration_kind(0, n)
-    t_step, fl, by = mr.iter_cost(0, 0.0, 0, n, node.b_base[m] + n * (off + (k - 1) / 2.0))
+    t_step, fl, by = mr.pricer.iter_cost(0, 0.0, 0, n, node.b_base[m] + n * (off + (k - 1) / 2.0))
     if mr.warm_on:  # spread over the k steps (an interrupted segment pays its share)
         t_step += (mr.rewarm(node._since, k) + (mr.wake(t_step) if woke else 0.0)) / k
     if node._carry > 0:  # the interrupted step still has to finish

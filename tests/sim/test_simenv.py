@@ -140,3 +140,78 @@ def test_stop_inside_callbacks_keeps_the_rest() -> None:
         env.run(until=5.0)
         assert seen[-1] == "b" and env.now == 5.0
     assert seen == ["a", "b", "a", "b"]
+
+
+def _lives(env: simpy.Environment, log: list[Any]) -> None:
+    """Processes that return, raise, catch a failed event, wait on each other and on an event
+    already processed: what each sees, and when."""
+
+    def child(v: int) -> Generator[simpy.Event, Any, int]:
+        yield env.timeout(1.0)
+        if v < 0:
+            raise KeyError(v)
+        return v * 10
+
+    def catcher() -> Generator[simpy.Event, Any, None]:
+        bad = env.event()
+        bad.fail(ValueError("x"))
+        try:
+            yield bad
+        except ValueError as exc:
+            log.append(
+                (env.now, "caught", exc.args, exc is not bad.value, exc.__cause__ is bad.value)
+            )
+        done = env.timeout(0.5, value="early")
+        yield env.timeout(1.0)
+        log.append((env.now, "late", (yield done)))  # processed before: its value at once
+
+    def parent() -> Generator[simpy.Event, Any, None]:
+        log.append((env.now, "child", (yield env.process(child(3)))))
+        try:
+            yield env.process(child(-1))
+        except KeyError as exc:
+            log.append((env.now, "child failed", exc.args))
+
+    env.process(catcher())
+    p = env.process(parent())
+    p.callbacks.append(lambda e: log.append((env.now, "parent done", e.value, e.ok)))
+
+
+def test_processes_return_raise_and_catch_as_in_simpy() -> None:
+    ref_env, ref_log = simpy.Environment(), []
+    _lives(ref_env, ref_log)
+    ref_env.run(until=10.0)
+    env, log = CountingEnvironment(), []
+    _lives(env, log)
+    env.run(until=10.0)
+    assert log == ref_log
+    assert [e[1] for e in log] == ["caught", "late", "child", "child failed", "parent done"]
+
+
+def test_a_process_that_raises_crashes_the_run_unless_someone_waits() -> None:
+    env = CountingEnvironment()
+
+    def bad() -> Generator[simpy.Event, Any, None]:
+        yield env.timeout(1.0)
+        raise RuntimeError("bad process")
+
+    proc = env.process(bad())
+    with pytest.raises(RuntimeError, match="bad process"):
+        env.run(until=5.0)
+    assert not proc.ok and not proc.is_alive
+
+
+def test_yielding_a_non_event_is_an_error() -> None:
+    env = CountingEnvironment()
+
+    def odd() -> Generator[Any, Any, None]:
+        yield 42
+
+    env.process(odd())
+    with pytest.raises(RuntimeError, match='Invalid yield value "42"'):
+        env.run(until=1.0)
+
+
+def test_negative_timeout_is_refused() -> None:
+    with pytest.raises(ValueError, match="Negative delay -1"):
+        CountingEnvironment().timeout(-1)

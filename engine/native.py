@@ -7,11 +7,14 @@ run gives the same events, summaries and trace hash either way (``tests/test_nat
 checks it on several scenarios).
 
 A module belongs here when it is on the simulator's per-request or per-transfer path and
-compiles without changing behaviour: no class of it is subclassed or monkeypatched outside
-it, no class of it is built on a built-in type other than ``object``, ``Exception``,
-``ValueError`` and the few others mypyc supports (``RuntimeError`` subclasses live in
-:mod:`engine.errors`), and its annotations are exact (mypyc checks ``int``/``float`` arguments at run time, so a
-NumPy scalar where ``int`` is declared is an error there).
+compiles without changing behaviour: no class of it is subclassed by a module that is not
+compiled, or monkeypatched; no class of it is built on a built-in type other than
+``object``, ``Exception``, ``ValueError`` and the few others mypyc supports
+(``RuntimeError`` subclasses live in :mod:`engine.errors`); and its annotations are exact
+(mypyc checks ``int``/``float`` arguments at run time, so a NumPy scalar where ``int`` is
+declared is an error there). A class built on a Python class of another library (SimPy's
+environment and events in :mod:`sim.simenv`) compiles as a regular Python class whose
+methods are compiled.
 
 This module imports nothing beyond the standard library: ``setup.py`` loads it by path in a
 build environment that has neither NumPy nor pdsim.
@@ -27,6 +30,7 @@ COMPILED: tuple[str, ...] = (
     "engine.cache",
     "engine.kv.admission",
     "engine.kv.allocator",
+    "engine.kv.blocks",
     "engine.prefetch",
     "engine.tiers.chain",
     "sim.simenv",

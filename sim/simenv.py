@@ -125,7 +125,7 @@ class SimTimeout(Timeout):
     """SimPy's :class:`~simpy.events.Timeout`: triggered at creation, processed ``delay``
     later with ``value``; a negative delay is a ``ValueError``."""
 
-    def __init__(self, env: CountingEnvironment, delay: SimTime, value: Any = None) -> None:
+    def __init__(self, env: simpy.Environment, delay: SimTime, value: Any = None) -> None:
         if delay < 0:
             raise ValueError(f"Negative delay {delay}")
         self.env = env

@@ -148,7 +148,8 @@ NATIVE_BUILTIN_BASES = (object, dict, tuple, BaseException, Exception, ValueErro
 
 
 def test_no_class_of_a_compiled_module_is_subclassed_elsewhere_or_built_on_a_builtin() -> None:
-    # A Python class cannot inherit from a compiled one, and mypyc compiles a class built on
+    # A Python class cannot inherit from a compiled one (a compiled class can: the modules are
+    # compiled together), and mypyc compiles a class built on
     # a built-in type only for a few types (engine/native.py's rules; the slow test would
     # fail at run time or at build time).
     compiled = set(COMPILED)
@@ -156,7 +157,7 @@ def test_no_class_of_a_compiled_module_is_subclassed_elsewhere_or_built_on_a_bui
     assert len(classes) > 100
     for cls in classes:
         for base in cls.__mro__[1:]:
-            if base.__module__ in compiled and base.__module__ != cls.__module__:
+            if base.__module__ in compiled and cls.__module__ not in compiled:
                 raise AssertionError(f"{cls.__module__}.{cls.__name__} subclasses {base}")
         if cls.__module__ in compiled:
             builtin = [b for b in cls.__mro__ if b.__module__ == "builtins"]

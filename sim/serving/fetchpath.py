@@ -25,6 +25,7 @@ import simpy
 
 from sim.serving.metrics import TIERS
 from sim.serving.streams import lend
+from sim.simenv import SimTimeout
 
 if TYPE_CHECKING:
     from sim.serving.replica import ComputeNode
@@ -43,7 +44,7 @@ def execute(
     """One iteration of model ``m``, compute ``t`` seconds, for a batch of ``nb``, after
     ``carry`` seconds that finish an interrupted decode step (already accounted as busy)."""
     if node.ws.all_resident(m):
-        yield node.env.timeout(carry + t)
+        yield SimTimeout(node.env, carry + t)
         node.busy += t
         met = node.ctx.metrics
         met.busy += t
@@ -54,7 +55,7 @@ def execute(
         node.ws.touch(m, node.env.now)
     else:
         if carry > 0:
-            yield node.env.timeout(carry)
+            yield SimTimeout(node.env, carry)
         yield from run_layers(node, m, t, nb)
 
 
@@ -108,7 +109,7 @@ def run_layers(
                 ok = yield ev
                 if ok is False:  # a link on the path dropped: back off, then retry
                     met.fetch_retries += 1
-                    yield env.timeout(FETCH_RETRY_S)
+                    yield SimTimeout(env, FETCH_RETRY_S)
                 wait += env.now - t0
                 ws.pin_resident(m, layer, held)  # chunks an earlier prefetch brought
             if log is not None:
@@ -119,14 +120,14 @@ def run_layers(
             if node._window and node.hold_pins:
                 pf, pf_bytes = prefetch(node, m, layer, charge)
             # a calibrated engine's compute loses time to the copies it overlaps
-            yield env.timeout(dt + per_byte * pf_bytes if pf_bytes else dt)
+            yield SimTimeout(env, dt + per_byte * pf_bytes if pf_bytes else dt)
             if node.hold_pins and pf:  # the real engine's rule (engine.runtime, hold_pins)
                 t0 = env.now
                 yield simpy.AllOf(env, pf)
                 wait += env.now - t0
             ws.unpin(held)
         elif dt > 0:
-            yield env.timeout(dt)
+            yield SimTimeout(env, dt)
     ws.touch(m, env.now)
     spent = env.now - t_start - (node._lent - lent)
     node.busy += spent

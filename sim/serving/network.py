@@ -42,6 +42,7 @@ import numpy as np
 import simpy
 
 from sim.serving.maxmin import fill_classes
+from sim.simenv import SimTimeout
 
 _RATE_TOL = 1e-9  # relative slack when comparing shares / remaining bytes
 
@@ -260,7 +261,7 @@ class Network:
             due = self._starting.get(at)
             if due is None:
                 self._starting[at] = [flow]
-                self.env.timeout(delay).callbacks.append(partial(self._start_cb, at))
+                SimTimeout(self.env, delay).callbacks.append(partial(self._start_cb, at))
             else:
                 due.append(flow)
         else:
@@ -408,7 +409,7 @@ class Network:
         self._timer_gen += 1
         if soonest is not None:
             gen = self._timer_gen
-            self.env.timeout(max(0.0, soonest)).callbacks.append(partial(self._timer_cb, gen))
+            SimTimeout(self.env, max(0.0, soonest)).callbacks.append(partial(self._timer_cb, gen))
 
     @staticmethod
     def _fill(flows: list[_Flow], residual: list[float]) -> None:

@@ -38,7 +38,6 @@ from collections.abc import Generator
 from typing import TYPE_CHECKING, Any
 
 import simpy
-from simpy.events import Timeout
 
 from engine.kv.admission import iteration_kind
 from sim.serving.fetchpath import execute
@@ -54,6 +53,7 @@ from sim.serving.replicakv import (
     start_decoding,
 )
 from sim.serving.segcut import CUT
+from sim.simenv import SimTimeout
 
 if TYPE_CHECKING:
     from sim.serving.context import ModelRt
@@ -179,7 +179,7 @@ def _iterate(
     if ends and node.on_prefill_iter is not None:
         node.on_prefill_iter(node, [e[0] for e in ends], carry + t)
     if resident:  # execute's all-resident case, inline (hot path)
-        yield Timeout(env, carry + t)
+        yield SimTimeout(env, carry + t)
         node.busy += t
         met.busy += t
         c = mr.n_chunks
@@ -253,15 +253,15 @@ def _segment(
         t_step += (mr.rewarm(node._since, k) + (mr.wake(t_step) if woke else 0.0)) / k
     if node._carry > 0:  # the interrupted step still has to finish
         carry, node._carry = node._carry, 0.0
-        yield Timeout(env, carry)
+        yield SimTimeout(env, carry)
     t0 = env.now
     node.seg_model = m
-    seg = node.seg_ev = Timeout(env, k * t_step)
+    seg = node.seg_ev = SimTimeout(env, k * t_step)
     if (yield seg) is CUT:  # an arrival that could join cut it short (sim.serving.segcut)
         steps = min(k, int((env.now - t0) / t_step) + 1)
         rest = max(t0 + steps * t_step - env.now, 0.0)
         if steps == k:  # completions are due at that boundary: wait for it here
-            yield Timeout(env, rest)
+            yield SimTimeout(env, rest)
         else:  # nothing completes: the next iteration starts after `rest` (one event)
             node._carry = rest
     else:

@@ -8,7 +8,9 @@ checks it on several scenarios).
 
 A module belongs here when it is on the simulator's per-request or per-transfer path and
 compiles without changing behaviour: no class of it is subclassed by a module that is not
-compiled, or monkeypatched; no class of it is built on a built-in type other than
+compiled unless the class is declared open (``@mypyc_attr(allow_interpreted_subclasses=True)``,
+or ``native_class=False`` for a base whose subclasses are decorated: the placement
+policies), and none is monkeypatched; no class of it is built on a built-in type other than
 ``object``, ``Exception``, ``ValueError`` and the few others mypyc supports
 (``RuntimeError`` subclasses live in :mod:`engine.errors`); and its annotations are exact
 (mypyc checks ``int``/``float`` arguments at run time, so a NumPy scalar where ``int`` is
@@ -41,6 +43,7 @@ COMPILED: tuple[str, ...] = (
     "sim.serving.metrics",
     "sim.serving.network",
     "sim.serving.paramstore",
+    "sim.serving.placement",
     "sim.serving.replica",
     "sim.serving.replicakv",
     "sim.serving.segcut",

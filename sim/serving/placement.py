@@ -21,9 +21,11 @@ from __future__ import annotations
 import heapq
 from collections import deque
 from collections.abc import Callable, Generator
+from functools import partial
 from typing import TYPE_CHECKING
 
 import numpy as np
+from mypy_extensions import mypyc_attr
 
 from sim.serving.context import SimContext
 from sim.serving.metrics import EV_ARRIVE, EV_SHED, SHED
@@ -34,6 +36,7 @@ if TYPE_CHECKING:
     from sim.serving.replica import ComputeNode
 
 
+@mypyc_attr(native_class=False)  # compiled methods, an open class: policies subclass it
 class Placement:
     """Base placement policy."""
 
@@ -106,12 +109,12 @@ class LeastLoaded(Placement):
         heapq.heapify(self._heap)
 
     def _hook(self, pos: int) -> Callable[[ComputeNode], None]:
-        heap = self  # the heap list is replaced on rebuild: look it up at call time
+        return partial(self._unloaded, pos)
 
-        def unloaded(node: ComputeNode) -> None:
-            heapq.heappush(heap._heap, (node.qlen + node.running, pos))
-
-        return unloaded
+    def _unloaded(self, pos: int, node: ComputeNode) -> None:
+        """``node`` (at ``pos``) lost load: push its current load (the heap list is replaced
+        on rebuild, so it is looked up at call time)."""
+        heapq.heappush(self._heap, (node.qlen + node.running, pos))
 
     def choose(self, model: int, nodes: list[ComputeNode], now: float) -> ComputeNode:
         heap = self._heap
@@ -144,6 +147,7 @@ class ScorePlacement(Placement):
         return best
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)  # sim.disagg subclasses it
 class Scheduler:
     """Front door of the cluster: place each arriving request or degrade it."""
 

@@ -13,7 +13,7 @@ JSON object:
 per request of the 100k run; the largest peak RSS; growth = CPU-time growth / request growth
 between the smallest and largest size, <= 1 means linear or better; build = ``"python"`` or
 ``"mypyc (k of n modules)"``, :func:`engine.native.build_label`; the compiled build,
-``PDSIM_COMPILE=1 pip install .``, runs 1.35-2x faster, see ``docs/native-build.md``).
+``PDSIM_COMPILE=1 pip install .``, runs 2-2.3x faster, see ``docs/native-build.md``).
 Usage: ``python benchmarks/sim_speed.py [--sizes 10000,100000,1000000]``.
 """
 

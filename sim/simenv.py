@@ -31,7 +31,7 @@ import simpy
 from simpy.core import EmptySchedule, SimTime, StopSimulation
 from simpy.events import NORMAL, URGENT, Event, EventPriority, Process, ProcessGenerator, Timeout
 
-__all__ = ["CountingEnvironment"]
+__all__ = ["CountingEnvironment", "SimProcess", "SimTimeout"]
 
 #: SimPy re-queues the event a StopSimulation interrupted one priority ahead of URGENT
 _RESUME_FIRST = EventPriority(URGENT - 1)
@@ -169,8 +169,8 @@ class SimProcess(Process):
             except BaseException as err:
                 self._ok = False
                 tb = err.__traceback__
-                if tb is not None:  # this frame adds nothing to the generator's traceback
-                    err.__traceback__ = tb.tb_next
+                if tb is not None and tb.tb_frame.f_code.co_name == "_resume":
+                    err.__traceback__ = tb.tb_next  # this frame adds nothing (none compiled)
                 self._value = err
                 env.schedule(self)
                 nxt = None

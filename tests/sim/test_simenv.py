@@ -215,3 +215,21 @@ def test_yielding_a_non_event_is_an_error() -> None:
 def test_negative_timeout_is_refused() -> None:
     with pytest.raises(ValueError, match="Negative delay -1"):
         CountingEnvironment().timeout(-1)
+
+
+def test_a_failed_process_keeps_its_generators_frames() -> None:
+    env = CountingEnvironment()
+
+    def deep() -> Generator[simpy.Event, Any, None]:
+        yield env.timeout(1.0)
+        raise KeyError("deep")
+
+    proc = env.process(deep())
+    proc.defused = True
+    env.run(until=2.0)
+    names = []
+    tb = proc.value.__traceback__
+    while tb is not None:
+        names.append(tb.tb_frame.f_code.co_name)
+        tb = tb.tb_next
+    assert names == ["deep"]  # the process's own frame, and no frame of the event loop

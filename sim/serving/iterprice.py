@@ -145,9 +145,7 @@ class RooflinePass:
             nbytes += c * b
         compute = t + self.launch * self.pp  # every layer runs once, stage after stage
         act = tokens * self.hidden * self.act_bytes
-        coll = self.n_allreduce * self.allreduce_time(act)
-        if self.pp > 1:
-            coll += (self.pp - 1) * (self.link_latency + act / tp / self.link_bandwidth)
+        coll = self.n_allreduce * self.allreduce_time(act) + self.handoff_time(tokens)
         return compute, coll, flops * tp, nbytes * tp
 
 
@@ -212,17 +210,15 @@ class IterPricer:
         self, prefill_tokens: int, prefill_sq: float, n_prompts: int, n_dec: int, ctx: float
     ) -> tuple[float, float, float]:
         """``(seconds, flops, bytes)`` of the iteration's compute, without the gap."""
-        f = 0.0
-        b = 0.0
-        roof = self.roof
-        if roof is not None:
+        roof, work_fn = self.roof, self.work_fn
+        if roof is not None:  # a direct (compiled) call
             c, k, f, b = roof.work(prefill_tokens, prefill_sq, n_prompts, n_dec, ctx)
-            if self.fused:
-                return c + k, f, b
-        elif self.work_fn is not None:
-            c, k, f, b = self.work_fn(prefill_tokens, prefill_sq, n_prompts, n_dec, ctx)
-            if self.fused:
-                return c + k, f, b
+        elif work_fn is not None:
+            c, k, f, b = work_fn(prefill_tokens, prefill_sq, n_prompts, n_dec, ctx)
+        else:
+            c = k = f = b = 0.0
+        if self.fused and (roof is not None or work_fn is not None):
+            return c + k, f, b
         cost = self.cost
         t = 0.0
         if prefill_tokens > 0:

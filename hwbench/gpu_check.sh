@@ -14,7 +14,8 @@
 #                                validate/validate_cdf.png, validate/scenarios/)
 #   OUTDIR/summary.txt           one line per step: name, exit status, seconds
 # The script exits 0 when every step that ran passed, 1 otherwise (calibrate exits 1 when it
-# rejects an impossible fit, validate when a figure is over its limit).
+# rejects an impossible fit or an unsteady machine, validate when a figure is over its
+# limit).
 set -u
 OUT="${1:?usage: hwbench/gpu_check.sh OUTDIR}"
 mkdir -p "$OUT"

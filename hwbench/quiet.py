@@ -16,9 +16,11 @@ steal. On the 2-core VM one calibration ran during such a spell: the engine's se
 came out ~10% slow (decode scale 1.09 against 0.94-0.99 in other calibrations) and the
 streaming overheads 3-8 ms against 0-1.8 ms. The simulator with that profile was then 16-33%
 slow at P50. :func:`reference_seconds` times a fixed NumPy workload shaped like the
-validation decoder's decode step. ``pdsim calibrate`` records it in the profile, and
-``pdsim validate`` times it again and warns when the machine runs more than
-:data:`SPEED_LIMIT` slower or faster than at calibration (:func:`speed_warning`).
+validation decoder's decode step. ``pdsim calibrate`` times it at its start and its end,
+rejects the calibration when the two differ by more than :data:`SPEED_LIMIT`
+(:func:`speed_warning` gives the reason) and records their mean in the profile; ``pdsim
+validate`` times it again and warns when the machine runs more than :data:`SPEED_LIMIT`
+slower or faster than at calibration.
 """
 
 from __future__ import annotations

@@ -23,14 +23,16 @@ written: a link bandwidth above its physical ceiling or above the fastest copy i
 timed (:func:`hwbench.profile.check_profile`), a measured overhead that is negative or near
 zero, an engine fit error (op tables plus that overhead against the measured iteration
 times) over the threshold, a copy rate above the link's
-(:class:`hwbench.engine_fit.ImpossibleFit`).
+(:class:`hwbench.engine_fit.ImpossibleFit`); and a machine whose speed changed under the
+probes: a fixed reference workload (:func:`hwbench.quiet.reference_seconds`) timed at the
+start and at the end more than 5% apart (every term is then off by an unknown share of
+that change; ``docs/calibration-profile.md``).
 
 The share of the machine's CPU that other processes and the hypervisor (steal) took while
 calibrating goes into ``fitted["calibration_load"]`` (:mod:`hwbench.quiet`), with the time
 of a fixed reference workload at the start and the end (``reference_s``: their mean, which
 ``pdsim validate`` compares with the machine as it is then). The command warns when either
-share is above 10%, or when the reference workload's time changed by more than 5% during
-the calibration: the timings are then skewed.
+share is above 10%: the timings may be skewed.
 """
 
 from __future__ import annotations
@@ -130,6 +132,7 @@ def calibrate(
         measurements = _run_probes(mode, xp, workdir)
         profile, report = _fit(measurements, xp, name or path.stem, mode, backend, engine, workdir)
         profile, steady = _with_steadiness(profile, start, ref0)
+        _reject_unsteady(steady)
         _write_atomically(profile, path)
     console.print(_summary(profile, f"{mode}, {backend}", report, steady))
     console.print(f"wrote {path}")
@@ -228,6 +231,19 @@ def _with_steadiness(
     }
     profile = profile.model_copy(update={"fitted": {**profile.fitted, KEY: [row]}})
     return profile, _Steadiness(load, ref0, ref1)
+
+
+def _reject_unsteady(steady: _Steadiness) -> None:
+    """Exit with status 1, nothing written, when the reference workload's time changed by
+    more than :data:`hwbench.quiet.SPEED_LIMIT` between the calibration's start and end:
+    the probes then timed a machine whose speed moved under them, and every term of the
+    profile is off by an unknown share of that change."""
+    from hwbench.quiet import speed_warning
+
+    why = speed_warning(steady.ref1, steady.ref0, "at the end of the calibration than at its start")
+    if why is not None:
+        err_console.print(f"pdsim calibrate: rejected, nothing written: {why}")
+        raise typer.Exit(1)
 
 
 def _write_atomically(profile: Profile, path: Path) -> None:
@@ -330,12 +346,9 @@ def _engine_rows(table: Table, profile: Profile, report: dict[str, float]) -> No
 
 
 def _warn(steady: _Steadiness) -> None:
-    """Warn on stderr when the machine was not quiet, or its speed drifted, meanwhile."""
-    from hwbench.quiet import speed_warning, warning
+    """Warn on stderr when the machine was not quiet meanwhile (other processes or steal)."""
+    from hwbench.quiet import warning
 
-    for note in (
-        warning(steady.load, "calibration"),
-        speed_warning(steady.ref1, steady.ref0, "at the end of the calibration than at its start"),
-    ):
-        if note is not None:
-            err_console.print(f"[yellow]warning:[/] {note}")
+    note = warning(steady.load, "calibration")
+    if note is not None:
+        err_console.print(f"[yellow]warning:[/] {note}")

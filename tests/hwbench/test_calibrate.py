@@ -91,7 +91,17 @@ def _fake_engine_fit(monkeypatch: pytest.MonkeyPatch, fail: str | None = None) -
 
     monkeypatch.setattr(ef, "calibrate_engine", fake)
     no_hardware_check(monkeypatch)
+    reference_times(monkeypatch, 0.100, 0.104)  # 4% apart: within the 5% limit
     return seen
+
+
+def reference_times(monkeypatch: pytest.MonkeyPatch, start: float, end: float) -> None:
+    """Fix the reference workload's seconds at the calibration's start and end: how fast the
+    machine runs is the test's input, not whatever a busy machine does meanwhile."""
+    import hwbench.quiet
+
+    times = iter((start, end))
+    monkeypatch.setattr(hwbench.quiet, "reference_seconds", lambda *a, **k: next(times))
 
 
 def no_hardware_check(monkeypatch: pytest.MonkeyPatch, reasons: tuple[str, ...] = ()) -> None:
@@ -171,10 +181,25 @@ def test_cli_calibrate_rejects_an_impossible_link_and_writes_nothing(
     assert not out.exists() and not list(tmp_path.iterdir())
 
 
+@pytest.mark.parametrize(("end", "way"), [(0.12, "20% slower"), (0.088, "12% faster")])
+def test_cli_calibrate_rejects_a_machine_whose_speed_moved_and_writes_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, end: float, way: str
+) -> None:
+    _fake_engine_fit(monkeypatch)
+    reference_times(monkeypatch, 0.1, end)
+    out = tmp_path / "p.json"
+    res = runner.invoke(app, ["calibrate", "--tiny", "--out", str(out)])
+    assert res.exit_code == 1, res.output
+    assert "rejected, nothing written" in res.output and way in res.output
+    assert "limit 5%" in res.output
+    assert not out.exists() and not list(tmp_path.iterdir())
+
+
 def test_cli_calibrate_no_engine_skips_the_engine_probe(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     no_hardware_check(monkeypatch)
+    reference_times(monkeypatch, 0.1, 0.1)
     out = tmp_path / "p.json"
     res = runner.invoke(app, ["calibrate", "--tiny", "--no-engine", "--out", str(out)])
     assert res.exit_code == 0, res.output

@@ -43,7 +43,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING, Annotated, NoReturn
 
 import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -209,10 +209,15 @@ def _fit(
             except ImpossibleFit as exc:
                 reasons.append(str(exc))
     if reasons:
-        for why in reasons:
-            err_console.print(f"pdsim calibrate: rejected, nothing written: {why}")
-        raise typer.Exit(1)
+        _reject(reasons)
     return profile, report
+
+
+def _reject(reasons: list[str]) -> NoReturn:
+    """Print each of ``reasons`` on stderr and exit with status 1 (nothing is written)."""
+    for why in reasons:
+        err_console.print(f"pdsim calibrate: rejected, nothing written: {why}")
+    raise typer.Exit(1)
 
 
 def _with_steadiness(
@@ -242,8 +247,7 @@ def _reject_unsteady(steady: _Steadiness) -> None:
 
     why = speed_warning(steady.ref1, steady.ref0, "at the end of the calibration than at its start")
     if why is not None:
-        err_console.print(f"pdsim calibrate: rejected, nothing written: {why}")
-        raise typer.Exit(1)
+        _reject([why])
 
 
 def _write_atomically(profile: Profile, path: Path) -> None:

@@ -1,7 +1,8 @@
 """``pdsim cost``: the step time of one iteration, op by op, from the op-level cost model.
 
 ``pdsim cost --model M --profile P --tp N --phase prefill|decode --batch B --context C``
-prices one iteration of a replica of ``N`` GPUs with :class:`sim.serving.opcost.OpCostModel`:
+prices one iteration of a replica of ``N`` GPUs with the simulator's own iteration cost
+(:func:`sim.serving.itercost.iteration_cost`: the profile's op tables, else the roofline):
 ``decode`` is one token for each of ``B`` sequences holding ``C`` tokens of context each;
 ``prefill`` is ``B`` prompts of ``C`` tokens each in one pass. It prints a table (op,
 seconds, share, source: measured table or roofline) or, with ``--json``, one JSON object on
@@ -45,8 +46,8 @@ def cost(
 ) -> None:
     """Print the time of one prefill or decode iteration as a table of ops."""
     from sim.serving.costmodel import load_profile
+    from sim.serving.itercost import iteration_cost
     from sim.serving.models import load_catalogue
-    from sim.serving.opcost import OpCostModel
 
     with user_errors():
         if phase not in PHASES:
@@ -58,21 +59,28 @@ def cost(
             raise InputError(
                 f"--model {model!r} not in the catalogue; allowed: {', '.join(catalogue)}"
             )
+        spec = catalogue[model]
+        if spec.kind != "decoder":
+            decoders = ", ".join(n for n, m in catalogue.items() if m.kind == "decoder")
+            raise InputError(
+                f"--model {model!r} is a {spec.kind}; pdsim cost prices LLaMA-style decoders "
+                f"(allowed: {decoders})"
+            )
         prof = load_profile(profile)
-        cm = OpCostModel(prof, catalogue[model], tp=tp)
+        cm = iteration_cost(prof, catalogue[model], tp=tp, gpus_per_server=max(tp, 8))
         if phase == "decode":
             args = (0, 0, 0, batch, float(batch * context))
         else:
             args = (batch * context, batch * context * context, batch, 0, 0.0)
-        ops = cm.iteration_breakdown(*args)
-    total = sum(op.seconds for op in ops)
+        ops = cm.breakdown(*args)
+    total = sum(secs for _, secs, _ in ops)
     if as_json:
         print(
             json.dumps(
                 {
                     "seconds": total,
-                    "ops": {op.name: op.seconds for op in ops},
-                    "sources": {op.name: op.source for op in ops},
+                    "ops": {name: secs for name, secs, _ in ops},
+                    "sources": {name: src for name, _, src in ops},
                     "model": model,
                     "profile": prof.name,
                     "tp": tp,
@@ -86,8 +94,8 @@ def cost(
     table = Table(title=f"{model} on {prof.name}, tp={tp}: {phase}, batch {batch} x {context}")
     for col in ("op", "ms", "share", "source"):
         table.add_column(col, justify="left" if col in ("op", "source") else "right")
-    for op in ops:
-        share = op.seconds / total if total else 0.0
-        table.add_row(op.name, f"{op.seconds * 1e3:.4f}", f"{share:6.1%}", op.source)
+    for name, secs, src in ops:
+        share = secs / total if total else 0.0
+        table.add_row(name, f"{secs * 1e3:.4f}", f"{share:6.1%}", src)
     table.add_row("total", f"{total * 1e3:.4f}", "100.0%", "")
     console.print(table)

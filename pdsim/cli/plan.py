@@ -81,7 +81,10 @@ def plan(
         typer.Option("--json", help="Print the result as one JSON object on the last line."),
     ] = False,
 ) -> None:
-    """Answer a capacity question by bisection over runs (several seeds per probe)."""
+    """Answer a capacity question by bisection over runs (several seeds per probe).
+
+    Exit status 1 when a compare plan finds no deployment that meets the SLOs (the output
+    names the tightest limit that failed and the best figure reached)."""
     from sim.shipped import resolve_scenario
     from sim.study.plan import run_plan
     from sim.study.planreport import plan_json
@@ -116,6 +119,8 @@ def plan(
     console.print(f"results: {res.folder} (plan.json, frontier.csv, frontier.png)")
     if as_json:
         typer.echo(json.dumps(plan_json(res)))
+    if res.compare is not None and res.compare.get("choice") == "none":
+        raise typer.Exit(1)  # no deployment meets the SLOs: the answers say why
 
 
 def _with_options(

@@ -2,8 +2,8 @@
 
 :class:`ModelRt` is one deployed model prepared for the hot loop: its chunk table as plain
 arrays, per-layer chunk ranges, the share of an iteration's compute each layer takes, and the
-cost of an iteration (:meth:`ModelRt.iter_cost`: the cost model's price plus the engine's
-warm-up terms). Chunk keys inside the simulator are ints ``model_index << 32 | chunk_id``
+cost of an iteration (:meth:`ModelRt.iter_cost`: the cost model's price plus the serving
+loop's gap). Chunk keys inside the simulator are ints ``model_index << 32 | chunk_id``
 (compact and cheap to hash; equivalent to the tuple ``(model, chunk_id)``).
 """
 
@@ -51,12 +51,9 @@ class ModelRt:
     base: int = field(init=False)
     layer_chunks: list[int] = field(init=False)
     layer_bytes: list[int] = field(init=False)
-    #: warm-up costs of the cost model (``CostModel.wake_s``, ``wake_hide``, ``rewarm_s``,
-    #: ``rewarm_decay``; see sim.serving.replica) and whether any is charged (the hot loop's one check)
+    #: seconds of the first iteration after the replica sat idle (``CostModel.wake_s``; see
+    #: sim.serving.turn) and whether it is charged (the hot loop's one check)
     wake_s: float = field(init=False)
-    wake_hide: float = field(init=False)
-    rewarm_s: float = field(init=False)
-    rewarm_decay: float = field(init=False)
     warm_on: bool = field(init=False)
     #: the cost model's ``iter_gap_s``: serving-loop seconds charged once per iteration
     iter_gap_s: float = field(init=False)
@@ -65,8 +62,8 @@ class ModelRt:
     #: prefetch starts that long after it is planned)
     prefetch_s_per_byte: float = field(init=False)
     prefetch_handoff_s: float = field(init=False)
-    #: the price of an iteration, built from ``cost`` (sim.serving.iterprice; rebuilt by
-    #: ``dataclasses.replace``)
+    #: the price of an iteration, built from ``cost.iteration`` (sim.serving.iterprice;
+    #: rebuilt by ``dataclasses.replace``)
     pricer: IterPricer = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -76,31 +73,22 @@ class ModelRt:
         self.layer_chunks = [int(c) for c in counts]
         self.nonempty_layers = int((counts > 0).sum())
         self.base = self.idx << 32
-        self.wake_s = float(getattr(self.cost, "wake_s", 0.0))
-        self.wake_hide = float(getattr(self.cost, "wake_hide", 0.0))
-        if self.wake_hide < 0:
-            raise ValueError(f"wake_hide must be >= 0, got {self.wake_hide}")
-        self.rewarm_s = float(getattr(self.cost, "rewarm_s", 0.0))
-        self.rewarm_decay = float(getattr(self.cost, "rewarm_decay", 0.0))
-        self.warm_on = self.wake_s > 0 or self.rewarm_s > 0
-        self.iter_gap_s = float(getattr(self.cost, "iter_gap_s", 0.0))
-        self.prefetch_s_per_byte = float(getattr(self.cost, "prefetch_compute_s_per_byte", 0.0))
-        self.prefetch_handoff_s = float(getattr(self.cost, "prefetch_handoff_s", 0.0))
-        if self.prefetch_s_per_byte < 0 or self.prefetch_handoff_s < 0:
+        cost = self.cost
+        if cost.wake_s < 0 or cost.iter_gap_s < 0:
+            raise ValueError(
+                f"wake_s and iter_gap_s must be >= 0, got {cost.wake_s}, {cost.iter_gap_s}"
+            )
+        if cost.prefetch_compute_s_per_byte < 0 or cost.prefetch_handoff_s < 0:
             raise ValueError(
                 "prefetch_compute_s_per_byte and prefetch_handoff_s must be >= 0, got "
-                f"{self.prefetch_s_per_byte}, {self.prefetch_handoff_s}"
+                f"{cost.prefetch_compute_s_per_byte}, {cost.prefetch_handoff_s}"
             )
-        if self.iter_gap_s < 0:
-            raise ValueError(f"iter_gap_s must be >= 0, got {self.iter_gap_s}")
-        if not 0.0 <= self.rewarm_decay < 1.0:
-            raise ValueError(f"rewarm_decay must be in [0, 1), got {self.rewarm_decay}")
-        self.pricer = IterPricer(
-            self.cost,
-            self.is_cnn,
-            self.iter_gap_s,
-            bool(getattr(self.cost, "fused_iterations", True)),
-        )
+        self.wake_s = float(cost.wake_s)
+        self.warm_on = self.wake_s > 0
+        self.iter_gap_s = float(cost.iter_gap_s)
+        self.prefetch_s_per_byte = float(cost.prefetch_compute_s_per_byte)
+        self.prefetch_handoff_s = float(cost.prefetch_handoff_s)
+        self.pricer = IterPricer(cost.iteration, self.is_cnn, self.iter_gap_s)
         cs = np.concatenate([[0], np.cumsum(self.chunk_size)])
         self.layer_bytes = [
             int(cs[self.layer_start[i + 1]] - cs[self.layer_start[i]]) for i in range(self.n_layers)
@@ -111,25 +99,8 @@ class ModelRt:
 
     def prefetch_s_per_byte_at(self, cache_bytes: int) -> float:
         """Compute seconds lost per prefetched byte on a replica whose HBM weight cache holds
-        ``cache_bytes`` (:meth:`sim.serving.opcost.EngineTerms.prefetch_per_byte`; the single
-        ``prefetch_s_per_byte`` without a calibrated engine)."""
-        terms = getattr(self.cost, "engine_terms", None)
-        if terms is None:
-            return self.prefetch_s_per_byte
-        return float(terms.prefetch_per_byte(float(cache_bytes)))
-
-    def wake(self, compute_s: float) -> float:
-        """Extra seconds of the first iteration after an idle spell, whose own compute takes
-        ``compute_s``: ``wake_s - wake_hide * compute_s``, floored at 0."""
-        return max(self.wake_s - self.wake_hide * compute_s, 0.0)
-
-    def rewarm(self, since: int, steps: int) -> float:
-        """Extra seconds of decode steps ``since + 1 .. since + steps`` after a prefill: step
-        ``j`` costs ``rewarm_s * rewarm_decay ** (j - 1)`` (a geometric sum)."""
-        if self.rewarm_s <= 0 or steps <= 0:
-            return 0.0
-        r = self.rewarm_decay  # in [0, 1) (checked at construction); 0.0 ** 0 == 1.0
-        return float(self.rewarm_s * r**since * (1.0 - r**steps) / (1.0 - r))
+        ``cache_bytes`` (:meth:`sim.serving.costmodel.CostModel.prefetch_s_per_byte_at`)."""
+        return self.cost.prefetch_s_per_byte_at(cache_bytes)
 
     def iter_cost(
         self, prefill_tokens: int, prefill_sq: float, n_prompts: int, n_dec: int, ctx: float
@@ -141,10 +112,10 @@ class ModelRt:
         tokens in total; CNN models: one forward pass over ``n_prompts`` samples. ``flops`` and
         ``bytes`` are the replica's (model FLOPs and HBM bytes read, for MFU and MBU).
 
-        A cost model with ``fused_iterations`` runs both in ONE pass over the weights
-        (:meth:`sim.serving.costmodel.CostModel.iteration_time`); otherwise a prefill pass plus a decode
-        pass (the project's engine). Decode-only lookups are memoised by batch and total
-        context, interpolated linearly between knots every
+        Both run in ONE pass over the weights, priced by the cost model's ``iteration``
+        (:class:`sim.serving.itercost.IterationCost`; an engine that runs a prefill part and a
+        decode part says so in its op tables). Decode-only lookups are memoised by batch and
+        total context, interpolated linearly between knots every
         :data:`sim.serving.iterprice.CTX_BUCKET` tokens -- exact
         wherever the cost is linear in context (the roofline is, between kinks)."""
         return self.pricer.iter_cost(prefill_tokens, prefill_sq, n_prompts, n_dec, ctx)

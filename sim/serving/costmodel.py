@@ -1,31 +1,19 @@
-"""Hardware profiles and the roofline cost model the simulator charges for compute and copies.
+"""Hardware profiles, and what a replica of a model pays on them: :class:`CostModel`.
 
 A :class:`Profile` is the JSON schema shared with hwbench calibration: datasheet profiles ship in
 ``sim/data/profiles/`` (``source: "datasheet"``), calibration writes ``source: "measured"``.
 Unknown keys are errors; sizes and rates may be numbers (bytes, bytes/s, seconds) or strings in
 human units (``"80GB"``, ``"2TB/s"``, ``"10us"``).
 
-:class:`CostModel` turns a profile and a :class:`sim.serving.models.ModelSpec` into times, using tables
-precomputed in the constructor (no model objects touched per call):
+:class:`CostModel` gathers, for one model on a ``tp`` x ``pp`` replica of a profile's GPUs:
 
-* ``layer_time(layer, tokens)`` -- roofline: ``max(flops / (peak * efficiency), bytes /
-  hbm_bandwidth) + per_layer_overhead_s``, where bytes = the layer's weights (read once per
-  call) and, for a decoder layer without FLOPs (an embedding table), only the looked-up rows.
-* ``prefill_time(tokens, sq_tokens=None)`` -- all layers over ``tokens`` prompt tokens, plus
-  causal attention ``2 * sq_tokens * heads * head_dim`` FLOPs per attention layer
-  (``sq_tokens`` = sum of squared prompt lengths; default ``tokens**2``, one prompt) and the KV
-  written, plus one ``kernel_launch_s``.
-* ``decode_step_time(batch, total_context_tokens)`` -- one token for each of ``batch``
-  sequences: weights read once per step, the whole batch's KV (``total_context_tokens``) read
-  once, weight FLOPs for ``batch`` tokens plus ``4 * heads * head_dim`` FLOPs per context
-  token per attention layer; plus one ``kernel_launch_s``.
-* ``cnn_batch_time(batch)`` -- all layers for ``batch`` samples.
+* ``iteration`` -- the price of one serving iteration, the one implementation every caller
+  uses (:class:`sim.serving.itercost.IterationCost`: the profile's op tables, else the
+  roofline; tensor/pipeline parallel, collectives included);
+* the serving loop's own terms of a calibrated engine (``wake_s``, ``iter_gap_s``, the
+  prefetch terms; 0 for datasheet and imported kernel profiles, which describe a warm machine);
 * ``transfer_time(nbytes, link)`` -- ``latency + nbytes / bandwidth`` for a profile link
   (``pcie``, ``nvlink``, ``rdma``, ``nvme``, ``object_store``) or ``hbm`` / ``dram``.
-
-Peak FLOP/s is ``flops_fp16`` for models with ``dtype_bytes <= 2`` and ``flops_fp32`` otherwise.
-Activations are not charged separately (they are small next to weights and KV at the batch
-sizes simulated); calibration folds them into ``compute_efficiency`` and the overheads.
 """
 
 from __future__ import annotations
@@ -34,14 +22,14 @@ from importlib import resources
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-import numpy as np
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 
 from engine.configfile import parse_mapping, read_mapping, validate_model
 from engine.units import parse_duration, parse_rate, parse_size
-from sim.serving.iterprice import RooflinePass
+from sim.serving.itercost import IterationCost, iteration_cost
 from sim.serving.models import ModelSpec
-from sim.serving.opcost.tables import OpsProfile
+from sim.serving.opcost.tables import EngineTerms, OpsProfile
+from sim.serving.roofline import peak_flops
 
 Size = Annotated[int, BeforeValidator(parse_size), Field(ge=0)]
 Rate = Annotated[float, BeforeValidator(parse_rate), Field(gt=0)]
@@ -164,35 +152,8 @@ def load_profile(name_or_path: str | Path) -> Profile:
 
 
 class CostModel:
-    """Times for one model on one profile's hardware; see the module docstring."""
-
-    #: warm-up costs the simulator's node adds (sim.serving.replica): seconds for the first iteration
-    #: after the node sat idle, less ``wake_hide`` seconds per second of that iteration's own
-    #: compute (a long prefill hides the cold start), floored at 0; seconds for the first
-    #: decode step after a prefill, each later step ``rewarm_decay`` times the one before (in
-    #: [0, 1)). Zero here: datasheet profiles describe a warm machine; a calibrated engine's
-    #: cost model sets them.
-    wake_s: float = 0.0
-    wake_hide: float = 0.0
-    rewarm_s: float = 0.0
-    rewarm_decay: float = 0.0
-    #: seconds the serving loop spends between two back-to-back iterations (scheduling,
-    #: bookkeeping: no compute), charged once per iteration; zero here for the same reason
-    iter_gap_s: float = 0.0
-    #: compute seconds lost per byte prefetched while computing, and seconds from a
-    #: prefetch's planning to its copy's start
-    #: (:attr:`sim.serving.opcost.EngineTerms.prefetch_compute_s_per_byte`,
-    #: ``prefetch_handoff_s``); zero here, as above
-    prefetch_compute_s_per_byte: float = 0.0
-    prefetch_handoff_s: float = 0.0
-    #: the calibrated engine's terms, whose ``prefetch_per_byte`` gives the per-byte figure
-    #: by a replica's weight cache (None: the single figure above)
-    engine_terms: Any = None
-
-    #: whether an iteration that mixes prefill chunks and decodes is ONE pass over the weights
-    #: (a vLLM / SGLang server: :meth:`iteration_time`) or a prefill pass plus a decode pass
-    #: (the project's real engine, whose cost model turns this off)
-    fused_iterations: bool = True
+    """What a replica of one model on one profile's hardware pays: its iteration price, the
+    serving loop's own terms and the copy time over each link (see the module docstring)."""
 
     def __init__(
         self,
@@ -204,251 +165,42 @@ class CostModel:
     ) -> None:
         """``tp`` x ``pp`` GPUs per replica; a replica wider than ``gpus_per_server`` runs its
         collectives over the NIC (``rdma``) instead of NVLink."""
-        if tp < 1 or pp < 1 or gpus_per_server < 1:
-            raise ValueError(
-                f"tp, pp, gpus_per_server must be >= 1, got {tp}, {pp}, {gpus_per_server}"
-            )
         self.profile = profile
         self.model = model
         self.tp, self.pp = tp, pp
-        link = profile.links.nvlink if tp * pp <= gpus_per_server else profile.links.rdma
-        self.tp_link = (link.latency, link.bandwidth)
-        #: activations travel in 16 bits unless the weights are wider (fp8 weights: bf16 activations)
-        self.act_bytes = max(2, model.dtype_bytes)
-        #: KV heads are split over TP ranks; with more ranks than KV heads each rank keeps a copy
-        self.kv_replication = max(1, tp // max(model.kv_heads, 1)) if model.kv_heads else 1
-        #: a profile with measured op tables prices an iteration op by op (sim.serving.opcost); the
-        #: roofline below then only counts FLOPs and bytes (MFU, MBU)
-        self.ops: Any = None
-        if profile.ops is not None and model.kind == "decoder":
-            from sim.serving.opcost import OpCostModel
-
-            self.ops = OpCostModel(profile, model, tp=tp)
-            eng = (
-                profile.ops.engine
-            )  # a calibrated engine's own terms (sim.serving.opcost.EngineTerms)
-            if eng is not None:
-                self.wake_s = eng.wake_s
-                self.iter_gap_s = eng.iter_gap_s
-                self.prefetch_compute_s_per_byte = eng.prefetch_compute_s_per_byte
-                self.prefetch_handoff_s = eng.prefetch_handoff_s
-                self.engine_terms = eng
-        gpu = profile.gpu
-        peak = gpu.flops_fp16 if model.dtype_bytes <= 2 else gpu.flops_fp32
-        self.flop_rate = peak * gpu.compute_efficiency  # achieved FLOP/s
-        self.hbm_bandwidth = gpu.hbm_bandwidth
-        self.overhead = gpu.per_layer_overhead_s
-        self.launch = gpu.kernel_launch_s
-        is_cnn = model.kind == "cnn"
-        n = model.n_layers
-        # Per-layer tables, indexed by layer number.
-        self.layer_flops = np.array(
-            [ly.flops_per_sample if is_cnn else ly.flops_per_token for ly in model.layers]
+        #: the price of one iteration (op tables or roofline; sim.serving.itercost)
+        self.iteration: IterationCost = iteration_cost(
+            profile, model, tp=tp, pp=pp, gpus_per_server=gpus_per_server
         )
-        self.layer_bytes = np.array([ly.param_bytes for ly in model.layers], dtype=np.float64)
-        self.layer_attention = np.array([ly.attention for ly in model.layers], dtype=bool)
-        # A decoder layer without FLOPs is a lookup table: a token reads one row of it.
-        self.layer_lookup = (self.layer_flops == 0) & (not is_cnn)
-        row = model.hidden * model.dtype_bytes
-        self.layer_row_bytes = np.where(self.layer_lookup, float(row), 0.0)
-        n_attn = max(1, model.n_attention_layers)
-        self.kv_bytes_per_token_layer = model.kv_bytes_per_token / n_attn
-        self.attn_flops_per_ctx = 4.0 * model.heads * model.head_dim  # per attention layer
-        # Distinct layer kinds with multiplicities, for the scalar fast paths.
-        groups: dict[tuple[float, float, bool, bool], int] = {}
-        for i in range(n):
-            sig = (
-                float(self.layer_flops[i]),
-                float(self.layer_bytes[i]),
-                bool(self.layer_attention[i]),
-                bool(self.layer_lookup[i]),
-            )
-            groups[sig] = groups.get(sig, 0) + 1
-        self._groups = [(*sig, count) for sig, count in groups.items()]
-        # The fused, parallel pass (iteration_time): per layer kind, FLOPs per token and weight
-        # bytes per TP rank (a layer lives on one PP stage).
-        head = np.array([ly.name == "lm_head" for ly in model.layers], dtype=bool)
-        self._fgroups: list[tuple[float, float, bool, bool, bool, int]] = []
-        fsig: dict[tuple[float, float, bool, bool, bool], int] = {}
-        for i in range(n):
-            key = (
-                float(self.layer_flops[i]) / tp,
-                float(self.layer_bytes[i]) / tp,
-                bool(self.layer_attention[i]),
-                bool(self.layer_lookup[i]),
-                bool(head[i]),
-            )
-            fsig[key] = fsig.get(key, 0) + 1
-        self._fgroups = [(*k, c) for k, c in fsig.items()]
-        self.n_allreduce = 2 * model.n_attention_layers + 1  # attention + MLP per layer, embedding
-        #: the fused pass's arithmetic (sim.serving.iterprice); ``roofline`` is what a
-        #: simulator asks directly, None when op tables price the pass instead
-        self._roof = RooflinePass(
-            self._fgroups,
-            tp=tp,
-            pp=pp,
-            flop_rate=self.flop_rate,
-            hbm_bandwidth=self.hbm_bandwidth,
-            overhead=self.overhead,
-            launch=self.launch,
-            attn_flops_per_ctx=self.attn_flops_per_ctx,
-            kv_bytes_per_token_layer=self.kv_bytes_per_token_layer,
-            kv_replication=self.kv_replication,
-            hidden=model.hidden,
-            dtype_bytes=model.dtype_bytes,
-            act_bytes=self.act_bytes,
-            n_allreduce=self.n_allreduce,
-            link=self.tp_link,
+        eng = profile.ops.engine if profile.ops is not None and model.kind == "decoder" else None
+        #: a calibrated engine's own terms (sim.serving.opcost.EngineTerms); None: a warm
+        #: machine with no serving-loop costs (datasheet and imported kernel profiles)
+        self.engine_terms: EngineTerms | None = eng
+        #: seconds of the first iteration after the replica sat idle
+        self.wake_s = eng.wake_s if eng is not None else 0.0
+        #: seconds the serving loop spends between two back-to-back iterations (scheduling,
+        #: bookkeeping: no compute), charged once per iteration
+        self.iter_gap_s = eng.iter_gap_s if eng is not None else 0.0
+        #: compute seconds lost per byte prefetched while computing, and seconds from a
+        #: prefetch's planning to its copy's start
+        self.prefetch_compute_s_per_byte = (
+            eng.prefetch_compute_s_per_byte if eng is not None else 0.0
         )
-        self.roofline: RooflinePass | None = self._roof if self.ops is None else None
+        self.prefetch_handoff_s = eng.prefetch_handoff_s if eng is not None else 0.0
         self._links: dict[str, tuple[float, float]] = {
             name: (getattr(profile.links, name).latency, getattr(profile.links, name).bandwidth)
             for name in LINK_NAMES
         }
-        self._links["hbm"] = (0.0, gpu.hbm_bandwidth)
+        self._links["hbm"] = (0.0, profile.gpu.hbm_bandwidth)
         self._links["dram"] = (0.0, profile.host.dram_bandwidth)
 
-    # -- per layer ------------------------------------------------------------------------------
-    def layer_time(self, layer: int, tokens: int) -> float:
-        """Seconds for ``layer`` over ``tokens`` tokens (samples for a CNN), no attention."""
-        flops = self.layer_flops[layer] * tokens
-        if self.layer_lookup[layer]:
-            nbytes = min(self.layer_bytes[layer], self.layer_row_bytes[layer] * tokens)
-        else:
-            nbytes = self.layer_bytes[layer]
-        return float(max(flops / self.flop_rate, nbytes / self.hbm_bandwidth) + self.overhead)
-
-    def layer_times(self, tokens: int) -> np.ndarray:
-        """Vector of :meth:`layer_time` for every layer."""
-        nbytes = np.where(
-            self.layer_lookup,
-            np.minimum(self.layer_bytes, self.layer_row_bytes * tokens),
-            self.layer_bytes,
-        )
-        return (
-            np.maximum(self.layer_flops * tokens / self.flop_rate, nbytes / self.hbm_bandwidth)
-            + self.overhead
-        )
-
-    # -- whole passes ---------------------------------------------------------------------------
-    def _pass(self, tokens: float, ctx_flops: float, ctx_bytes: float) -> float:
-        """Sum over layer groups of max(compute, memory) time; attention layers add
-        ``ctx_flops`` FLOPs and ``ctx_bytes`` bytes each."""
-        total = 0.0
-        rate, bw = self.flop_rate, self.hbm_bandwidth
-        for flops, nbytes, attention, lookup, count in self._groups:
-            f = flops * tokens
-            b = (
-                min(nbytes, tokens * self.model.hidden * self.model.dtype_bytes)
-                if lookup
-                else nbytes
-            )
-            if attention:
-                f += ctx_flops
-                b += ctx_bytes
-            total += count * (max(f / rate, b / bw) + self.overhead)
-        return total + self.launch
-
-    def prefill_time(self, tokens: int, sq_tokens: int | None = None) -> float:
-        """Seconds to prefill ``tokens`` prompt tokens (``sq_tokens``: sum of squared prompt
-        lengths when several prompts are batched; default one prompt)."""
-        if tokens < 0:
-            raise ValueError(f"tokens must be >= 0, got {tokens}")
-        sq = float(tokens) ** 2 if sq_tokens is None else float(sq_tokens)
-        attn_flops = 0.5 * self.attn_flops_per_ctx * sq  # causal: half the score matrix
-        kv_written = self.kv_bytes_per_token_layer * tokens
-        return self._pass(float(tokens), attn_flops, kv_written)
-
-    def decode_step_time(self, batch: int, total_context_tokens: int) -> float:
-        """Seconds for one decode step of ``batch`` sequences holding ``total_context_tokens``
-        tokens of KV in all. Increases with both arguments."""
-        if batch < 0 or total_context_tokens < 0:
-            raise ValueError("batch and total_context_tokens must be >= 0")
-        ctx = float(total_context_tokens)
-        return self._pass(
-            float(batch), self.attn_flops_per_ctx * ctx, self.kv_bytes_per_token_layer * ctx
-        )
-
-    def decode_step_times(self, batch: np.ndarray, total_context_tokens: np.ndarray) -> np.ndarray:
-        """Vectorised :meth:`decode_step_time` over arrays of equal shape."""
-        b = np.asarray(batch, dtype=np.float64)
-        ctx = np.asarray(total_context_tokens, dtype=np.float64)
-        total = np.zeros(np.broadcast(b, ctx).shape)
-        for flops, nbytes, attention, lookup, count in self._groups:
-            f = flops * b
-            row = self.model.hidden * self.model.dtype_bytes
-            by = np.minimum(nbytes, b * row) if lookup else np.full_like(b, nbytes)
-            if attention:
-                f = f + self.attn_flops_per_ctx * ctx
-                by = by + self.kv_bytes_per_token_layer * ctx
-            total += count * (
-                np.maximum(f / self.flop_rate, by / self.hbm_bandwidth) + self.overhead
-            )
-        return total + self.launch
-
-    # -- the fused, tensor/pipeline-parallel iteration ---------------------------------------
-    def allreduce_time(self, nbytes: float) -> float:
-        """One ring all-reduce of ``nbytes`` over the replica's ``tp`` GPUs: ``2 (tp-1)`` steps,
-        each moving ``nbytes / tp`` over the TP link (NVLink inside a server, else the NIC) and
-        paying its latency; 0 at ``tp = 1``."""
-        return self._roof.allreduce_time(nbytes)
-
-    def iteration_work(
-        self,
-        prefill_tokens: int,
-        prefill_sq: float,
-        n_prompts: int,
-        n_decode: int,
-        decode_ctx: float,
-    ) -> tuple[float, float, float, float]:
-        """``(compute_s, collective_s, flops, bytes)`` of one fused iteration, per replica.
-
-        The iteration runs ``prefill_tokens`` prompt tokens (chunks whose squared lengths plus
-        twice length x prior context sum to ``prefill_sq``) and one token of each of
-        ``n_decode`` sequences holding ``decode_ctx`` context tokens in all, in ONE pass over
-        the weights. The LM head computes logits only for sampled tokens: ``n_prompts`` prompts
-        whose prefill ends in this iteration, and every decode. Each layer is split over ``tp``
-        GPUs (weights, FLOPs and KV heads) and the layers over ``pp`` stages, which run one
-        after another for the one batch in flight. ``compute_s`` = sum over layers of
-        ``max(flops / rate, bytes / hbm_bandwidth) + per_layer_overhead`` per GPU plus one
-        kernel launch; ``collective_s`` = ``2`` all-reduces per transformer layer and one for
-        the embedding, of ``tokens x hidden x act_bytes`` each, plus ``pp - 1`` activation
-        hand-offs. ``flops``/``bytes`` are the whole replica's (for MFU and MBU). A profile with
-        op tables (``profile.ops``) prices the pass op by op instead
-        (:meth:`sim.serving.opcost.OpCostModel.iteration_time`: measured kernels, all-reduces
-        included), keeping the roofline's FLOPs and bytes and the PP hand-offs."""
-        compute, coll, flops, nbytes = self._roof.work(
-            prefill_tokens, prefill_sq, n_prompts, n_decode, decode_ctx
-        )
-        if self.ops is not None and (prefill_tokens + n_decode) > 0:
-            # measured op tables: their sum, all-reduces included; the PP hand-offs stay
-            compute = self.ops.iteration_time(
-                prefill_tokens, prefill_sq, n_prompts, n_decode, decode_ctx
-            )
-            coll = self._roof.handoff_time(float(prefill_tokens + n_decode))
-        return compute, coll, flops, nbytes
-
-    def iteration_time(
-        self,
-        prefill_tokens: int,
-        prefill_sq: float,
-        n_prompts: int,
-        n_decode: int,
-        decode_ctx: float,
-    ) -> float:
-        """Seconds of one fused iteration (see :meth:`iteration_work`)."""
-        c, k, _, _ = self.iteration_work(
-            prefill_tokens, prefill_sq, n_prompts, n_decode, decode_ctx
-        )
-        return c + k
-
-    def cnn_batch_time(self, batch: int) -> float:
-        """Seconds for a forward pass of ``batch`` samples through a CNN."""
-        if self.model.kind != "cnn":
-            raise ValueError(f"{self.model.name} is a {self.model.kind}, not a cnn")
-        if batch < 0:
-            raise ValueError(f"batch must be >= 0, got {batch}")
-        return self._pass(float(batch), 0.0, 0.0)
+    def prefetch_s_per_byte_at(self, cache_bytes: int) -> float:
+        """Compute seconds lost per prefetched byte on a replica whose HBM weight cache holds
+        ``cache_bytes`` (:meth:`sim.serving.opcost.EngineTerms.prefetch_per_byte`; 0 without a
+        calibrated engine)."""
+        if self.engine_terms is None:
+            return self.prefetch_compute_s_per_byte
+        return float(self.engine_terms.prefetch_per_byte(float(cache_bytes)))
 
     # -- copies ---------------------------------------------------------------------------------
     def transfer_time(self, nbytes: int, link_name: str) -> float:
@@ -474,7 +226,7 @@ class CostModel:
         return {
             "profile": self.profile.name,
             "model": self.model.name,
-            "flop_rate": self.flop_rate,
-            "hbm_bandwidth": self.hbm_bandwidth,
-            "weights_read_s": self.model.param_bytes / self.hbm_bandwidth,
+            "flop_rate": peak_flops(self.profile, self.model),
+            "hbm_bandwidth": self.profile.gpu.hbm_bandwidth,
+            "weights_read_s": self.model.param_bytes / self.profile.gpu.hbm_bandwidth,
         }

@@ -1,16 +1,15 @@
 """The price of one serving iteration on the simulator's hot path.
 
-:class:`RooflinePass` is the arithmetic of :meth:`sim.serving.costmodel.CostModel.iteration_work`
-for a roofline cost model (no measured op tables): one fused, tensor/pipeline-parallel pass
-over the weights. :class:`IterPricer` is what each deployed model
-(:class:`sim.serving.context.ModelRt`) asks per iteration: the cost model's price plus the
+:class:`RooflinePass` is the roofline implementation of
+:class:`sim.serving.itercost.IterationCost` (built by :func:`sim.serving.roofline.roofline_pass`):
+one fused, tensor/pipeline-parallel pass over the weights, priced layer kind by layer kind,
+with its all-reduces and pipeline hand-offs. :class:`IterPricer` is what each deployed model
+(:class:`sim.serving.context.ModelRt`) asks per iteration: the iteration cost's price plus the
 serving loop's per-iteration gap, with decode-only iterations read from a memo interpolated
 between context knots.
 
-Both live apart from the cost model so the optional compiled build can compile them
-(``engine/native.py``): the cost model is built from validated pydantic profiles, these take
-plain numbers. The arithmetic is the cost model's, operation for operation and in the same
-order, so every price is the same float in either build and whichever object computes it
+Both take plain numbers (no pydantic profiles), so the optional compiled build compiles them
+(``engine/native.py``); every price is the same float in either build
 (``tests/sim/serving/test_iterprice.py``).
 """
 
@@ -25,7 +24,7 @@ CTX_BUCKET = 1 << CTX_BUCKET_BITS
 #: memo keys pack ``(batch, knot)`` into one int: ``batch << _KEY_SHIFT | knot``
 _KEY_SHIFT = 40
 
-#: ``iteration_work(prefill_tokens, prefill_sq, n_prompts, n_decode, decode_ctx)``
+#: ``work(prefill_tokens, prefill_sq, n_prompts, n_decode, decode_ctx)`` of an iteration cost
 WorkFn = Callable[[int, float, int, int, float], tuple[float, float, float, float]]
 
 
@@ -43,9 +42,17 @@ class RooflinePass:
     """One fused iteration on a ``tp`` x ``pp`` replica, priced by the roofline.
 
     ``groups`` are the model's layer kinds with multiplicities: ``(flops per token, weight
-    bytes, attention, lookup, lm_head, count)``, FLOPs and bytes per TP rank. See
-    :meth:`sim.serving.costmodel.CostModel.iteration_work` for the model; :meth:`work`
-    returns what it returns when the profile has no op tables.
+    bytes, attention, lookup, lm_head, count)``, FLOPs and bytes per TP rank.
+
+    Each layer costs ``max(flops / rate, bytes / hbm_bandwidth) + per_layer_overhead`` per GPU:
+    its FLOPs and weights split over ``tp`` GPUs; an attention layer adds causal attention over
+    the prompt chunks (``prefill_sq``: their squared lengths plus twice length x prior
+    context), paged attention over the decodes' context and the KV it reads and writes; a
+    lookup layer reads one row per token; the LM head runs only for sampled tokens (prompts
+    whose prefill ends here, and every decode). Stages run one after another for the one
+    batch in flight, each paying a kernel launch. Collectives: ``2`` all-reduces per
+    transformer layer and one for the embedding, of ``tokens x hidden x act_bytes`` each
+    (a ring over the TP link), plus ``pp - 1`` activation hand-offs.
     """
 
     def __init__(
@@ -90,8 +97,8 @@ class RooflinePass:
         self.link_bandwidth = float(link[1])
 
     def allreduce_time(self, nbytes: float) -> float:
-        """One ring all-reduce of ``nbytes`` over the ``tp`` GPUs (0 at ``tp = 1``); see
-        :meth:`sim.serving.costmodel.CostModel.allreduce_time`."""
+        """One ring all-reduce of ``nbytes`` over the ``tp`` GPUs: ``2 (tp - 1)`` steps, each
+        moving ``nbytes / tp`` over the TP link and paying its latency; 0 at ``tp = 1``."""
         tp = self.tp
         if tp <= 1 or nbytes <= 0:
             return 0.0
@@ -148,27 +155,84 @@ class RooflinePass:
         coll = self.n_allreduce * self.allreduce_time(act) + self.handoff_time(tokens)
         return compute, coll, flops * tp, nbytes * tp
 
+    def breakdown(
+        self,
+        prefill_tokens: int,
+        prefill_sq: float,
+        n_prompts: int,
+        n_decode: int,
+        decode_ctx: float,
+    ) -> list[tuple[str, float, str]]:
+        """``(op, seconds, source)`` of one iteration, by layer kind (``embedding``,
+        ``transformer_layers`` with their attention and KV reads, ``other_layers``,
+        ``lm_head``), the kernel launches, the all-reduces and the PP hand-offs; every source
+        ``roofline`` (``not run`` for a zero term). The seconds sum to :meth:`work`'s
+        ``compute + collectives`` up to rounding."""
+        tokens = float(prefill_tokens + n_decode)
+        totals: dict[str, float] = {
+            "embedding": 0.0,
+            "transformer_layers": 0.0,
+            "other_layers": 0.0,
+            "lm_head": 0.0,
+        }
+        launch = allreduce = handoff = 0.0
+        if tokens > 0:
+            sampled = float(n_prompts + n_decode)
+            a, tp = self.attn_flops_per_ctx, self.tp
+            attn_f = (0.5 * a * prefill_sq + a * decode_ctx) / tp
+            kv_b = (
+                self.kv_bytes_per_token_layer
+                * (prefill_tokens + decode_ctx)
+                * self.kv_replication
+                / tp
+            )
+            row = self.hidden * self.dtype_bytes / tp
+            for i, f1 in enumerate(self.flops1):
+                toks = sampled if self.head[i] else tokens
+                f = f1 * toks
+                b = _min(self.bytes1[i], toks * row) if self.lookup[i] else self.bytes1[i]
+                if self.attention[i]:
+                    f += attn_f
+                    b += kv_b
+                secs = self.count[i] * (
+                    _max(f / self.flop_rate, b / self.hbm_bandwidth) + self.overhead
+                )
+                if self.head[i]:
+                    totals["lm_head"] += secs
+                elif self.lookup[i]:
+                    totals["embedding"] += secs
+                elif self.attention[i]:
+                    totals["transformer_layers"] += secs
+                else:
+                    totals["other_layers"] += secs
+            launch = self.launch * self.pp
+            act = tokens * self.hidden * self.act_bytes
+            allreduce = self.n_allreduce * self.allreduce_time(act)
+            handoff = self.handoff_time(tokens)
+        totals["kernel_launch"] = launch
+        totals["allreduce"] = allreduce
+        totals["pp_handoff"] = handoff
+        return [(name, s, "roofline" if s > 0 else "not run") for name, s in totals.items()]
+
 
 class IterPricer:
     """``(seconds, flops, bytes)`` of one iteration of one deployed model (see
     :meth:`sim.serving.context.ModelRt.iter_cost`, which asks this).
 
-    ``cost`` is the model's cost model. Its ``roofline`` (a :class:`RooflinePass`, or None
-    when it has op tables) is called directly; otherwise its ``iteration_work`` when it has
-    one, else its ``prefill_time`` and ``decode_step_time``. ``fused``: an iteration mixing
-    prefill and decode is one pass (``compute + collectives``), not a prefill pass plus a
-    decode pass. Decode-only prices are memoised per (batch, knot of ``CTX_BUCKET`` context
-    tokens) and interpolated linearly between knots.
+    ``cost`` is the model's iteration cost (:class:`sim.serving.itercost.IterationCost`); a
+    :class:`RooflinePass` is called directly (a compiled call in the compiled build). Every
+    price is ``compute + collectives`` of one fused pass plus the serving loop's
+    ``iter_gap_s``. A CNN's iteration is one forward pass over ``max(n_prompts, 1)`` samples.
+    Decode-only prices are memoised per (batch, knot of ``CTX_BUCKET`` context tokens) and
+    interpolated linearly between knots.
     """
 
-    def __init__(self, cost: Any, is_cnn: bool, iter_gap_s: float, fused: bool) -> None:
+    def __init__(self, cost: Any, is_cnn: bool, iter_gap_s: float) -> None:
         self.cost = cost
         self.is_cnn = is_cnn
         self.iter_gap_s = float(iter_gap_s)
-        self.fused = fused
-        roof = getattr(cost, "roofline", None)
-        self.roof: RooflinePass | None = roof if isinstance(roof, RooflinePass) else None
-        self.work_fn: WorkFn | None = getattr(cost, "iteration_work", None)
+        self.roof: RooflinePass | None = cost if isinstance(cost, RooflinePass) else None
+        self.work_fn: WorkFn = cost.work
         #: decode price per memo key: (seconds, slope per token, flops, slope, bytes, slope)
         self.memo: dict[int, tuple[float, float, float, float, float, float]] = {}
 
@@ -177,8 +241,9 @@ class IterPricer:
     ) -> tuple[float, float, float]:
         """See :meth:`sim.serving.context.ModelRt.iter_cost`."""
         if self.is_cnn:
-            t = float(self.cost.cnn_batch_time(max(n_prompts, 1)))
-            return t + self.iter_gap_s, 0.0, 0.0
+            samples = n_prompts if n_prompts > 1 else 1
+            t, f, by = self.raw(samples, 0.0, samples, 0, 0.0)
+            return t + self.iter_gap_s, f, by
         if prefill_tokens <= 0:
             if n_dec <= 0:
                 return self.iter_gap_s, 0.0, 0.0
@@ -210,19 +275,9 @@ class IterPricer:
         self, prefill_tokens: int, prefill_sq: float, n_prompts: int, n_dec: int, ctx: float
     ) -> tuple[float, float, float]:
         """``(seconds, flops, bytes)`` of the iteration's compute, without the gap."""
-        roof, work_fn = self.roof, self.work_fn
+        roof = self.roof
         if roof is not None:  # a direct (compiled) call
             c, k, f, b = roof.work(prefill_tokens, prefill_sq, n_prompts, n_dec, ctx)
-        elif work_fn is not None:
-            c, k, f, b = work_fn(prefill_tokens, prefill_sq, n_prompts, n_dec, ctx)
         else:
-            c = k = f = b = 0.0
-        if self.fused and (roof is not None or work_fn is not None):
-            return c + k, f, b
-        cost = self.cost
-        t = 0.0
-        if prefill_tokens > 0:
-            t += float(cost.prefill_time(int(prefill_tokens), round(prefill_sq)))
-        if n_dec > 0:
-            t += float(cost.decode_step_time(int(n_dec), int(ctx)))
-        return t, f, b
+            c, k, f, b = self.work_fn(prefill_tokens, prefill_sq, n_prompts, n_dec, ctx)
+        return c + k, f, b

@@ -2,7 +2,7 @@
 
 :func:`model_rt` turns a model spec and a validated, feasible scenario into what a replica
 reads on its hot path: the chunk layout of the weights (the engine's chunker, or one chunk
-per layer in coupled mode), each layer's share of the iteration time from the cost model,
+per layer in coupled mode), each layer's share of one token's roofline pass,
 and the longest context the KV budget allows. Pure: no simulation state, no I/O.
 """
 
@@ -16,6 +16,7 @@ from engine.chunks import chunk_model
 from sim.scenario import Scenario, deployment_labels
 from sim.serving.context import ModelRt
 from sim.serving.gpumemory import context_limit
+from sim.serving.roofline import layer_shares
 
 
 def model_rt(
@@ -49,8 +50,7 @@ def model_rt(
             starts[layer + 1] = table.layer_slice(layer).stop
         chunk_size, chunk_head = table.size.astype(np.int64), table.head.astype(np.int64)
         total = table.total_bytes
-    lt = np.array([float(cost.layer_time(layer, 1)) for layer in range(len(spec.layers))])
-    frac = lt / lt.sum() if lt.sum() > 0 else np.full(len(lt), 1.0 / len(lt))
+    frac = layer_shares(profile, spec)
     max_ctx = context_limit(sc, spec, kv_budget)  # storage + attention memory, R12
     label = deployment_labels(sc.deployments)[i]
     return ModelRt(

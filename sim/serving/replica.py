@@ -189,7 +189,6 @@ class ComputeNode:
         #: what the running iteration runs (:func:`engine.kv.admission.iteration_kind`)
         self.kind: IterationKind = "decode"
         self._woke = False  # the next turn follows an idle spell (waited for a request)
-        self._since = 1 << 30
         self.proc: simpy.Process | None = None
         self._cur = -1
         self._carry = 0.0

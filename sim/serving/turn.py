@@ -27,9 +27,9 @@ it short (:meth:`sim.serving.replica.ComputeNode.submit`, :class:`sim.serving.se
 the process wakes now, as an interrupt would), the step in progress finishes and the replica
 re-plans (the rest of that step is carried into the next iteration, ``node._carry``).
 
-Warm-up costs (off unless the cost model sets them, e.g. a calibrated engine's): the first
-iteration after an idle spell pays :meth:`sim.serving.context.ModelRt.wake`, decode steps after a
-prefill pay :meth:`sim.serving.context.ModelRt.rewarm` (spread evenly over a segment's steps).
+Warm-up cost (off unless the cost model sets it, e.g. a calibrated engine's): the first
+iteration after an idle spell pays :attr:`sim.serving.context.ModelRt.wake_s` (a decode segment
+spreads it evenly over its steps).
 """
 
 from __future__ import annotations
@@ -167,14 +167,8 @@ def _iterate(
     t, fl, by = mr.pricer.iter_cost(ptok, sq, len(ends), n, ctx_tok)
     node.kind = iteration_kind(ptok, n)
     t += extra
-    if mr.warm_on:  # warm-up costs (sim.serving.context.ModelRt.rewarm): one iteration
-        if woke:
-            t += mr.wake(t)
-        if ptok:
-            node._since = 0
-        else:
-            t += mr.rewarm(node._since, 1)
-            node._since += 1
+    if woke and mr.warm_on:  # the first iteration after an idle spell
+        t += mr.wake_s
     carry, node._carry = node._carry, 0.0
     if ends and node.on_prefill_iter is not None:
         node.on_prefill_iter(node, [e[0] for e in ends], carry + t)
@@ -249,8 +243,8 @@ def _segment(
     k = fit_steps(node, m, off, k)
     node.kind = iteration_kind(0, n)
     t_step, fl, by = mr.pricer.iter_cost(0, 0.0, 0, n, node.b_base[m] + n * (off + (k - 1) / 2.0))
-    if mr.warm_on:  # spread over the k steps (an interrupted segment pays its share)
-        t_step += (mr.rewarm(node._since, k) + (mr.wake(t_step) if woke else 0.0)) / k
+    if woke and mr.warm_on:  # spread over the k steps (an interrupted segment pays its share)
+        t_step += mr.wake_s / k
     if node._carry > 0:  # the interrupted step still has to finish
         carry, node._carry = node._carry, 0.0
         yield SimTimeout(env, carry)
@@ -269,8 +263,6 @@ def _segment(
     node.seg_model = -1
     node.seg_ev = None
     grow_steps(node, m, off + 1, off + steps)  # the blocks of the steps that ran
-    if mr.warm_on:
-        node._since += steps
     node._quantum += steps
     node.b_off[m] = off = off + steps
     node.busy += steps * t_step

@@ -1,21 +1,28 @@
-"""Candidate deployments of a compare plan and their analytic bounds.
+"""Candidate deployments of a compare plan and the analytic bounds that may skip them.
 
 A candidate is one aggregated deployment (``tp``, ``servers``: ``servers x gpus_per_server /
 tp`` replicas) or one disaggregated one (prefill replicas x ``tp``, decode replicas x
-``tp``). Before anything runs, each gets an **analytic capacity bound** in requests/s from
-the cost model at the workload's mean prompt ``P`` and output ``O`` tokens, with full batches
-(optimistic about batching; but prefill and decode are costed apart, so an iteration that
-fuses both can beat it, hence the compare plan's ``bound_margin``):
+``tp``). Before anything runs, each replica kind gets **upper bounds on what it can serve**,
+priced by the simulator's own iteration cost (:class:`sim.serving.itercost.IterationCost`,
+per ``tp``, collectives included) plus the serving loop's gap per iteration. With ``P`` and
+``O`` the workload's mean prompt and output tokens, ``budget`` the token budget and ``S``
+``max_num_seqs``:
 
-* prefill work per request: ``t_p = prefill_time(min(P, budget)) x P / min(P, budget)``;
-* a decode step at the largest batch the KV allows, ``B = min(max_num_seqs, KV / ((P + O) x
-  kv_bytes_per_token))``: ``t_s = decode_step_time(B, B x (P + O / 2))``;
-* aggregated: ``replicas / (t_p + O x t_s / B)``; disaggregated: ``min(prefill replicas /
-  t_p, decode replicas x B / (O x t_s))``;
+* an iteration of ``T`` tokens takes at least ``floor(T)``: its pass without attention
+  (attention only adds time) and without sampling, plus the gap;
+* **token rate**: ``R_tok = max over T <= budget of T / floor(T)`` tokens/s;
+* **decode rate**: ``R_dec = max over d <= S of d / floor(d)`` (an iteration advances at most
+  ``S`` sequences by one token);
+* aggregated replica: ``min(R_tok / (P + O - 1), R_dec / (O - 1))`` requests/s (a request
+  computes ``P`` prompt tokens and ``O - 1`` decode tokens; its first token comes with the
+  prefill); prefill replica: ``R_tok / P``; decode replica: ``R_dec / (O - 1)``;
+* a **TPOT floor**: one decode step of one sequence, ``floor(1)``: every iteration a
+  request decodes in takes at least that long.
 
-and a **TPOT floor**: one sequence's decode step, ``decode_step_time(1, P)``. A candidate whose
-estimate is below ``bound_margin`` x the load, or whose floor is above a TPOT limit, is not
-run.
+The time per request is linear in the tokens, so the mean over requests bounds the whole
+workload's work. Each bound is optimistic by construction (it never charges what a run might
+not), so a candidate whose bound is below the load, or whose TPOT floor is above a TPOT limit,
+cannot meet the SLOs and is not run (``bound_margin`` scales the load it is held against).
 """
 
 from __future__ import annotations
@@ -27,7 +34,7 @@ from engine.errors import InputError
 
 if TYPE_CHECKING:
     from sim.scenario import Scenario
-    from sim.serving.costmodel import CostModel, Profile
+    from sim.serving.costmodel import Profile
     from sim.serving.models import ModelSpec
 
 
@@ -118,28 +125,24 @@ def disaggregated(
 class Bounds:
     """The analytic bounds of the module docstring for one scenario (memoised per ``tp``)."""
 
-    def __init__(
-        self,
-        sc: Scenario,
-        catalogue: dict[str, ModelSpec],
-        profile: Profile,
-        cost_cls: type[CostModel],
-    ) -> None:
-        from sim.serving.workload import make_workload
-
-        self.sc, self.profile, self.cost_cls = sc, profile, cost_cls
-        self.spec = catalogue[sc.deployments[0].model]
+    def __init__(self, sc: Scenario, catalogue: dict[str, ModelSpec], profile: Profile) -> None:
         import numpy as np
 
+        from sim.serving.workload import make_workload
+
+        self.sc, self.profile = sc, profile
+        self.spec = catalogue[sc.deployments[0].model]
         wl = make_workload(sc.workload, [1.0], np.random.default_rng(0))
         self.P = float(wl.inp.mean())
         self.O = float(wl.out.mean())
-        self._memo: dict[int, tuple[float, float, int, str | None]] = {}
+        self._memo: dict[int, ReplicaBound] = {}
 
-    def per_tp(self, tp: int) -> tuple[float, float, int, str | None]:
-        """``(t_p, t_s, B, why infeasible)`` for one replica of ``tp`` GPUs."""
+    def per_tp(self, tp: int) -> ReplicaBound:
+        """The bounds of one replica of ``tp`` GPUs (``infeasible`` set when it does not fit
+        in memory)."""
         if tp in self._memo:
             return self._memo[tp]
+        from sim.serving.costmodel import CostModel
         from sim.serving.gpumemory import plan_memory
 
         sc = self.sc
@@ -147,38 +150,58 @@ class Bounds:
         psc = sc.model_copy(update={"cluster": cl})
         hbm = sc.cluster.gpu.hbm or int(self.profile.gpu.hbm_bytes)
         try:
-            mem = plan_memory(psc, [self.spec], hbm, self.profile.name)
+            plan_memory(psc, [self.spec], hbm, self.profile.name)
         except InputError as err:
-            self._memo[tp] = (0.0, 0.0, 0, f"infeasible at tp={tp}: {err}")
+            self._memo[tp] = ReplicaBound(0.0, 0.0, 0.0, f"infeasible at tp={tp}: {err}")
             return self._memo[tp]
-        cost = self.cost_cls(
-            self.profile, self.spec, tp=tp, pp=1, gpus_per_server=cl.gpus_per_server
-        )
+        cost = CostModel(self.profile, self.spec, tp=tp, pp=1, gpus_per_server=cl.gpus_per_server)
         rc = sc.cluster.replica
-        chunk = max(1, min(int(self.P), rc.max_num_batched_tokens))
-        t_p = float(cost.prefill_time(chunk)) * self.P / chunk
-        bpt = max(int(self.spec.kv_bytes_per_token), 1)
-        b = int(min(rc.max_num_seqs, max(1, mem.kv // int((self.P + self.O) * bpt))))
-        t_s = float(cost.decode_step_time(b, int(b * (self.P + self.O / 2))))
-        floor = float(cost.decode_step_time(1, int(self.P)))
-        self._memo[tp] = (t_p, t_s, b, None)
-        self._floor = getattr(self, "_floor", {})
-        self._floor[tp] = floor
+        budget = rc.max_num_batched_tokens
+
+        def floor(t: int) -> float:
+            ops = cost.iteration.breakdown(t, 0.0, 0, 0, 0.0)
+            secs = sum(s for name, s, _ in ops if name not in _ATTENTION_OPS)
+            return secs + cost.iter_gap_s
+
+        # every token count: measured tables are not monotone to the last percent
+        rates = {t: t / floor(t) for t in range(1, budget + 1)}
+        r_tok = max(rates.values())
+        r_dec = max(r for t, r in rates.items() if t <= rc.max_num_seqs)
+        self._memo[tp] = ReplicaBound(r_tok, r_dec, floor(1), None)
         return self._memo[tp]
 
     def apply(self, c: Candidate) -> None:
-        """Set ``c``'s bound, TPOT floor and infeasibility."""
+        """Set ``c``'s bound (requests/s), TPOT floor and infeasibility."""
         d = c.decode
-        t_p_d, t_s, b, bad = self.per_tp(d["tp"])
-        if bad is not None:
-            c.infeasible = bad
+        bd = self.per_tp(d["tp"])
+        if bd.infeasible is not None:
+            c.infeasible = bd.infeasible
             return
-        c.tpot_floor_s = self._floor[d["tp"]]
+        c.tpot_floor_s = bd.tpot_floor_s
+        decodes = max(self.O - 1.0, 1e-9)
+        dec_rate = bd.decode_rate / decodes
         if c.prefill is None:
-            c.bound_rps = d["replicas"] / (t_p_d + self.O * t_s / b)
+            c.bound_rps = d["replicas"] * min(bd.token_rate / (self.P + self.O - 1.0), dec_rate)
             return
-        t_p, _, _, bad_p = self.per_tp(c.prefill["tp"])
-        if bad_p is not None:
-            c.infeasible = bad_p
+        bp = self.per_tp(c.prefill["tp"])
+        if bp.infeasible is not None:
+            c.infeasible = bp.infeasible
             return
-        c.bound_rps = min(c.prefill["replicas"] / t_p, d["replicas"] * b / (self.O * t_s))
+        c.bound_rps = min(c.prefill["replicas"] * bp.token_rate / self.P, d["replicas"] * dec_rate)
+
+
+#: the ops :meth:`Bounds.per_tp`'s floor leaves out: attention, and a calibrated engine's
+#: per-prompt-token overhead (a decode token does not pay it)
+_ATTENTION_OPS = frozenset({"attention_prefill", "attention_decode", "prompt_overhead"})
+
+
+@dataclass(frozen=True)
+class ReplicaBound:
+    """Upper bounds of one replica kind: tokens/s of any iteration mix (``token_rate``),
+    decode tokens/s (``decode_rate``), and the shortest decode step (``tpot_floor_s``);
+    ``infeasible``: why it does not fit (the rates are then 0)."""
+
+    token_rate: float
+    decode_rate: float
+    tpot_floor_s: float
+    infeasible: str | None

@@ -1,31 +1,40 @@
 """``pdsim plan`` in compare mode: aggregated vs disaggregated at one load (a plan file with
 a ``compare`` section; the plan's first ``qps`` is the load, its ``slo`` the objectives).
 
-Search, per family, over the candidates of :mod:`sim.study.disaggcandidates` within
-``gpu_budget`` GPUs:
+The candidates of :mod:`sim.study.disaggcandidates` within ``gpu_budget`` GPUs form
+**sub-families**: aggregated replicas of one ``tp``, or disaggregated pools of one
+(prefill ``tp``, decode ``tp``). The search assumes only that, within a sub-family, adding
+replicas never turns a passing deployment into a failing one; under that assumption it finds
+each family's smallest passing GPU count among *all* its candidates:
 
-1. **Analytic bounds first.** Candidates that do not fit memory, whose capacity estimate is
-   below ``bound_margin`` x the load, or whose TPOT floor is above a TPOT limit are dropped
-   without a run.
-2. **Bisection over GPU counts.** The distinct GPU counts left form a ladder; at each rung
-   the candidate with the highest bound (the analytic best split) represents it. Assuming
-   more GPUs never hurt, bisect for the smallest passing rung (top of the ladder first: if it
-   fails the family has no answer). Then up to ``extra_per_rung`` more candidates of that
-   rung run (the next-best bounds) and the best passing one is the family's answer.
-3. Both families' probes of a round run as one batch (Dask with ``--workers N``), each a
-   duration-bounded run of the plan's scenario (``workload.duration``) on every seed, cached
-   by config hash under ``OUT/runs`` like every plan.
+1. **Bounds skip only what cannot pass.** A candidate is not run when its analytic bound
+   (the simulator's own iteration cost per ``tp``) proves it cannot carry the load or meet a
+   TPOT limit, or it does not fit memory.
+2. **Aggregated ``tp``**: bisection over the replica count for the first passing one (the
+   largest count of interest first: if it fails, none smaller passes).
+3. **Disaggregated (prefill ``tp``, decode ``tp``)**: for each prefill count in turn, the
+   fewest decode replicas that pass, by the same bisection; the decode count that passes
+   never grows with more prefill replicas, so each search is bounded by the previous answer.
+4. **Only smaller answers are searched for.** Once a family has a passing candidate of ``G``
+   GPUs, every later probe of that family has fewer than ``G``; a sub-family whose smallest
+   candidate has ``G`` or more GPUs stops.
+5. All sub-families advance in lockstep: each round's probes run as one batch (Dask with
+   ``--workers N``), each a duration-bounded run of the plan's scenario
+   (``workload.duration``) on every seed, cached by config hash under ``OUT/runs``.
 
-A candidate passes when every seed passes :func:`sim.study.planspec.run_passes`. **Throughput per GPU**
-is the steady window's goodput (requests meeting every class objective per second) over
-the candidate's GPUs, mean over seeds. The family's best is the passing candidate with the
-highest throughput per GPU (ties: fewer GPUs, then lower P99 TPOT); the **choice** is the
-family whose best is higher (``aggregated`` on a tie; ``none`` if neither passes).
+A candidate passes when every seed passes :func:`sim.study.planspec.run_passes`. **Throughput
+per GPU** is the steady window's goodput (requests meeting every class objective per second)
+over the candidate's GPUs, mean over seeds. A family's answer is its passing candidate with
+the fewest GPUs (ties: higher throughput per GPU, then lower P99 TPOT); the **choice** is the
+family whose answer has the higher throughput per GPU (``aggregated`` on a tie; ``none`` if
+neither passes, with the tightest limit that failed and the best figure any run reached).
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Generator
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -53,11 +62,10 @@ class CompareCfg(BaseModel):
     """Most replicas in one pool of a disaggregated candidate (an aggregated one: twice this)."""
     placement: str = "packed"
     """`disaggregation.placement` of the disaggregated candidates (`packed` or `split`)."""
-    extra_per_rung: int = Field(2, ge=0, le=16)
-    """Other candidates run at the smallest passing GPU count, best bounds first."""
-    bound_margin: float = Field(0.5, gt=0, le=1)
-    """A candidate runs only when its analytic capacity estimate is at least this x the load,
-    in (0, 1]: the estimate costs prefill and decode apart, so a fused iteration can beat it."""
+    bound_margin: float = Field(1.0, gt=0, le=1)
+    """A candidate is skipped when its analytic capacity bound is below this x the load, in
+    (0, 1]. The bound never undercharges a run, so 1 skips only candidates that cannot carry
+    the load; lower it to run more of them."""
 
 
 def _tpot_limits(slo: Any) -> list[float]:
@@ -112,72 +120,121 @@ class Compare:
         return [self.done[c.label][1] for c in cands]
 
     def search(self, fams: dict[str, list[Candidate]]) -> dict[str, Candidate | None]:
-        """Bisection over each family's GPU ladder, families in lockstep; then up to
-        ``extra_per_rung`` more candidates of each answer's rung; the best passing candidate
-        of each family (:meth:`_rank`), ``None`` where none passed."""
-        ladders = {f: _ladder(cands) for f, cands in fams.items()}
-        extra: list[Candidate] = []
-        for f, rung in self._bisect(ladders).items():
-            if rung is not None:
-                extra += ladders[f][rung][1 : 1 + self.cfg.extra_per_rung]
-        if extra:
-            self.evaluate(extra)
+        """Each family's passing candidate with the fewest GPUs (:meth:`_rank` among equals),
+        ``None`` where none passed (see the module docstring)."""
+        best_gpus = {f: math.inf for f in fams}
+        searches: dict[str, Generator[Candidate, bool, None]] = {}
+        for f, cands in fams.items():
+            for key, sub in _sub_families(cands).items():
+                cap = partial(best_gpus.__getitem__, f)
+                if f == "aggregated":
+                    xs = sorted(sub, key=lambda c: c.gpus)
+                    searches[key] = _as_search(_first_passing(xs, cap))
+                else:
+                    searches[key] = _disagg_search(sub, cap)
+        pending: dict[str, Candidate] = {}
+        for key, gen in list(searches.items()):
+            first = next(gen, None)
+            if first is not None:
+                pending[key] = first
+        while pending:
+            probes = list(pending.items())
+            oks = self.evaluate([c for _, c in probes])
+            for (_, c), ok in zip(probes, oks, strict=True):
+                if ok:
+                    best_gpus[c.family] = min(best_gpus[c.family], c.gpus)
+            for (key, _), ok in zip(probes, oks, strict=True):
+                try:
+                    pending[key] = searches[key].send(ok)
+                except StopIteration:
+                    del pending[key]
         best: dict[str, Candidate | None] = {}
         for f in fams:
             passing = [c for c, ok, _ in self.done.values() if ok and c.family == f]
             best[f] = max(passing, key=self._rank) if passing else None
         return best
 
-    def _bisect(self, ladders: dict[str, list[list[Candidate]]]) -> dict[str, int | None]:
-        """Each family's lowest passing rung (``None``: its top rung fails or it has none),
-        probing the first candidate of a rung; one :meth:`evaluate` per round for all
-        families still searching."""
-        # per family: lo (failing rung or -1), hi (passing rung), top (top not yet probed)
-        # invariant once bisecting: rung lo fails (-1: none probed), rung hi passes
-        lo = {f: -1 for f in ladders}
-        hi = {f: len(lad) - 1 for f, lad in ladders.items()}
-        top = {f: True for f in ladders}
-        result: dict[str, int | None] = {f: None for f, lad in ladders.items() if not lad}
-        while len(result) < len(ladders):
-            want = {
-                f: hi[f] if top[f] else (lo[f] + hi[f]) // 2 for f in ladders if f not in result
-            }
-            oks = self.evaluate([ladders[f][r][0] for f, r in want.items()])
-            for (f, r), ok in zip(want.items(), oks, strict=True):
-                if top[f] and not ok:
-                    result[f] = None
-                    continue
-                if top[f]:
-                    top[f] = False
-                elif ok:
-                    hi[f] = r
-                else:
-                    lo[f] = r
-                if hi[f] - lo[f] <= 1:
-                    result[f] = hi[f]
-        return result
-
-    def _rank(self, c: Candidate) -> tuple[float, int, float]:
+    def _rank(self, c: Candidate) -> tuple[int, float, float]:
+        """Fewer GPUs first, then higher throughput per GPU, then lower P99 TPOT."""
         tpg = self.per_gpu(c) or 0.0
         tpot = _mean(c.metrics, "latency.tpot.p99") or math.inf
-        return (round(tpg, 9), -c.gpus, -tpot)
+        return (-c.gpus, round(tpg, 9), -tpot)
 
     def per_gpu(self, c: Candidate) -> float | None:
         good = _mean(c.metrics, "goodput_rps")
         return good / c.gpus if good is not None else None
 
 
-def _ladder(cands: list[Candidate]) -> list[list[Candidate]]:
-    """Candidates grouped by GPU count, ascending; in a rung, highest analytic bound first."""
-    by_g: dict[int, list[Candidate]] = {}
+#: a search: yields the candidate to run next, is sent whether it passed
+Search = Generator[Candidate, bool, None]
+
+
+def _sub_families(cands: list[Candidate]) -> dict[str, list[Candidate]]:
+    """Candidates by sub-family: ``agg tp<N>`` or ``P tp<N> + D tp<M>``."""
+    out: dict[str, list[Candidate]] = {}
     for c in cands:
-        by_g.setdefault(c.gpus, []).append(c)
-    return [sorted(by_g[g], key=lambda c: (-c.bound_rps, c.label)) for g in sorted(by_g)]
+        if c.prefill is None:
+            key = f"agg tp{c.decode['tp']}"
+        else:
+            key = f"P tp{c.prefill['tp']} + D tp{c.decode['tp']}"
+        out.setdefault(key, []).append(c)
+    return out
+
+
+def _first_passing(
+    xs: list[Candidate], cap: Callable[[], float]
+) -> Generator[Candidate, bool, int | None]:
+    """The index of the first passing candidate of ``xs`` (ascending GPUs, pass/fail
+    monotone along it) among those with fewer than ``cap()`` GPUs, or None.
+
+    Invariant: every index <= ``lo`` fails, index ``hi`` passes (``hi`` None: none known)."""
+    lo, hi = -1, None
+    while True:
+        n_ok = sum(1 for c in xs if c.gpus < cap())  # ascending: a prefix of xs
+        top = min(n_ok, len(xs) if hi is None else hi + 1) - 1
+        if top <= lo:  # nothing of interest left between lo and hi
+            return hi if hi is not None and hi < n_ok else None
+        # the largest of interest first: if it fails, nothing below passes
+        r = top if hi is None or hi >= n_ok else (lo + hi) // 2
+        if (yield xs[r]):
+            hi = r
+        elif r == top and (hi is None or hi >= n_ok):
+            return None
+        else:
+            lo = r
+
+
+def _as_search(gen: Generator[Candidate, bool, int | None]) -> Search:
+    """A :func:`_first_passing` search with its result dropped (the runs are the record)."""
+    yield from gen
+
+
+def _disagg_search(cands: list[Candidate], cap: Callable[[], float]) -> Search:
+    """One (prefill tp, decode tp) sub-family: per prefill count (ascending), the fewest
+    decode replicas that pass, searched only below the previous prefill count's answer and
+    below ``cap()`` GPUs; stops when the smallest candidate left has ``cap()`` GPUs or more."""
+    by_pn: dict[int, list[Candidate]] = {}
+    for c in cands:
+        assert c.prefill is not None
+        by_pn.setdefault(c.prefill["replicas"], []).append(c)
+    d_max = math.inf  # decode replicas that pass with fewer prefill replicas
+    for pn in sorted(by_pn):
+        xs = sorted(
+            (c for c in by_pn[pn] if c.decode["replicas"] <= d_max),
+            key=lambda c: c.decode["replicas"],
+        )
+        if not xs or xs[0].gpus >= cap():
+            if by_pn[pn] and min(c.gpus for c in by_pn[pn]) >= cap():
+                return  # more prefill replicas only add GPUs
+            continue
+        found = yield from _first_passing(xs, cap)
+        if found is not None:
+            d_max = xs[found].decode["replicas"]
 
 
 def candidates(spec: Any, sc: Any) -> tuple[dict[str, list[Candidate]], list[Candidate]]:
     """Each family's runnable candidates, and the ones the analytic bounds dropped."""
-    from sim.serving.costmodel import CostModel, load_profile
+    from sim.serving.costmodel import load_profile
     from sim.serving.models import load_catalogue
 
     cfg: CompareCfg = spec.compare
@@ -186,7 +243,7 @@ def candidates(spec: Any, sc: Any) -> tuple[dict[str, list[Candidate]], list[Can
     raw = aggregated(cfg.aggregated_tp, gps, cfg.gpu_budget, 2 * cfg.max_replicas) + disaggregated(
         cfg.prefill_tp, cfg.decode_tp, cfg.max_replicas, gps, cfg.gpu_budget, cfg.placement
     )
-    bounds = Bounds(sc, load_catalogue(sc.catalogue), load_profile(sc.profile), CostModel)
+    bounds = Bounds(sc, load_catalogue(sc.catalogue), load_profile(sc.profile))
     tpot = _tpot_limits(spec.slo)
     keep: dict[str, list[Candidate]] = {f: [] for f in FAMILIES}
     dropped: list[Candidate] = []
@@ -255,12 +312,6 @@ def run_compare(spec: Any, planner: Any) -> tuple[pd.DataFrame, dict[str, Any], 
     for f in FAMILIES:
         b = best[f]
         res[f] = answer(b, cmp.per_gpu(b) if b else None, b is not None)
-        if b is not None:
-            # no smaller candidate of the family ran and failed: the estimate dropped every
-            # smaller one, so a smaller deployment might pass too (lower bound_margin to see)
-            res[f]["smaller_untested"] = not any(
-                c.family == f and not ok and c.gpus < b.gpus for c, ok, _ in cmp.done.values()
-            )
     a, d = res["aggregated"]["throughput_per_gpu"], res["disaggregated"]["throughput_per_gpu"]
     if a is None and d is None:
         res["choice"] = "none"
@@ -268,23 +319,69 @@ def run_compare(spec: Any, planner: Any) -> tuple[pd.DataFrame, dict[str, Any], 
         res["choice"] = "disaggregated" if (d or 0.0) > (a or 0.0) else "aggregated"
     res["runs"] = len(cmp.done)
     res["pruned_by_bounds"] = len(dropped)
+    res["shortfall"] = (
+        shortfall(list(cmp.done.values()), dropped, spec.slo, qps)
+        if res["choice"] == "none"
+        else None
+    )
     sentences = []
     for f in FAMILIES:
         b = best[f]
         if b is None:
             sentences.append(f"{qps:g} QPS {f}: no candidate within the budget meets the SLOs")
         else:
-            note = (
-                " (fewer GPUs untested: below bound_margin)" if res[f]["smaller_untested"] else ""
-            )
             sentences.append(
                 f"{qps:g} QPS {f}: {b.label} ({b.gpus} GPUs), "
-                f"{res[f]['throughput_per_gpu']:.4g} req/s per GPU at the SLOs{note}"
+                f"{res[f]['throughput_per_gpu']:.4g} req/s per GPU at the SLOs"
             )
     sentences.append(f"choice: {res['choice']}")
+    if res["shortfall"]:
+        sentences.append(f"no candidate meets the SLOs: {res['shortfall']}")
     tpot = _tpot_limits(spec.slo)
     res["tpot_limit_s"] = min(tpot) if tpot else None
     return df, res, sentences
+
+
+def shortfall(
+    ran: list[tuple[Candidate, bool, list[str]]], dropped: list[Candidate], slo: Any, qps: float
+) -> str:
+    """Why no candidate passed, in one line: the latency limit every run missed whose best
+    figure (the lowest any candidate reached, mean over seeds) is furthest above it, or the
+    load no run sustained; when nothing ran, the highest capacity bound or the lowest TPOT
+    floor of the candidates the bounds skipped."""
+    runs = [c for c, _, _ in ran]
+    worst: tuple[float, str] | None = None
+    for kind, pct, cls, limit in slo.limits():
+        prefix = "latency" if cls == "all" else f"per_class.{cls}.latency"
+        vals = [v for c in runs if (v := _mean(c.metrics, f"{prefix}.{kind}.{pct}")) is not None]
+        if vals and min(vals) > limit:
+            ratio = min(vals) / limit
+            text = (
+                f"{cls} {kind} {pct} limit {limit * 1e3:.4g} ms; the best candidate reached "
+                f"{min(vals) * 1e3:.4g} ms"
+            )
+            if worst is None or ratio > worst[0]:
+                worst = (ratio, text)
+    if worst is not None:
+        return worst[1]
+    if runs:
+        got = [v for c in runs if (v := _mean(c.metrics, "throughput.achieved_rps")) is not None]
+        best = f"{max(got):.4g}" if got else "no"
+        return f"no run sustained {qps:g} req/s (best achieved: {best} req/s) or other limits"
+    feasible = [c for c in dropped if c.infeasible is None]
+    if not feasible:
+        return "no candidate fits in memory within the budget"
+    tpot = _tpot_limits(slo)
+    floor = min(c.tpot_floor_s for c in feasible)
+    if tpot and floor > min(tpot):
+        return (
+            f"TPOT limit {min(tpot) * 1e3:.4g} ms; the fastest decode step of any candidate "
+            f"takes {floor * 1e3:.4g} ms"
+        )
+    return (
+        f"load {qps:g} req/s; the highest capacity bound of any candidate within the budget is "
+        f"{max(c.bound_rps for c in feasible):.4g} req/s"
+    )
 
 
 def frontier_png(df: pd.DataFrame, path: Path, tpot_limit: float | None = None) -> Path:

@@ -16,6 +16,7 @@ from hwbench.probes import ProbeConfig, run_probes
 from hwbench.profile import LINK_MAP, fit_profile
 from pdsim.cli import app
 from sim.serving.costmodel import CostModel, Profile, load_profile, parse_profile
+from sim.serving.itercost import iteration_seconds
 from sim.serving.models import load_catalogue
 from sim.serving.opcost import EngineTerms
 
@@ -64,7 +65,8 @@ def test_profile_round_trips_through_json(profile: Profile, tmp_path: Path) -> N
 def test_simulator_cost_model_accepts_the_profile(profile: Profile) -> None:
     model = load_catalogue()["llama-2-7b"]
     cm = CostModel(profile, model)
-    assert 0 < cm.decode_step_time(1, 100) < cm.decode_step_time(8, 8000)
+    one = iteration_seconds(cm.iteration, 0, 0.0, 0, 1, 100.0)
+    assert 0 < one < iteration_seconds(cm.iteration, 0, 0.0, 0, 8, 8000.0)
     assert cm.transfer_time(2**20, "nvme") > cm.transfer_time(0, "nvme")
 
 

@@ -9,6 +9,7 @@ from typer.testing import CliRunner
 
 from pdsim.cli import app
 from sim.serving.costmodel import load_profile as load_op_profile
+from sim.serving.itercost import iteration_cost, iteration_seconds
 from sim.serving.models import load_catalogue
 from sim.serving.opcost import OP_NAMES, OpCostModel
 
@@ -25,10 +26,13 @@ def test_json_is_the_cost_model_iteration() -> None:
     out = cost_json("--model", "llama-2-70b", "--tp", "8", "--phase", "decode", "--batch", "64",
                     "--context", "4096")  # fmt: skip
     ops = out["ops"]
-    assert isinstance(ops, dict) and list(ops) == list(OP_NAMES)
+    assert isinstance(ops, dict) and list(ops) == [*OP_NAMES, "pp_handoff"]
     assert out["seconds"] == pytest.approx(sum(ops.values()))
     cm = OpCostModel(load_op_profile("h200-sxm-vllm"), load_catalogue()["llama-2-70b"], tp=8)
     assert out["seconds"] == pytest.approx(cm.iteration_time(0, 0, 0, 64, 64 * 4096.0))
+    # the simulator's price of the same iteration (one implementation)
+    sim = iteration_cost(load_op_profile("h200-sxm-vllm"), load_catalogue()["llama-2-70b"], tp=8)
+    assert out["seconds"] == pytest.approx(iteration_seconds(sim, 0, 0.0, 0, 64, 64 * 4096.0))
     assert ops["allreduce_attn"] > 0 and out["sources"]["qkv_gemm"] == "table"  # type: ignore[index]
 
 
@@ -47,9 +51,14 @@ def test_prefill_is_batch_prompts_of_context_tokens() -> None:
 
 
 def test_table_lists_every_op_with_its_source() -> None:
+    res = runner.invoke(app, ["cost", "--model", "llama-2-7b"])
+    assert res.exit_code == 0, res.output
+    for name in ("qkv_gemm", "attention_decode", "lm_head", "total", "table"):
+        assert name in res.output
+    # a datasheet profile has no op tables: the simulator's roofline, by layer kind
     res = runner.invoke(app, ["cost", "--model", "llama-2-7b", "--profile", "h200-sxm"])
     assert res.exit_code == 0, res.output
-    for name in ("qkv_gemm", "attention_decode", "lm_head", "total", "roofline"):
+    for name in ("transformer_layers", "lm_head", "allreduce", "total", "roofline"):
         assert name in res.output
 
 

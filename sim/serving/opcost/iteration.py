@@ -49,9 +49,11 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from engine.errors import InputError
+from sim.serving.iterprice import RooflinePass
 from sim.serving.models import ModelSpec
 from sim.serving.opcost.shapes import DecoderShape
 from sim.serving.opcost.tables import AttentionTable, ElementwiseTable, GemmTable, OpsProfile
+from sim.serving.roofline import roofline_pass
 
 if TYPE_CHECKING:
     from sim.serving.costmodel import Profile
@@ -95,10 +97,16 @@ class OpCost:
 
 
 class OpCostModel:
-    """Iteration times of one decoder replica (``tp`` GPUs) on one profile; see the module
-    docstring for the op list. Holds no state between calls apart from memoised GEMM sums."""
+    """Iteration times of one decoder replica (``tp`` GPUs per stage) on one profile; see the
+    module docstring for the op list. The op-table implementation of
+    :class:`sim.serving.itercost.IterationCost`: :meth:`work` is the op sum plus the pipeline
+    hand-offs of ``counts`` (a :class:`sim.serving.iterprice.RooflinePass` of the same replica,
+    which also counts the FLOPs and bytes; default: a one-stage replica's). Holds no state
+    between calls apart from memoised sums."""
 
-    def __init__(self, profile: Profile, model: ModelSpec, tp: int = 1) -> None:
+    def __init__(
+        self, profile: Profile, model: ModelSpec, tp: int = 1, counts: RooflinePass | None = None
+    ) -> None:
         shape = DecoderShape.from_model(model)
         if tp < 1 or shape.heads % tp:
             raise InputError(f"tp={tp} must be >= 1 and divide the {shape.heads} heads")
@@ -106,6 +114,10 @@ class OpCostModel:
         self.model = model
         self.shape = shape
         self.tp = tp
+        self.counts = counts if counts is not None else roofline_pass(profile, model, tp=tp)
+        if self.counts.tp != tp:
+            raise ValueError(f"counts are for tp={self.counts.tp}, not tp={tp}")
+        self.pp = self.counts.pp
         self.ops: OpsProfile = profile.ops or OpsProfile()
         gpu = profile.gpu
         db = shape.dtype_bytes
@@ -300,7 +312,7 @@ class OpCostModel:
     def iteration_breakdown(
         self,
         prefill_tokens: int,
-        prefill_sq: int,
+        prefill_sq: float,
         n_prompts: int,
         n_decode: int,
         decode_ctx: float,
@@ -365,7 +377,7 @@ class OpCostModel:
     def _parts(
         self,
         prefill_tokens: int,
-        prefill_sq: int,
+        prefill_sq: float,
         n_prompts: int,
         n_decode: int,
         decode_ctx: float,
@@ -387,7 +399,7 @@ class OpCostModel:
     def iteration_ops(
         self,
         prefill_tokens: int,
-        prefill_sq: int,
+        prefill_sq: float,
         n_prompts: int,
         n_decode: int,
         decode_ctx: float,
@@ -402,7 +414,7 @@ class OpCostModel:
     def iteration_time(
         self,
         prefill_tokens: int,
-        prefill_sq: int,
+        prefill_sq: float,
         n_prompts: int,
         n_decode: int,
         decode_ctx: float,
@@ -451,3 +463,47 @@ class OpCostModel:
         attn = self.prefill_attention_time(prefill_tokens, prefill_sq, n_prompts)[0]
         attn += self.decode_attention_time(n_decode, decode_ctx)[0]
         return fixed + layers * attn + self._prompt_overhead * prefill_tokens
+
+    # -- the IterationCost protocol ----------------------------------------------------------
+    def work(
+        self,
+        prefill_tokens: int,
+        prefill_sq: float,
+        n_prompts: int,
+        n_decode: int,
+        decode_ctx: float,
+    ) -> tuple[float, float, float, float]:
+        """``(compute_s, collective_s, flops, bytes)`` (:class:`sim.serving.itercost.IterationCost`):
+        :meth:`iteration_time` (all-reduces included), the ``pp - 1`` hand-offs, and the
+        roofline's FLOP and byte counts."""
+        _, _, flops, nbytes = self.counts.work(
+            prefill_tokens, prefill_sq, n_prompts, n_decode, decode_ctx
+        )
+        tokens = prefill_tokens + n_decode
+        if tokens <= 0:
+            return 0.0, 0.0, flops, nbytes
+        compute = self.iteration_time(prefill_tokens, prefill_sq, n_prompts, n_decode, decode_ctx)
+        return compute, self.counts.handoff_time(float(tokens)), flops, nbytes
+
+    def breakdown(
+        self,
+        prefill_tokens: int,
+        prefill_sq: float,
+        n_prompts: int,
+        n_decode: int,
+        decode_ctx: float,
+    ) -> list[tuple[str, float, str]]:
+        """``(op, seconds, source)`` of every op (:data:`OP_NAMES`, summed over an unfused
+        engine's parts) and ``pp_handoff``; sums to :meth:`work`'s time up to rounding."""
+        secs: dict[str, float] = {}
+        srcs: dict[str, str] = {}
+        for part in self._parts(prefill_tokens, prefill_sq, n_prompts, n_decode, decode_ctx):
+            for op in part:
+                secs[op.name] = secs.get(op.name, 0.0) + op.seconds
+                if srcs.get(op.name, "not run") == "not run":
+                    srcs[op.name] = op.source
+        tokens = prefill_tokens + n_decode
+        hand = self.counts.handoff_time(float(tokens)) if tokens > 0 else 0.0
+        out = [(name, secs[name], srcs[name]) for name in secs]
+        out.append(("pp_handoff", hand, "roofline" if hand > 0 else "not run"))
+        return out

@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 from sim.cluster import Cluster, build
 from sim.scenario import validate
 from sim.serving.costmodel import CostModel, load_profile
+from sim.serving.itercost import iteration_seconds
 from sim.serving.models import load_catalogue
 
 SMALL: dict[str, Any] = {
@@ -88,14 +89,29 @@ def test_live_nodes_cache_follows_every_up_change(flips: list[tuple[int, str]]) 
             assert live is not before  # a returned list is never changed in place
 
 
-class _LinearCost:
+class _LinearWork:
     """A decode cost linear in the batch's context (what the interpolation must be exact for)."""
 
-    def decode_step_time(self, batch: int, ctx: float) -> float:
-        return 1e-3 + 2e-4 * batch + 3e-7 * ctx
+    tp = pp = 1
 
-    def prefill_time(self, tokens: int, sq_tokens: int | None = None) -> float:
-        return 1e-5 * tokens
+    def work(
+        self, prefill_tokens: int, prefill_sq: float, n_prompts: int, n_dec: int, ctx: float
+    ) -> tuple[float, float, float, float]:
+        return 1e-5 * prefill_tokens + 1e-3 + 2e-4 * n_dec + 3e-7 * ctx, 0.0, 0.0, 0.0
+
+    def breakdown(self, *args: Any) -> list[tuple[str, float, str]]:
+        return [("all", self.work(*args)[0], "stub")]
+
+
+class _LinearCost:
+    """A cost model whose iteration is :class:`_LinearWork`, with no serving-loop terms."""
+
+    iteration = _LinearWork()
+    wake_s = iter_gap_s = prefetch_compute_s_per_byte = prefetch_handoff_s = 0.0
+
+
+def _decode_s(cost: Any, batch: int, ctx: float) -> float:
+    return iteration_seconds(cost.iteration, 0, 0.0, 0, batch, ctx)
 
 
 @settings(max_examples=60)
@@ -107,10 +123,10 @@ def test_decode_table_charges_the_cost_model(batch: int, ctx: float) -> None:
     m = _build().ctx.models[0]  # llama-2-7b with the roofline CostModel
     lin = dataclasses.replace(m, cost=_LinearCost())
     # exact where the cost is linear in context, at any context (a segment's mean is a float)
-    want_lin = _LinearCost().decode_step_time(batch, ctx)
+    want_lin = _decode_s(_LinearCost(), batch, ctx)
     assert lin.iter_time(0, 0.0, 0, batch, ctx) == pytest.approx(want_lin, rel=1e-12)
     # the roofline is linear between its kinks: within a fraction of a percent everywhere
-    want = m.cost.decode_step_time(batch, int(ctx))
+    want = _decode_s(m.cost, batch, int(ctx))
     assert m.iter_time(0, 0.0, 0, batch, int(ctx)) == pytest.approx(want, rel=2e-3)
 
 
@@ -120,6 +136,6 @@ def test_decode_table_never_undercharges_the_roofline() -> None:
     m = _build().ctx.models[0]
     for batch in (1, 8, 64):
         got = np.array([m.iter_time(0, 0.0, 0, batch, c) for c in range(0, 8192, 7)])
-        want = np.array([m.cost.decode_step_time(batch, c) for c in range(0, 8192, 7)])
+        want = np.array([_decode_s(m.cost, batch, c) for c in range(0, 8192, 7)])
         assert np.all(got >= want * (1 - 1e-12))
         assert np.max(got / want - 1) < 2e-3

@@ -12,17 +12,18 @@ from hypothesis import strategies as st
 from sim.serving.costmodel import CostModel, load_profile
 from sim.serving.iterprice import IterPricer, RooflinePass
 from sim.serving.models import load_catalogue
+from sim.serving.opcost import OpCostModel
 
 CAT = load_catalogue()
 
 
-class _Public:
-    """A cost model seen only through its public pricing methods (no ``roofline``)."""
+class _Wrapped:
+    """An iteration cost that is not a :class:`RooflinePass` (priced through ``work``)."""
 
-    def __init__(self, cost: CostModel) -> None:
-        self.iteration_work = cost.iteration_work
-        self.prefill_time = cost.prefill_time
-        self.decode_step_time = cost.decode_step_time
+    def __init__(self, cost: RooflinePass) -> None:
+        self.tp, self.pp = cost.tp, cost.pp
+        self.work = cost.work
+        self.breakdown = cost.breakdown
 
 
 _ARGS = st.tuples(
@@ -44,26 +45,28 @@ _ARGS = st.tuples(
 )
 @settings(max_examples=60, deadline=None)
 @given(args=_ARGS)
-def test_direct_path_is_the_cost_models_price_bit_for_bit(
+def test_direct_path_is_the_iteration_costs_price_bit_for_bit(
     profile: str, model: str, tp: int, pp: int, args: tuple[int, float, int, int, float]
 ) -> None:
     cost = CostModel(load_profile(profile), CAT[model], tp=tp, pp=pp, gpus_per_server=8)
-    direct = IterPricer(cost, False, 2e-5, True)
-    public = IterPricer(_Public(cost), False, 2e-5, True)
-    assert direct.roof is cost.roofline and public.roof is None
-    assert direct.iter_cost(*args) == public.iter_cost(*args)
-    c, k, f, b = cost.iteration_work(*args)
+    assert isinstance(cost.iteration, RooflinePass)
+    direct = IterPricer(cost.iteration, False, 2e-5)
+    wrapped = IterPricer(_Wrapped(cost.iteration), False, 2e-5)
+    assert direct.roof is cost.iteration and wrapped.roof is None
+    assert direct.iter_cost(*args) == wrapped.iter_cost(*args)
+    c, k, f, b = cost.iteration.work(*args)
     if args[0] > 0:  # decode-only prices come from the interpolated memo
         assert direct.iter_cost(*args) == (c + k + 2e-5, f, b)
 
 
-def test_op_tables_price_through_the_cost_model() -> None:
+def test_op_tables_price_through_the_iteration_cost() -> None:
     cost = CostModel(load_profile("h200-sxm-vllm"), CAT["llama-3.1-8b"])
-    assert cost.ops is not None and cost.roofline is None
-    pricer = IterPricer(cost, False, 0.0, True)
-    c, k, f, b = cost.iteration_work(512, 512.0**2, 1, 8, 8 * 1024.0)
+    ops = cost.iteration
+    assert isinstance(ops, OpCostModel)
+    pricer = IterPricer(ops, False, 0.0)
+    c, k, f, b = ops.work(512, 512.0**2, 1, 8, 8 * 1024.0)
     assert pricer.iter_cost(512, 512.0**2, 1, 8, 8 * 1024.0) == (c + k, f, b)
-    assert c == cost.ops.iteration_time(512, 512.0**2, 1, 8, 8 * 1024.0)
+    assert c == ops.iteration_time(512, 512.0**2, 1, 8, 8 * 1024.0) and k == 0.0
 
 
 def _pass(**kw: Any) -> RooflinePass:

@@ -12,7 +12,6 @@ runs only those.
 
 from __future__ import annotations
 
-import __future__
 import inspect
 import textwrap
 from collections.abc import Iterator
@@ -54,7 +53,7 @@ class Mutant:
         # calls the zero-argument super() finds its class as it does in the class body
         outer = "def _mutant_outer(__class__):\n" + textwrap.indent(code, "    ")
         outer += f"\n    return {self.method}\n"
-        flags = __future__.annotations.compiler_flag  # annotations stay unevaluated
+        flags = annotations.compiler_flag  # annotations stay unevaluated
         code_obj = compile(outer, f"<mutant {self.name}>", "exec", flags=flags, dont_inherit=True)
         exec(code_obj, module.__dict__, scope)
         new_fn = scope["_mutant_outer"](self.owner)

@@ -4,7 +4,8 @@ A :class:`Mutant` is a bug a real engineer could write, in one line of one funct
 function's source text with ``old`` replaced by ``new`` (``old`` must occur exactly once),
 compiled in the function's module and patched over the original in-process
 (:meth:`Mutant.applied`); no file is edited. ``owner`` is the class that defines the method
-(so the patch replaces the code every instance runs). ``kind`` says what the bug breaks
+(so the patch replaces the code every instance runs), or the module of a module-level
+function. ``kind`` says what the bug breaks
 (``safety`` or ``liveness`` for Raft; a short word elsewhere). ``tests`` are the test files
 that target the mutated code: the pytest route of the harness (``python -m tests.mutation``)
 runs only those.
@@ -13,6 +14,7 @@ runs only those.
 from __future__ import annotations
 
 import inspect
+import sys
 import textwrap
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -24,7 +26,7 @@ from typing import Any
 class Mutant:
     name: str
     doc: str
-    owner: Any  # the class whose method is replaced
+    owner: Any  # the class whose method (or the module whose function) is replaced
     method: str
     old: str
     new: str
@@ -61,11 +63,24 @@ class Mutant:
 
     @contextmanager
     def applied(self) -> Iterator[None]:
-        """Patch the mutant in for the duration of the block."""
+        """Patch the mutant in for the duration of the block. A module-level function is
+        also replaced in every loaded module that imported it by name (``from m import f``);
+        modules imported inside the block get the mutant from its module."""
         new_fn = self.patched()
         orig = self.owner.__dict__[self.method]
-        setattr(self.owner, self.method, new_fn)
+        holders = [self.owner]
+        if inspect.ismodule(self.owner):
+            holders += [
+                mod
+                for mod in list(sys.modules.values())
+                if mod is not None
+                and mod is not self.owner
+                and getattr(mod, "__dict__", {}).get(self.method) is orig
+            ]
+        for h in holders:
+            setattr(h, self.method, new_fn)
         try:
             yield
         finally:
-            setattr(self.owner, self.method, orig)
+            for h in holders:
+                setattr(h, self.method, orig)

@@ -74,12 +74,18 @@ def main(argv: list[str] | None = None) -> int:
             {"package": package, "mutant": m.name, "outcome": outcome, "cpu_s": round(cpu, 1),
              "wall_s": round(time.perf_counter() - t0, 1), "killed_by": failed, "tests": tests}
         )  # fmt: skip
+        if outcome == "survived" and m.equivalent:
+            failed = f"equivalent: {m.equivalent[:90]}"
         print(f"{package:8} {m.name:36} {outcome:10} {cpu:6.1f} s CPU  {failed}", flush=True)
     for package in dict.fromkeys(r["package"] for r in rows):
         mine = [r for r in rows if r["package"] == package]
         killed = sum(r["outcome"] == "killed" for r in mine)
         survivors = [r["mutant"] for r in mine if r["outcome"] != "killed"]
-        print(f"{package}: killed {killed}/{len(mine)}; not killed: {', '.join(survivors) or '-'}")
+        equiv = sum(find(f"{package}:{n}").equivalent != "" for n in survivors)
+        print(
+            f"{package}: killed {killed}/{len(mine)} ({equiv} of the rest marked equivalent); "
+            f"not killed: {', '.join(survivors) or '-'}"
+        )
     if args.json is not None:
         args.json.write_text(json.dumps(rows, indent=1))
     return 0

@@ -137,5 +137,11 @@ MUTANTS: list[Mutant] = [
         "if admitted[j]:",
         "tiers",
         TIER_T,
+        equivalent=(
+            "within TierChain no lower admission can evict an upper copy: admit makes room "
+            "before it inserts, evictions only demote downwards, and neither on_drop callback "
+            "(engine.tiers.stack, sim.serving.paramstore) removes keys; the check guards "
+            "future callbacks"
+        ),
     ),
 ]

@@ -8,7 +8,8 @@ compiled in the function's module and patched over the original in-process
 function. ``kind`` says what the bug breaks
 (``safety`` or ``liveness`` for Raft; a short word elsewhere). ``tests`` are the test files
 that target the mutated code: the pytest route of the harness (``python -m tests.mutation``)
-runs only those.
+runs only those. ``equivalent`` records, for a mutant no test can kill, why it changes no
+behaviour.
 """
 
 from __future__ import annotations
@@ -32,6 +33,8 @@ class Mutant:
     new: str
     kind: str = "safety"
     tests: tuple[str, ...] = ()
+    #: why the mutant cannot change behaviour (empty: it can, so some test must kill it)
+    equivalent: str = ""
 
     def patched(self) -> Any:
         """The mutated function (raises if ``old`` is not found exactly once)."""

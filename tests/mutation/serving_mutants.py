@@ -11,13 +11,22 @@ from __future__ import annotations
 from sim.serving import metrics, replicakv, turn
 from tests.mutation.mutant import Mutant
 
-TURN_T = ("tests/sim/serving/test_turn.py", "tests/sim/serving/test_serving.py")
+TURN_T = (
+    "tests/sim/serving/test_turn.py",
+    "tests/sim/serving/test_turn_limits.py",
+    "tests/sim/serving/test_serving.py",
+)
 KV_T = (
     "tests/sim/serving/test_differential_kv_preemption.py",
     "tests/sim/serving/test_turn.py",
+    "tests/sim/serving/test_turn_limits.py",
     "tests/sim/serving/test_serving.py",
 )
-MET_T = ("tests/sim/serving/test_metrics.py", "tests/sim/serving/test_metrics_summary.py")
+MET_T = (
+    "tests/sim/serving/test_metrics.py",
+    "tests/sim/serving/test_metrics_summary.py",
+    "tests/sim/serving/test_metrics_window.py",
+)
 
 MUTANTS: list[Mutant] = [
     Mutant(

@@ -155,6 +155,7 @@ MUTANTS: list[Mutant] = [
 #: the chaos route is tests/sim/control/raft/test_mutation.py)
 RAFT_TESTS = (
     "tests/sim/control/raft/test_stale_messages.py",
+    "tests/sim/control/raft/test_message_rules.py",
     "tests/sim/control/raft/test_replication.py",
     "tests/sim/control/raft/test_election.py",
     "tests/sim/control/raft/test_stepdown.py",

@@ -13,78 +13,16 @@ only the chaos sweep caught before.
 
 from __future__ import annotations
 
-from typing import Any
-
-import simpy
 from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
-from sim.control.raft import Command, RaftGroup, Role
-from sim.control.raft.messages import (
-    CLIENT_ID_BASE,
-    AppendEntries,
-    AppendEntriesReply,
-    ClientRequest,
-    RequestVote,
-    RequestVoteReply,
-)
+from sim.control.raft import Role
+from sim.control.raft.messages import AppendEntriesReply
 
-from .util import make_group
+from .util import TERM, Solo
 
 LO, HI = 0.150, 0.300  # RaftConfig's default election timeout range
-TERM = 5  # the replica's term when it boots
-
-
-class Solo:
-    """Replica 0 of a 3-replica group, booted alone in ``TERM``; every message it sends is
-    recorded as ``(time, destination, message)``."""
-
-    def __init__(self, seed: int = 0) -> None:
-        env, g, tr = make_group(n=3, seed=seed)
-        self.env: simpy.Environment = env
-        self.g: RaftGroup = g
-        self.node = g.nodes[0]
-        self.node.load_state(TERM, None, [])
-        self.sent: list[tuple[float, int, Any]] = []
-        send = tr.send
-
-        def spy(src: int, dst: int, msg: Any) -> None:
-            if src == 0:
-                self.sent.append((env.now, dst, msg))
-            send(src, dst, msg)
-
-        tr.send = spy  # type: ignore[method-assign]
-        g.start(nodes=[0])
-        self.seq = 0
-
-    def deliver(self, msg: Any) -> None:
-        """Deliver ``msg`` to the replica and let it handle it."""
-        self.node.deliver(msg)
-        self.env.run(until=self.env.now + 1e-6)
-
-    def heartbeat(self, src: int, term: int) -> None:
-        self.deliver(AppendEntries(src, term, 0, 0, (), 0))
-
-    def vote_requests(self) -> list[float]:
-        return [t for t, _, m in self.sent if isinstance(m, RequestVote)]
-
-    def lead(self) -> int:
-        """Make the replica leader (an election, one vote granted); returns its term."""
-        self.node.timeout_now()
-        self.env.run(until=self.env.now + 1e-6)
-        term = self.node.current_term
-        self.g.checker.on_grant(1, 0, term)  # what replica 1 reports when it grants
-        self.deliver(RequestVoteReply(1, term, True))
-        assert self.node.role is Role.LEADER
-        return term
-
-    def write(self) -> int:
-        """A client write to the leader; returns its log index."""
-        self.seq += 1
-        cmd = Command("put", f"k{self.seq}", self.seq, CLIENT_ID_BASE, self.seq)
-        self.deliver(ClientRequest(CLIENT_ID_BASE, cmd))
-        return self.node.log.last_index
 
 
 def test_a_stale_leaders_heartbeats_do_not_hold_off_an_election() -> None:

@@ -48,7 +48,8 @@ def run_one(package: str, m: Mutant, tests: list[str]) -> tuple[str, float, str]
     failed = next((ln for ln in proc.stdout.splitlines() if ln.startswith("FAILED")), "")
     outcome = {0: "survived", 1: "killed"}.get(proc.returncode, f"error ({proc.returncode})")
     if outcome.startswith("error"):
-        failed = (proc.stdout + proc.stderr).strip().splitlines()[-1:][0][:120]
+        tail = (proc.stdout + proc.stderr).strip().splitlines()
+        failed = tail[-1][:120] if tail else ""
     return outcome, cpu, failed.removeprefix("FAILED ")[:120]
 
 

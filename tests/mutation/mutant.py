@@ -54,14 +54,19 @@ class Mutant:
         while lines and lines[0].lstrip().startswith("@"):
             lines.pop(0)
         code = "".join(lines).replace(self.old, self.new)
-        # compiled inside a function whose local ``__class__`` is the owner, so a method that
-        # calls the zero-argument super() finds its class as it does in the class body
-        outer = "def _mutant_outer(__class__):\n" + textwrap.indent(code, "    ")
-        outer += f"\n    return {self.method}\n"
         flags = annotations.compiler_flag  # annotations stay unevaluated
-        code_obj = compile(outer, f"<mutant {self.name}>", "exec", flags=flags, dont_inherit=True)
-        exec(code_obj, module.__dict__, scope)
-        new_fn = scope["_mutant_outer"](self.owner)
+        if "super()" not in code:
+            obj = compile(code, f"<mutant {self.name}>", "exec", flags=flags, dont_inherit=True)
+            exec(obj, module.__dict__, scope)
+            new_fn = scope[self.method]
+        else:
+            # compiled inside a function whose local ``__class__`` is the owner, so the
+            # zero-argument super() finds its class as it does in the class body
+            outer = "def _mutant_outer(__class__):\n" + textwrap.indent(code, "    ")
+            outer += f"\n    return {self.method}\n"
+            obj = compile(outer, f"<mutant {self.name}>", "exec", flags=flags, dont_inherit=True)
+            exec(obj, module.__dict__, scope)
+            new_fn = scope["_mutant_outer"](self.owner)
         return wrapper(new_fn) if wrapper is not None else new_fn
 
     @contextmanager

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 
+from engine.policy.lru import LRUPolicy
 from sim.serving import replicakv, turn
 from tests.mutation.__main__ import run_one
 from tests.mutation.catalogue import PACKAGES, catalogue, find
@@ -50,3 +51,23 @@ def test_the_pytest_route_kills_a_caught_mutant_and_keeps_a_harmless_one() -> No
     assert outcome == "killed" and "test_lru.py" in failed
     outcome, _, _ = run_one("engine", m, ["tests/engine/test_units.py"])
     assert outcome == "survived"  # tests that never touch LRU cannot kill it
+
+
+def test_a_method_calling_super_runs_mutated_with_its_class() -> None:
+    """The zero-argument super() of a mutated method still finds the owner class."""
+    m = Mutant(
+        "pinned-evict-none",
+        "with a pin, evict returns nothing when the base class picks the oldest unpinned key",
+        LRUPolicy,
+        "evict",
+        "return super().evict(now, pinned)",
+        "return None if super().evict(now, pinned) == 'b' else 'x'",
+        "policy",
+        ("tests/engine/policy/test_lru.py",),
+    )
+    p = LRUPolicy()
+    for k in "abc":
+        p.insert(k, 1, 0.0)
+    with m.applied():
+        assert p.evict(0.0, pinned={"a"}) is None  # super() ran: it removed "b"
+    assert list(p) == ["a", "c"] and p.evict(0.0, pinned={"a"}) == "c"

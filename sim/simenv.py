@@ -189,8 +189,25 @@ class SimProcess(Process):
 
 def _copy_failure(exc: BaseException) -> BaseException:
     """A copy of a failed event's exception, chained to it: each process that handles the
-    failure gets its own (its traceback stays the original's)."""
-    copy = type(exc)(*exc.args)
+    failure gets its own (its traceback stays the original's).
+
+    The copy has the original's type, ``args``, message and instance attributes (those its
+    constructor set, and notes), and ``__cause__`` is the original, whose own chain is kept.
+    SimPy rebuilds the exception as ``type(exc)(*exc.args)``; that is used when it gives back
+    the same ``args`` and message. An exception whose constructor takes other arguments than
+    its ``args`` (``KVOutOfBlocks(message, needed, available)``) is copied without calling
+    its constructor, so the real error surfaces instead of a ``TypeError`` from rebuilding it.
+    """
+    cls = type(exc)
+    copy: BaseException | None
+    try:
+        copy = cls(*exc.args)
+    except Exception:  # the constructor wants other arguments than args
+        copy = None
+    if copy is None or copy.args != exc.args or str(copy) != str(exc):
+        copy = cls.__new__(cls, *exc.args)
+        copy.args = exc.args
+    copy.__dict__.update(exc.__dict__)
     copy.__cause__ = exc
     return copy
 

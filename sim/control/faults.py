@@ -219,6 +219,8 @@ class RaftCfg(_F):
     """Baseline probability that a metadata message is lost, in [0, 1)."""
     duplicate: float = Field(default=0.0, ge=0, lt=1)
     """Baseline probability that a metadata message is delivered twice, in [0, 1)."""
+    max_batch: int = Field(default=64, ge=1)
+    """Most log entries in one AppendEntries; small values make a lagging follower catch up in many short batches."""
     unsafe_commit_old_terms: bool = False
     """TEST ONLY: plant a Raft bug (a leader commits old-term entries by counting)."""
 

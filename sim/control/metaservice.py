@@ -157,6 +157,7 @@ class MetaService:
             n=rc.replicas,
             election_timeout=rc.election_timeout,
             heartbeat_interval=rc.heartbeat,
+            max_batch=rc.max_batch,
             unsafe_commit_old_terms=rc.unsafe_commit_old_terms,
         )
         self.group = RaftGroup(

@@ -233,3 +233,66 @@ def test_a_failed_process_keeps_its_generators_frames() -> None:
         names.append(tb.tb_frame.f_code.co_name)
         tb = tb.tb_next
     assert names == ["deep"]  # the process's own frame, and no frame of the event loop
+
+
+class _NeedsMore(RuntimeError):
+    """An exception whose constructor takes more than its ``args`` (like KVOutOfBlocks)."""
+
+    def __init__(self, message: str, needed: int, available: int) -> None:
+        super().__init__(message)
+        self.needed = needed
+        self.available = available
+
+
+class _Defaulted(RuntimeError):
+    """Rebuilding from ``args`` succeeds but would change the message."""
+
+    def __init__(self, needed: int, available: int = 0) -> None:
+        super().__init__(f"need {needed}, have {available}")
+        self.needed = needed
+
+
+def _root() -> _NeedsMore:
+    try:
+        try:
+            raise KeyError("inner")
+        except KeyError as inner:
+            raise _NeedsMore("out of KV blocks: need 3, have 1", 3, 1) from inner
+    except _NeedsMore as exc:
+        exc.add_note("while growing request 7")
+        return exc
+
+
+def test_a_failure_with_extra_constructor_arguments_crashes_the_run_as_itself() -> None:
+    env = CountingEnvironment()
+    boom = _root()
+    env.event().fail(boom)
+    with pytest.raises(_NeedsMore) as info:
+        env.run(until=1.0)
+    got = info.value
+    assert got is not boom and got.__cause__ is boom
+    assert got.args == boom.args and str(got) == "out of KV blocks: need 3, have 1"
+    assert (got.needed, got.available) == (3, 1)
+    assert got.__notes__ == ["while growing request 7"]
+    assert isinstance(boom.__cause__, KeyError)  # the original's own chain is kept
+
+
+@pytest.mark.parametrize("make", [_root, lambda: _Defaulted(5, 2)], ids=["extra", "default"])
+def test_a_process_catches_a_copy_with_the_original_type_message_and_fields(
+    make: Callable[[], RuntimeError],
+) -> None:
+    env = CountingEnvironment()
+    boom = make()
+    seen: list[Any] = []
+
+    def waiter() -> Generator[simpy.Event, Any, None]:
+        bad = env.event()
+        bad.fail(boom)
+        try:
+            yield bad
+        except RuntimeError as exc:
+            seen.append((type(exc), exc.args, str(exc), exc.needed, exc.__cause__ is boom))
+
+    env.process(waiter())
+    env.run(until=1.0)
+    assert seen == [(type(boom), boom.args, str(boom), boom.needed, True)]  # type: ignore[attr-defined]

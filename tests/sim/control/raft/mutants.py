@@ -1,63 +1,22 @@
-"""Single-point mutants of ``sim.control.raft`` for the mutation harness (tests/sim/control/raft/test_mutation.py).
+"""Single-point mutants of ``sim.control.raft`` for the mutation harness: the chaos route
+(tests/sim/control/raft/test_mutation.py) and the pytest route (``python -m tests.mutation``).
 
-Each :class:`Mutant` is a bug a real engineer could write, in one line of one function: the
-function's source text with ``old`` replaced by ``new`` (``old`` must occur exactly once), compiled
-in the function's module and patched over the original in-process (:meth:`Mutant.applied`); no
-file is edited. ``kind`` says what the bug breaks: ``safety`` or ``liveness``.
+Each :class:`~tests.mutation.mutant.Mutant` is a bug a real engineer could write, in one line of
+one function, patched in in-process (no file is edited). ``kind`` says what the bug breaks:
+``safety`` or ``liveness``; ``tests`` names the test files that kill it without chaos.
 """
 
 from __future__ import annotations
 
-import inspect
-import textwrap
-from collections.abc import Iterator
-from contextlib import contextmanager
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import replace
 
 from sim.control.raft import election as raft_election
 from sim.control.raft import log as raft_log
 from sim.control.raft import node as raft_node
 from sim.control.raft import replication as raft_replication
+from tests.mutation.mutant import Mutant
 
-
-@dataclass(frozen=True)
-class Mutant:
-    name: str
-    doc: str
-    owner: Any  # the class whose method is replaced
-    method: str
-    old: str
-    new: str
-    kind: str = "safety"
-
-    def patched(self) -> Any:
-        """The mutated function (raises if ``old`` is not found exactly once)."""
-        fn = getattr(self.owner, self.method)
-        src = textwrap.dedent(inspect.getsource(fn))
-        if src.count(self.old) != 1:
-            raise AssertionError(f"{self.name}: {self.old!r} occurs {src.count(self.old)} times")
-        module = inspect.getmodule(fn)
-        assert module is not None
-        scope: dict[str, Any] = {}
-        exec(
-            compile(src.replace(self.old, self.new), f"<mutant {self.name}>", "exec"),
-            module.__dict__,
-            scope,
-        )
-        return scope[self.method]
-
-    @contextmanager
-    def applied(self) -> Iterator[None]:
-        """Patch the mutant in for the duration of the block."""
-        new_fn = self.patched()
-        orig = self.owner.__dict__[self.method]
-        setattr(self.owner, self.method, new_fn)
-        try:
-            yield
-        finally:
-            setattr(self.owner, self.method, orig)
-
+__all__ = ["MUTANTS", "Mutant"]
 
 # each mutant's owner is the class that defines the method (RaftNode's handlers live in its
 # parts), so the patch replaces the code the replica really runs
@@ -191,3 +150,14 @@ MUTANTS: list[Mutant] = [
         "if False:",
     ),
 ]
+
+#: the pytest route's targeted files for every Raft mutant (the fast, deterministic tiers;
+#: the chaos route is tests/sim/control/raft/test_mutation.py)
+RAFT_TESTS = (
+    "tests/sim/control/raft/test_stale_messages.py",
+    "tests/sim/control/raft/test_message_rules.py",
+    "tests/sim/control/raft/test_replication.py",
+    "tests/sim/control/raft/test_election.py",
+    "tests/sim/control/raft/test_stepdown.py",
+)
+MUTANTS = [replace(m, tests=RAFT_TESTS) for m in MUTANTS]

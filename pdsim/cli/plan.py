@@ -49,7 +49,10 @@ def plan(
     p99: Annotated[
         list[str] | None,
         typer.Option(
-            "--p99", metavar="CLASS=DURATION", help="P99 SLO, e.g. high=500ms (replaces slo.p99)."
+            "--p99",
+            metavar="CLASS=DURATION",
+            help="P99 end-to-end SLO, e.g. high=500ms (repeatable; replaces the file's P99 "
+            "end-to-end limits, slo.p99 and slo.e2e.p99).",
         ),
     ] = None,
     seeds: Annotated[str | None, typer.Option("--seeds", metavar="SEEDS", help=SEEDS_HELP)] = None,
@@ -154,6 +157,8 @@ def _with_options(
     data.update(upd)
     if p99:
         slo = dict(data["slo"])
+        # the option is the P99 end-to-end limit: the file's, in either spelling, goes
+        slo["e2e"] = {pct: per for pct, per in slo["e2e"].items() if pct != "p99"}
         slo["p99"] = {}
         for text in p99:
             if "=" not in text:

@@ -6,7 +6,6 @@ from pathlib import Path
 
 from typer.testing import CliRunner
 
-from pdsim.cli import app
 from pdsim.cli.plan import _with_options
 from sim.study.planspec import plan_from_file
 

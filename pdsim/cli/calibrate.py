@@ -50,7 +50,14 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from engine.errors import InputError
-from pdsim.cli.common import array_backend, check_out_file, console, err_console, user_errors
+from pdsim.cli.common import (
+    array_backend,
+    check_out_dir,
+    check_out_file,
+    console,
+    err_console,
+    user_errors,
+)
 
 if TYPE_CHECKING:
     from hwbench.probes import Measurement
@@ -126,6 +133,8 @@ def calibrate(
     with user_errors():
         xp = array_backend(backend)
         path = _out_path(out, backend)
+        if workdir is not None:
+            check_out_dir(workdir, "--workdir")
         from hwbench.quiet import reference_seconds, sample
 
         start, ref0 = sample(), reference_seconds()

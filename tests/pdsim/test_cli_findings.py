@@ -6,6 +6,7 @@ from pathlib import Path
 
 from typer.testing import CliRunner
 
+from pdsim.cli import app
 from pdsim.cli.plan import _with_options
 from sim.study.planspec import plan_from_file
 
@@ -24,3 +25,41 @@ def test_p99_option_replaces_the_files_e2e_p99_limit_in_either_spelling() -> Non
     spec, _ = plan_from_file(path)
     new = _with_options(spec, path, None, None, None, None, ["all=7s"])
     assert new.slo.limits() == [("e2e", "p99", "all", 7.0)]
+
+
+def _one_line_error(args: list[str]) -> str:
+    r = runner.invoke(app, args)
+    assert r.exit_code == 2, r.output
+    assert r.output.startswith("error: ") and r.output.count("\n") == 1, r.output
+    return r.output
+
+
+AB = str(SCEN / "ab-demo.yaml")
+
+
+def test_ab_blames_the_side_whose_override_is_bad(tmp_path: Path) -> None:
+    out = ["--seeds", "2", "--out", str(tmp_path / "ab")]
+    both = ["--a", "cluster.servers=2"]
+    msg = _one_line_error(["ab", AB, *both, "--b", "cluster.servers=x", *out])
+    assert msg.startswith("error: --b cluster.servers=x: cluster.servers: ")
+    msg = _one_line_error(["ab", AB, "--a", "cluster.servers=x", "--b", "cluster.servers=3", *out])
+    assert msg.startswith("error: --a cluster.servers=x: ")
+    msg = _one_line_error(["ab", AB, *both, "--b", "cluster.servers", *out])
+    assert msg.startswith("error: --b 'cluster.servers': expected KEY=VALUE")
+    assert not (tmp_path / "ab").exists()
+
+
+def test_bad_options_fail_before_any_work(tmp_path: Path) -> None:
+    a_file = tmp_path / "f"
+    a_file.write_text("x")
+    msg = _one_line_error(
+        ["ab", AB, "--a", "cluster.servers=2", "--b", "cluster.servers=3", "--boot-seed", "-1",
+         "--seeds", "2", "--out", str(tmp_path / "ab")]
+    )  # fmt: skip
+    assert "--boot-seed -1: allowed: an integer >= 0" in msg
+    msg = _one_line_error(["calibrate", "--tiny", "--workdir", str(a_file),
+                           "--out", str(tmp_path / "p.json")])  # fmt: skip
+    assert msg == f"error: --workdir {a_file}: is a file; give a folder\n"
+    msg = _one_line_error(["profile", "import", "aiconfigurator", "--out", str(tmp_path)])
+    assert msg.startswith(f"error: --out {tmp_path}: is a folder")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["f"]

@@ -169,7 +169,9 @@ def _with_options(
     try:
         return validate_model(PlanFile, data, f"{path} (with the command-line options)")
     except InputError as err:
-        raise _blame(err, p99, set_) from None
+        given = {"qps": ("--qps", [f"{q:g}" for q in qps or []])}
+        given["sizes"] = ("--size", [str(n) for n in size or []])
+        raise _blame(err, p99, set_, given) from None
 
 
 def _print_frontier(df: pd.DataFrame) -> None:
@@ -192,14 +194,24 @@ def _cell(col: str, v: object) -> str:
     return str(v)
 
 
-def _blame(err: InputError, p99: list[str] | None, set_: list[str] | None) -> InputError:
-    """A plan error caused by ``--p99`` or ``--set`` blamed on that option, not the file."""
+def _blame(
+    err: InputError,
+    p99: list[str] | None,
+    set_: list[str] | None,
+    options: dict[str, tuple[str, list[str]]] | None = None,
+) -> InputError:
+    """A plan error caused by an option blamed on that option, not the file: ``--p99``,
+    ``--set``, or one of ``options`` (plan field -> the option and its values given)."""
     where = err.where or ""
     text = str(err)
     if p99 and (where.startswith("slo.p99") or ": slo.p99" in text):
         where = where or "slo.p99"
         msg = text.split(f"{where}: ", 1)[-1]
         return InputError(msg, source=f"--p99 {' '.join(p99)}", where=where)
+    for field, (option, values) in (options or {}).items():
+        if values and (where == field or where.startswith(f"{field}[")):
+            msg = text.split(f"{where}: ", 1)[-1]
+            return InputError(msg, source=" ".join(f"{option} {v}" for v in values))
     return blame_override(err, list(set_ or []))
 
 

@@ -63,3 +63,12 @@ def test_bad_options_fail_before_any_work(tmp_path: Path) -> None:
     msg = _one_line_error(["profile", "import", "aiconfigurator", "--out", str(tmp_path)])
     assert msg.startswith(f"error: --out {tmp_path}: is a folder")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["f"]
+
+
+def test_plan_size_and_qps_are_checked_before_any_run(tmp_path: Path) -> None:
+    out = tmp_path / "plan"
+    msg = _one_line_error(["plan", "plan-quickstart", "--size", "0", "--out", str(out)])
+    assert msg.startswith("error: --size 0: ") and "greater than or equal to 1" in msg
+    msg = _one_line_error(["plan", "plan-quickstart", "--qps", "-1", "--out", str(out)])
+    assert msg.startswith("error: --qps -1: ") and "greater than 0" in msg
+    assert not out.exists()

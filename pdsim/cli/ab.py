@@ -13,6 +13,7 @@ from engine.errors import InputError
 from pdsim.cli.common import (
     blame_override,
     check_out_dir,
+    check_out_kind,
     check_same_inputs,
     console,
     err_console,
@@ -106,6 +107,7 @@ def ab(
         digest = ab_digest(*points, resamples, boot_seed)
         folder = out if out is not None else Path("runs") / result_name("ab", path.stem, digest)
         check_out_dir(folder)
+        check_out_kind(folder, "A/B")
         check_same_inputs(folder, "ab.json", "inputs_hash", digest, "--out")
         with run_progress(f"A/B {path.stem}", quiet) as prog:
             res = run_ab(

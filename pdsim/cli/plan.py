@@ -14,6 +14,7 @@ from engine.errors import InputError
 from pdsim.cli.common import (
     blame_override,
     check_out_dir,
+    check_out_kind,
     console,
     err_console,
     inputs_digest,
@@ -100,6 +101,7 @@ def plan(
         digest = inputs_digest([report_spec, scen.read_text("utf-8")])
         folder = out if out is not None else Path("runs") / result_name("plan", path.stem, digest)
         check_out_dir(folder)
+        check_out_kind(folder, "plan")
         _check_same_plan(folder, report_spec)
         with run_progress(f"plan {path.stem}", quiet or as_json) as prog:
             try:

@@ -14,6 +14,7 @@ from rich.table import Table
 from engine.errors import InputError
 from pdsim.cli.common import (
     check_out_dir,
+    check_out_kind,
     console,
     err_console,
     inputs_digest,
@@ -134,8 +135,9 @@ def sweep(
     ] = None,
     quiet: Annotated[bool, typer.Option("--quiet", help="No progress bar or tables.")] = False,
 ) -> None:
-    """Run a sweep; results go to OUT/results.parquet (and a plot, sweep.png), each run
-    cached under OUT/runs/."""
+    """Run a sweep; results go to OUT/results-TAG.parquet (and a plot, sweep-TAG.png; TAG
+    names the grid and seeds, so another grid in the same folder keeps the first's results),
+    each run cached under OUT/runs/ (shared by the folder's sweeps)."""
     from sim.shipped import resolve_scenario
     from sim.study.plots import sweep_plot
     from sim.study.sweep import build_points, execute, parse_grid, seed_list
@@ -168,12 +170,13 @@ def sweep(
         else:
             folder = out
         check_out_dir(folder)
+        check_out_kind(folder, "sweep")
         with run_progress(f"sweep {name}", quiet) as prog:
             res = execute(
                 points, folder, workers=workers, scheduler=scheduler, max_runs=max_runs,
                 progress=prog,
             )  # fmt: skip
-        png = sweep_plot(res.frame, list(g), folder / "sweep.png", f"sweep {name}")
+        png = sweep_plot(res.frame, list(g), folder / f"sweep-{res.tag}.png", f"sweep {name}")
     if not quiet:
         console.print(_overview(res.frame, list(g)))
     console.print(

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import importlib
 from pathlib import Path
 
+import pytest
 from typer.testing import CliRunner
 
 from pdsim.cli import app
@@ -72,3 +74,52 @@ def test_plan_size_and_qps_are_checked_before_any_run(tmp_path: Path) -> None:
     msg = _one_line_error(["plan", "plan-quickstart", "--qps", "-1", "--out", str(out)])
     assert msg.startswith("error: --qps -1: ") and "greater than 0" in msg
     assert not out.exists()
+
+
+@pytest.mark.parametrize("marker", ["plan.json", "ab.json", "chaos.json", "sweep-0a1b2c3d.json"])
+def test_a_folder_of_another_kind_of_result_is_refused(tmp_path: Path, marker: str) -> None:
+    out = tmp_path / "o"
+    out.mkdir()
+    (out / marker).write_text("{}")
+    commands = {
+        "plan.json": ["plan", "plan-quickstart"],
+        "ab.json": ["ab", AB, "--a", "cluster.servers=2", "--b", "cluster.servers=3"],
+        "chaos.json": ["chaos", "chaos-partition", "--seeds", "1"],
+        "sweep-0a1b2c3d.json": ["sweep", "--scenario", "quickstart", "--grid", "cluster.servers=1,2"],
+    }  # fmt: skip
+    for kind, cmd in commands.items():
+        if kind == marker:
+            continue
+        msg = _one_line_error([*cmd, "--out", str(out)])
+        assert f"holds {_KIND[marker]} results ({marker}); results of different kinds" in msg
+    assert [p.name for p in out.iterdir()] == [marker]
+
+
+_KIND = {
+    "plan.json": "plan",
+    "ab.json": "A/B",
+    "chaos.json": "chaos",
+    "sweep-0a1b2c3d.json": "sweep",
+}
+
+
+def test_no_plotting_code_selects_a_backend_or_leaves_a_figure_open(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A notebook keeps its inline backend: plots are Figure objects, never pyplot's."""
+    import matplotlib
+    import matplotlib.pyplot as plt
+    import pandas as pd
+
+    import sim.study.plots as p
+
+    chosen: list[object] = []
+    monkeypatch.setattr(matplotlib, "use", lambda *a, **k: chosen.append(a))
+    importlib.reload(p)  # importing selects no backend
+    open_before = plt.get_fignums()
+    df = pd.DataFrame(
+        {"status": ["ok"] * 2, "x": [1, 2], p.THROUGHPUT: [1.0, 2.0], p.P99: [0.5, 0.7]}
+    )
+    out = p.sweep_plot(df, ["x"], tmp_path / "s.png", "t")
+    assert out is not None and out.stat().st_size > 0
+    assert chosen == [] and plt.get_fignums() == open_before

@@ -136,7 +136,8 @@ def test_ab_and_sweep_plots(figures: list[Any], tmp_path: Path) -> None:
     assert line.get_xdata()[0] == pytest.approx(-25.0)  # % of A's mean
     assert plots.ab_plot([], tmp_path / "a.png", "t") is None
     df = pd.DataFrame({"status": "ok", "cluster.servers": [1, 1, 2, 2], "seed": [0, 1, 0, 1],
-                       "throughput_rps": [1.0, 3.0, 4.0, 6.0], "latency.p99": 1.0})  # fmt: skip
+                       "throughput.achieved_rps": [1.0, 3.0, 4.0, 6.0],
+                       "latency.e2e.p99": 1.0})  # fmt: skip
     assert plots.sweep_plot(df, ["cluster.servers"], tmp_path / "s.png", "t") is not None
     tp = figures[1].axes[0].lines[0]
     assert list(tp.get_ydata()) == [2.0, 5.0]  # mean over seeds

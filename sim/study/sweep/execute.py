@@ -291,6 +291,8 @@ class SweepOutcome:
 
     frame: pd.DataFrame
     parquet: Path
+    #: names this sweep's files in its folder (``results-TAG.parquet``, ``sweep-TAG.json``)
+    tag: str
     total: int
     ran: int
     cached: int
@@ -301,6 +303,15 @@ class SweepOutcome:
     def complete(self) -> bool:
         """Every point has a finished (ok) record."""
         return self.missing == 0 and not self.failed
+
+
+def sweep_tag(points: list[Point]) -> str:
+    """Eight hex digits naming a sweep by its points (their params, seeds and configs, in
+    order): the same grid and seeds give the same tag, another grid another."""
+    import hashlib
+
+    text = json.dumps([[p.params, p.seed, p.config_hash] for p in points], default=str)
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()[:8]
 
 
 def execute(
@@ -314,23 +325,28 @@ def execute(
     counter: str | Path | None = None,
     force_dask: bool = False,
 ) -> SweepOutcome:
-    """Run a sweep into ``folder``: cache under ``runs/``, the point list as ``sweep.json``,
-    and every point with a record as ``results.parquet`` (rewritten atomically each time)."""
+    """Run a sweep into ``folder``: cache under ``runs/`` (shared by every sweep of the
+    folder), the point list as ``sweep-TAG.json`` and every point with a record as
+    ``results-TAG.parquet`` (rewritten atomically each time), ``TAG`` a hash of the point list
+    (:func:`sweep_tag`): a sweep of another grid or other seeds in the same folder reuses
+    the cached runs but never replaces another sweep's results."""
     root = Path(folder)
     manifest = [
         {"point": p.index, "params": p.params, "seed": p.seed, "config_hash": p.config_hash}
         for p in points
     ]
-    write_atomic(root / "sweep.json", json.dumps(manifest, indent=1) + "\n")
+    tag = sweep_tag(points)
+    write_atomic(root / f"sweep-{tag}.json", json.dumps(manifest, indent=1) + "\n")
     cache = RunCache(root)
     with Runner(workers, scheduler, counter, force_dask) as runner:
         batch = runner.run(points, cache, max_runs, progress)
     df = results_frame(points, batch.records)
-    out = root / "results.parquet"
+    out = root / f"results-{tag}.parquet"
     write_parquet(df, out)
     return SweepOutcome(
         frame=df,
         parquet=out,
+        tag=tag,
         total=len({p.config_hash for p in points}),
         ran=batch.ran,
         cached=batch.cached,

@@ -14,6 +14,13 @@ from pdsim.cli import app
 runner = CliRunner()
 
 
+def _results(out: Path) -> pd.DataFrame:
+    """The results of the latest sweep written into ``out`` (one ``results-TAG.parquet`` per
+    grid and seeds)."""
+    files = sorted(out.glob("results-*.parquet"), key=lambda p: p.stat().st_mtime_ns)
+    return pd.read_parquet(files[-1])
+
+
 def _sweep_file(tiny: Path, body: str) -> Path:
     f = tiny.parent / "sweep.yaml"
     f.write_text("scenario: tiny.yaml\n" + body)
@@ -30,7 +37,7 @@ def test_cli_sweep_file_and_resume(tiny: Path, tmp_path: Path) -> None:
     assert r.exit_code == 0, r.output
     # the extra single-value grid key is the scenario's default: same configs, one new run
     assert "1 run now, 3 from cache" in r.output
-    df = pd.read_parquet(out / "results.parquet")
+    df = _results(out)
     assert len(df) == 4 and set(df["cluster.servers"]) == {1, 2} and (df["status"] == "ok").all()
 
 
@@ -42,7 +49,7 @@ def test_cli_sweep_scenario_with_grid_flags(tiny: Path, tmp_path: Path) -> None:
          "--set", "workload.requests=6", "--out", str(out), "--quiet"],
     )  # fmt: skip
     assert r.exit_code == 0, r.output
-    df = pd.read_parquet(out / "results.parquet")
+    df = _results(out)
     assert list(df["workload.rate"]) == [5, 5, 10, 10] and (df["requests.completed"] == 6).all()
 
 
@@ -55,7 +62,7 @@ def test_cli_failing_run_exit_1_with_its_config(tiny: Path, tmp_path: Path) -> N
     )  # fmt: skip
     assert r.exit_code == 1
     assert "failed runs" in r.output and "cluster.gpu.hbm='1GiB'" in r.output
-    assert len(pd.read_parquet(out / "results.parquet")) == 2
+    assert len(_results(out)) == 2
 
 
 @pytest.mark.parametrize(
@@ -83,3 +90,20 @@ def test_cli_bad_sweep_file_exit_2_nothing_written(tiny: Path, tmp_path: Path) -
     r = runner.invoke(app, ["sweep", str(f), "--scenario", str(tiny), "--out", str(out)])
     assert r.exit_code == 2 and "exactly one" in r.output
     assert not out.exists()
+
+
+def test_cli_sweep_plot_is_written_and_another_grid_keeps_the_first(
+    tiny: Path, tmp_path: Path
+) -> None:
+    out = tmp_path / "o"
+    base = ["sweep", "--scenario", str(tiny), "--out", str(out), "--quiet"]
+    r = runner.invoke(app, [*base, "--grid", "workload.rate=5,10"])
+    assert r.exit_code == 0, r.output
+    (first,) = out.glob("results-*.parquet")
+    tag = first.stem.removeprefix("results-")
+    assert (out / f"sweep-{tag}.png").stat().st_size > 0  # the plot finds its columns
+    r = runner.invoke(app, [*base, "--grid", "workload.rate=5,20"])
+    assert r.exit_code == 0 and "1 run now, 1 from cache" in r.output, r.output
+    assert sorted(pd.read_parquet(first)["workload.rate"]) == [5, 10]  # kept as it was
+    assert len(list(out.glob("results-*.parquet"))) == 2 == len(list(out.glob("sweep-*.png")))
+    assert sorted(_results(out)["workload.rate"]) == [5, 20]

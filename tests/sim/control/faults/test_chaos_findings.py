@@ -1,7 +1,9 @@
-"""``replay --until T`` at the instant of a fault and past the run's end (issue 41, item 7)."""
+"""Chaos and replay findings of a new user (issue 41, item 7): `--until` at a fault and past
+the end, a later run into the same folder."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 from typer.testing import CliRunner
@@ -10,7 +12,7 @@ from pdsim.cli import app
 from sim.study.chaos import run_chaos
 from sim.study.recording import load_replay, replay
 
-from .conftest import small
+from .conftest import DATA, small
 
 
 def test_until_at_a_fault_and_past_the_end_matches_the_schedule(tmp_path: Path) -> None:
@@ -30,3 +32,16 @@ def test_until_at_a_fault_and_past_the_end_matches_the_schedule(tmp_path: Path) 
     r = CliRunner().invoke(app, ["replay", str(f), "--until", str(end)])
     assert r.exit_code == 0, r.output
     assert f"before --until {end:g}; fault schedule so far matches" in " ".join(r.output.split())
+
+
+def test_a_later_chaos_run_keeps_earlier_seeds_and_all_replays_fills_in(tmp_path: Path) -> None:
+    out = tmp_path / "chaos"
+    base = ["chaos", str(DATA / "chaos-small.yaml"), "--out", str(out)]
+    r = CliRunner().invoke(app, [*base, "--seeds", "3-4"])
+    assert r.exit_code == 0, r.output
+    assert not (out / "replays").exists()
+    r = CliRunner().invoke(app, [*base, "--seeds", "3-3", "--all-replays"])
+    assert r.exit_code == 0, r.output
+    report = json.loads((out / "chaos.json").read_text())
+    assert [s["seed"] for s in report["seeds"]] == [3, 4] and report["totals"]["seeds"] == 2
+    assert [p.name for p in (out / "replays").iterdir()] == ["chaos-small-seed-3.replay.json"]

@@ -115,8 +115,11 @@ def plan(
             except InputError as err:
                 raise _blame(err, p99, set_) from None
     if not quiet and not res.frontier.empty:
-        _print_frontier(res.frontier)
-    for a in res.answers:
+        if res.compare is None:
+            _print_frontier(res.frontier, spec)
+        else:
+            _print_columns(res.frontier)
+    for a in [*res.answers, *res.notes]:
         console.print(a)
     console.print(f"results: {res.folder} (plan.json, frontier.csv, frontier.png)")
     if as_json:
@@ -176,7 +179,34 @@ def _with_options(
         raise _blame(err, p99, set_, given) from None
 
 
-def _print_frontier(df: pd.DataFrame) -> None:
+def _print_frontier(df: pd.DataFrame, spec: PlanFile) -> None:
+    """The frontier as a compact table (one row per question x alternative): the answer,
+    its GPUs and cost, the busiest resource at the boundary probe (the last one that failed,
+    or the answer when none did) and the share of that probe's seeds that passed.
+    Every column (each resource's utilisation, the reasons) is in frontier.csv."""
+    t = Table(title="frontier (every column: frontier.csv)", header_style="bold")
+    alts = [k for k in spec.alternatives if k in df.columns]
+    heads = ["question", *alts, "QPS", "size", "GPUs", "cost", "busiest", "boundary: seeds passed"]
+    for c in heads:
+        t.add_column(c, justify="left" if c in ("question", "busiest") else "right")
+    for r in df.to_dict("records"):
+        sat = r.get("saturates_first")
+        busiest = f"{sat} {r[f'util_{sat}']:.0%}" if isinstance(sat, str) else "-"
+        t.add_row(
+            str(r["question"]),
+            *[str(r[k]) for k in alts],
+            _num(r.get("qps"), "{:,.4g}"),
+            _num(r.get("size"), "{:.0f}"),
+            _num(r.get("gpus"), "{:.0f}"),
+            _num(r.get("cost"), "{:,.4g}"),
+            busiest,
+            f"{r['boundary_size']} @ {r['boundary_qps']:g} QPS: {r['boundary_pass_fraction']:.0%}",
+        )
+    console.print(t)
+
+
+def _print_columns(df: pd.DataFrame) -> None:
+    """Every column of a compare plan's frontier (sim.study.disaggcompare)."""
     t = Table(title="frontier", header_style="bold")
     cols = [c for c in df.columns if not c.startswith("boundary_")]
     for c in cols:
@@ -194,6 +224,11 @@ def _cell(col: str, v: object) -> str:
     if isinstance(v, float):
         return f"{v:,.2f}"
     return str(v)
+
+
+def _num(v: object, fmt: str) -> str:
+    """``v`` formatted, ``-`` when missing (None, or NaN in a frame)."""
+    return "-" if v is None or v != v else fmt.format(v)
 
 
 def _blame(

@@ -102,8 +102,8 @@ def chaos(
         except KeyboardInterrupt:
             kept = len(_finished(folder / "seeds.jsonl", digest))
             err_console.print(
-                f"interrupted: {kept} finished seeds kept in {folder / 'seeds.jsonl'}; run the "
-                "same command again to resume"
+                f"{kept} finished seeds kept in {folder / 'seeds.jsonl'}; run the same command "
+                "again to resume"
             )
             raise typer.Exit(code=130) from None
     finished = {**done, **{r["seed"]: r for r in new}}

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import importlib
+import os
+import sys
 from pathlib import Path
 
 import pytest
@@ -123,3 +125,26 @@ def test_no_plotting_code_selects_a_backend_or_leaves_a_figure_open(
     out = p.sweep_plot(df, ["x"], tmp_path / "s.png", "t")
     assert out is not None and out.stat().st_size > 0
     assert chosen == [] and plt.get_fignums() == open_before
+
+
+def test_ctrl_c_ends_a_command_with_one_line_and_status_130(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    import signal
+
+    import pdsim.cli.run as run_mod
+    from pdsim.cli import main
+
+    def interrupted(*_a: object, **_k: object) -> None:
+        os.kill(os.getpid(), signal.SIGINT)  # as the terminal does on Ctrl-C
+
+    monkeypatch.setattr(run_mod, "load_scenario_arg", interrupted)
+    monkeypatch.setattr(sys, "argv", ["pdsim", "run", "quickstart", "--out", str(tmp_path)])
+    old = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        with pytest.raises(SystemExit) as stop:
+            main()
+    finally:
+        signal.signal(signal.SIGINT, old)
+    assert stop.value.code == 130
+    assert capsys.readouterr().err == "interrupted (Ctrl-C)\n"

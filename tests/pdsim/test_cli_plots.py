@@ -142,3 +142,21 @@ def test_ab_and_sweep_plots(figures: list[Any], tmp_path: Path) -> None:
     tp = figures[1].axes[0].lines[0]
     assert list(tp.get_ydata()) == [2.0, 5.0]  # mean over seeds
     assert plots.sweep_plot(df, [], tmp_path / "s.png", "t") is None
+
+
+def test_one_load_over_alternatives_is_a_bar_per_alternative(
+    figures: list[Any], tmp_path: Path
+) -> None:
+    nan = float("nan")
+    df = pd.DataFrame(
+        [{"question": "min-size", "cluster.tp": tp, "qps": 1200.0, "size": size, "reason": why}
+         for tp, size, why in [(1, nan, "infeasible: weights do not fit"),
+                               (2, nan, "latency floor: ..."), (8, 62.0, None)]]
+    )  # fmt: skip
+    plots.frontier_plot(df, "cluster.servers", ["cluster.tp"], 5000.0, tmp_path / "f.png")
+    (ax,) = figures[0].axes
+    assert [p.get_height() for p in ax.patches] == [62.0]  # one bar: the answered tp
+    labels = [t.get_text() for t in ax.get_xticklabels()]
+    assert labels == ["cluster.tp=1", "cluster.tp=2", "cluster.tp=8"]
+    texts = [t.get_text() for t in ax.texts]
+    assert "none:\ninfeasible" in texts and "none:\nlatency floor" in texts and "62" in texts

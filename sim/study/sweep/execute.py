@@ -15,10 +15,13 @@ hash are run once. The results frame has one row per point that has a record, or
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
+import signal
 import tempfile
+import threading
 import time
 import traceback
 from collections.abc import Callable, Iterator
@@ -28,6 +31,7 @@ from typing import Any
 
 import pandas as pd
 
+from engine.errors import InputError
 from sim.study.sweep.flatten import flatten
 from sim.study.sweep.resultcache import RunCache, as_umask, write_atomic
 from sim.study.sweep.spec import Point
@@ -91,6 +95,40 @@ class Batch:
     missing: list[str] = field(default_factory=list)
 
 
+#: seconds to wait for an existing Dask scheduler (``--scheduler``) to answer
+CONNECT_TIMEOUT_S = 10.0
+
+
+def _connect(address: str) -> Any:
+    """A Dask client of the scheduler at ``address``; :class:`InputError` naming the address
+    when it is not one (``tcp://HOST:PORT``) or nothing answers within
+    :data:`CONNECT_TIMEOUT_S`."""
+    from dask.distributed import Client
+
+    try:
+        return Client(address, timeout=CONNECT_TIMEOUT_S)
+    except (OSError, ValueError, TimeoutError) as err:
+        raise InputError(
+            f"cannot connect: {err}; allowed: the address of a running Dask scheduler, "
+            "tcp://HOST:PORT",
+            source=f"--scheduler {address}",
+        ) from None
+
+
+@contextlib.contextmanager
+def _sigint_ignored() -> Iterator[None]:
+    """SIGINT ignored meanwhile (in the main thread; elsewhere nothing changes): processes
+    started now inherit it, and Python leaves an ignored SIGINT ignored."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    old = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, old)
+
+
 class Runner:
     """Where runs execute; a context manager that owns any Dask cluster it starts.
 
@@ -119,24 +157,36 @@ class Runner:
             from dask.distributed import Client, LocalCluster
 
             if self.scheduler is not None:
-                self._client = Client(self.scheduler)
+                self._client = _connect(self.scheduler)
             else:
-                self._cluster = LocalCluster(
-                    n_workers=self.workers,
-                    threads_per_worker=1,
-                    processes=True,
-                    dashboard_address=None,
-                    silence_logs=logging.ERROR,
-                )
+                # the workers start with SIGINT ignored: Ctrl-C stops this process (which
+                # closes them), not each worker with a traceback of its own
+                with _sigint_ignored():
+                    self._cluster = LocalCluster(
+                        n_workers=self.workers,
+                        threads_per_worker=1,
+                        processes=True,
+                        dashboard_address=None,
+                        silence_logs=logging.CRITICAL,  # failed runs come back as records
+                    )
                 self._client = Client(self._cluster)
         return self
 
-    def __exit__(self, *exc: object) -> None:
-        if self._client is not None:
-            self._client.close()
-        if self._cluster is not None:
-            self._cluster.close()
-        self._client = self._cluster = None
+    def __exit__(self, exc_type: object, *exc: object) -> None:
+        # stopped by Ctrl-C: close quietly (Dask logs every cancelled task and lost comm)
+        quiet = exc_type is KeyboardInterrupt
+        log = logging.getLogger("distributed")
+        level = log.level
+        if quiet:
+            log.setLevel(logging.CRITICAL + 1)
+        try:
+            if self._client is not None:
+                self._client.close()
+            if self._cluster is not None:
+                self._cluster.close()
+        finally:
+            log.setLevel(level)
+            self._client = self._cluster = None
 
     @property
     def n_workers(self) -> int:
@@ -336,9 +386,9 @@ def execute(
         for p in points
     ]
     tag = sweep_tag(points)
-    write_atomic(root / f"sweep-{tag}.json", json.dumps(manifest, indent=1) + "\n")
     cache = RunCache(root)
-    with Runner(workers, scheduler, counter, force_dask) as runner:
+    with Runner(workers, scheduler, counter, force_dask) as runner:  # connects first
+        write_atomic(root / f"sweep-{tag}.json", json.dumps(manifest, indent=1) + "\n")
         batch = runner.run(points, cache, max_runs, progress)
     df = results_frame(points, batch.records)
     out = root / f"results-{tag}.parquet"

@@ -107,3 +107,54 @@ def test_cli_sweep_plot_is_written_and_another_grid_keeps_the_first(
     assert sorted(pd.read_parquet(first)["workload.rate"]) == [5, 10]  # kept as it was
     assert len(list(out.glob("results-*.parquet"))) == 2 == len(list(out.glob("sweep-*.png")))
     assert sorted(_results(out)["workload.rate"]) == [5, 20]
+
+
+@pytest.mark.parametrize("address", ["notaurl", "tcp://127.0.0.1:1"])
+def test_cli_unreachable_scheduler_is_one_line_naming_it(
+    tiny: Path, tmp_path: Path, address: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import importlib
+
+    ex = importlib.import_module("sim.study.sweep.execute")  # the package exports execute()
+    monkeypatch.setattr(ex, "CONNECT_TIMEOUT_S", 0.5)  # nothing listens on port 1
+    out = tmp_path / "o"
+    r = runner.invoke(
+        app, ["sweep", "--scenario", str(tiny), "--grid", "workload.rate=5,10",
+              "--scheduler", address, "--out", str(out)],
+    )  # fmt: skip
+    assert r.exit_code == 2, r.output
+    assert r.output.startswith(f"error: --scheduler {address}: cannot connect: ")
+    assert r.output.count("\n") == 1 and not out.exists()
+
+
+@pytest.mark.slow
+def test_ctrl_c_during_a_dask_sweep_is_one_line_and_status_130(tiny: Path, tmp_path: Path) -> None:
+    """SIGINT to the whole process group (as a terminal sends it): the workers ignore it,
+    the command closes its cluster quietly and says one line."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    out = tmp_path / "o"
+    code = (
+        "import signal; signal.signal(signal.SIGINT, signal.default_int_handler)\n"
+        "from pdsim.cli import main; main()"
+    )
+    rates = ",".join(str(r) for r in range(1, 201))
+    args = ["sweep", "--scenario", str(tiny), "--grid", f"workload.rate={rates}",
+            "--workers", "2", "--out", str(out)]  # fmt: skip
+    root = Path(__file__).resolve().parents[4]
+    env = {**os.environ, "PYTHONPATH": str(root)}
+    proc = subprocess.Popen(
+        [sys.executable, "-c", code, *args], env=env, start_new_session=True,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    deadline = time.monotonic() + 120
+    while not list((out / "runs").glob("*.json")) and time.monotonic() < deadline:
+        time.sleep(0.2)  # until the workers have finished a run
+    os.killpg(proc.pid, signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err
+    assert err == "interrupted (Ctrl-C)\n"

@@ -148,3 +148,19 @@ def test_ctrl_c_ends_a_command_with_one_line_and_status_130(
         signal.signal(signal.SIGINT, old)
     assert stop.value.code == 130
     assert capsys.readouterr().err == "interrupted (Ctrl-C)\n"
+
+
+@pytest.mark.parametrize(
+    ("args", "start"),
+    [
+        (["--tp", "1"], "error: --tp 1: llama-3.1-70b's weights need 141.1 GB per GPU"),
+        (["--tp", "8", "--context", "200000"],
+         "error: --context 200000: above llama-3.1-70b's context window of 131,072 tokens"),
+        (["--tp", "8", "--batch", str(10**12)], f"error: --batch {10**12}: weights (17.6 GB)"),
+    ],
+)  # fmt: skip
+def test_cost_refuses_a_step_no_replica_can_run(args: list[str], start: str) -> None:
+    msg = _one_line_error(["cost", "--model", "llama-3.1-70b", "--profile", "h200-sxm-vllm", *args])
+    assert msg.startswith(start), msg
+    r = runner.invoke(app, ["cost", "--model", "llama-3.1-70b", "--tp", "2", "--json"])
+    assert r.exit_code == 0, r.output  # 70B fits two H200s

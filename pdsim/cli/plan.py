@@ -103,7 +103,7 @@ def plan(
         check_out_dir(folder)
         check_out_kind(folder, "plan")
         _check_same_plan(folder, report_spec)
-        with run_progress(f"plan {path.stem}", quiet or as_json) as prog:
+        with run_progress(f"plan {path.stem}", quiet or as_json, batches=True) as prog:
             try:
                 res = run_plan(
                     spec, scen, folder, workers=workers, scheduler=scheduler,

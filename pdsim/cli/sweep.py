@@ -26,24 +26,39 @@ from sim.study.sweep.spec import SEEDS_HELP, parse_seed_option
 
 
 @contextlib.contextmanager
-def run_progress(label: str, quiet: bool = False) -> Iterator[Any]:
+def run_progress(label: str, quiet: bool = False, batches: bool = False) -> Iterator[Any]:
     """A rich progress bar over runs; yields a ``progress(done, total)`` callback. None
-    when ``quiet`` or stderr is not a terminal (a bar there leaves a blank line behind)."""
+    when ``quiet`` or stderr is not a terminal (a bar there leaves a blank line behind).
+
+    ``batches``: the callback is fed one batch of runs after another (a plan's probes, each
+    counting from 0 to its size); the bar then counts the runs finished over all batches so
+    far, with no total (the number of probes a search needs is not known in advance)."""
     if quiet or not err_console.is_terminal:
         yield None
         return
+    count = TextColumn("{task.completed:.0f} runs") if batches else MofNCompleteColumn()
+    bar_col = [] if batches else [BarColumn()]
     with Progress(
         TextColumn("[bold]{task.description}"),
-        BarColumn(),
-        MofNCompleteColumn(),
+        *bar_col,
+        count,
         TimeElapsedColumn(),
         console=err_console,
         transient=True,
     ) as bar:
         task = bar.add_task(label, total=None)
+        # runs of the batches before the current one, and the current one's (done, total)
+        before, cur = 0, (0, 0)
 
         def prog(done: int, total: int) -> None:
-            bar.update(task, completed=done, total=total)
+            nonlocal before, cur
+            if batches:
+                if done < cur[0] or total != cur[1]:  # a new batch started
+                    before += cur[0]
+                cur = (done, total)
+                bar.update(task, completed=before + done)
+            else:
+                bar.update(task, completed=done, total=total)
 
         yield prog
 

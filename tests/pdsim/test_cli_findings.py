@@ -164,3 +164,20 @@ def test_cost_refuses_a_step_no_replica_can_run(args: list[str], start: str) -> 
     assert msg.startswith(start), msg
     r = runner.invoke(app, ["cost", "--model", "llama-3.1-70b", "--tp", "2", "--json"])
     assert r.exit_code == 0, r.output  # 70B fits two H200s
+
+
+def test_calibrate_prints_a_line_per_probe_when_stderr_is_not_a_terminal(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    import numpy as np
+
+    import hwbench.probes as probes
+    from pdsim.cli import calibrate as cal
+
+    ran: list[str] = []
+    steps = [probes.Step(n, lambda n=n: ran.append(n) or []) for n in ("copy a", "matmul b")]
+    monkeypatch.setattr(probes, "plan", lambda cfg, xp, workdir: steps)
+    assert not cal.err_console.is_terminal
+    assert cal._run_probes("tiny", np, tmp_path) == [] and ran == ["copy a", "matmul b"]
+    lines = capsys.readouterr().err.splitlines()
+    assert [line.split(" ", 1)[1] for line in lines] == ["probe 1/2: copy a", "probe 2/2: matmul b"]

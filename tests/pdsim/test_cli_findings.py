@@ -181,3 +181,18 @@ def test_calibrate_prints_a_line_per_probe_when_stderr_is_not_a_terminal(
     assert cal._run_probes("tiny", np, tmp_path) == [] and ran == ["copy a", "matmul b"]
     lines = capsys.readouterr().err.splitlines()
     assert [line.split(" ", 1)[1] for line in lines] == ["probe 1/2: copy a", "probe 2/2: matmul b"]
+
+
+def test_validate_says_why_the_shipped_cpu_profile_cannot_be_validated(tmp_path: Path) -> None:
+    msg = _one_line_error(
+        [
+            "validate",
+            "--profile",
+            str(ROOT / "profiles" / "cpu-vm.json"),
+            "--out",
+            str(tmp_path / "v"),
+        ]
+    )
+    assert "has no ops.engine" in msg and "measured 2026-11-30" in msg
+    assert "allowed: a profile the current `pdsim calibrate` wrote on this machine" in msg
+    assert not (tmp_path / "v").exists()

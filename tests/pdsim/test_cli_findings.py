@@ -196,3 +196,45 @@ def test_validate_says_why_the_shipped_cpu_profile_cannot_be_validated(tmp_path:
     assert "has no ops.engine" in msg and "measured 2026-11-30" in msg
     assert "allowed: a profile the current `pdsim calibrate` wrote on this machine" in msg
     assert not (tmp_path / "v").exists()
+
+
+def test_rejections_are_counted_by_reason_and_named_in_the_warning() -> None:
+    import numpy as np
+
+    from pdsim.cli.run import _warnings
+    from sim.cluster import build
+    from sim.scenario import load_scenario
+    from sim.serving.costmodel import CostModel, load_profile
+    from sim.serving.models import load_catalogue
+
+    sc = load_scenario(SCEN / "quickstart.yaml")  # one of its 2,000 requests is too long
+    cl = build(sc, 0, load_catalogue(sc.catalogue), load_profile(sc.profile), CostModel, None)
+    why = cl.rejected_reasons()
+    window = np.array([m.max_context for m in cl.ctx.models])[cl.wl.model]
+    assert why["too_long"] == int(((cl.wl.inp + cl.wl.out) > window).sum()) > 0
+    assert why["too_long"] + why["kv_too_large"] == int(cl.rejected_mask().sum())
+    s = {"requests": {"rejected": 2}, "rejected_reasons": {"too_long": 2, "kv_too_large": 0}}
+    assert _warnings(s) == [
+        "2 requests rejected (they can never run): 2 longer (prompt + output) than the "
+        "model's context window"
+    ]
+
+
+def test_busy_share_is_at_most_one() -> None:
+    from types import SimpleNamespace
+
+    from sim.runner import utilisation
+
+    snaps = {k: 0.0 for k in ("t", "busy", "tok_s", "flops", "hbm_read")}
+    for kind in ("pcie", "nic", "nvme", "ps_nic", "ps_ssd"):
+        snaps |= {f"{kind}_bw": 0.0, f"{kind}_bytes": 0.0}
+    w1 = {**snaps, "t": 10.0, "busy": 20.5}  # 2 replicas; an iteration crossing the end
+    model = SimpleNamespace(cost=SimpleNamespace(
+        profile=SimpleNamespace(gpu=SimpleNamespace(flops_fp16=1.0, hbm_bandwidth=1.0)),
+        model=SimpleNamespace(dtype_bytes=2)))  # fmt: skip
+    cluster = SimpleNamespace(gpus_per_replica=1, replica=SimpleNamespace(max_num_batched_tokens=1))
+    ctx = SimpleNamespace(sc=SimpleNamespace(cluster=cluster), disagg=None, models=[model],
+                          nodes=[SimpleNamespace(kv=SimpleNamespace(capacity=1))] * 2,
+                          metrics=SimpleNamespace(samples=[]))  # fmt: skip
+    cl = SimpleNamespace(snaps={"w0": snaps, "w1": w1}, ctx=ctx)
+    assert utilisation(cl)["busy"] == 1.0  # type: ignore[arg-type]

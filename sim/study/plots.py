@@ -154,6 +154,7 @@ def _timeseries(folder: Path, result: Any) -> Path:
             axes[3].plot(t, g["token_budget"] * 100, label=f"token budget in use{tag}")
     axes[0].set_ylabel("requests/s")
     axes[1].set_ylabel("requests")
+    axes[1].yaxis.set_major_locator(MaxNLocator(integer=True))  # counts: whole ticks
     axes[2].set_ylabel("latency")
     axes[2].set_ylim(bottom=0)
     axes[2].yaxis.set_major_formatter(FuncFormatter(_seconds))
@@ -245,7 +246,7 @@ def sweep_plot(df: pd.DataFrame, keys: list[str], path: Path, title: str) -> Pat
         ax.set_ylabel("achieved throughput (req/s)" if col == THROUGHPUT else "P99 E2E latency")
         if col != THROUGHPUT:
             ax.yaxis.set_major_formatter(FuncFormatter(_seconds))
-        if pd.api.types.is_integer_dtype(m.index.dtype):
+        if numeric and all(float(v).is_integer() for v in m.index):  # sizes, counts
             ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.grid(alpha=0.3)
         if rest:

@@ -238,3 +238,17 @@ def test_busy_share_is_at_most_one() -> None:
                           metrics=SimpleNamespace(samples=[]))  # fmt: skip
     cl = SimpleNamespace(snaps={"w0": snaps, "w1": w1}, ctx=ctx)
     assert utilisation(cl)["busy"] == 1.0  # type: ignore[arg-type]
+
+
+def test_the_override_examples_in_the_help_are_valid_overrides() -> None:
+    import re
+
+    from pdsim.cli.common import load_scenario_arg
+
+    seen = []
+    for cmd in (["run"], ["sweep"], ["ab"], ["plan"], ["chaos"]):
+        r = runner.invoke(app, [*cmd, "--help"], env={"COLUMNS": "200"})
+        seen += re.findall(r"e\.g\. ([a-z_]+\.[a-z_.]+=[\w.]+)", r.output)
+        for example in re.findall(r"e\.g\. ([a-z_]+\.[a-z_.]+=[\w.]+)", r.output):
+            load_scenario_arg("quickstart", [example])  # raises InputError if it is not
+    assert "cluster.servers=8" in seen

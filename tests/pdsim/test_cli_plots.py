@@ -96,6 +96,10 @@ def test_timeseries_has_completions_latency_and_slot_use(
         ln for ax in figures[0].axes for ln in ax.lines if ln.get_label() == "token budget in use"
     )
     assert np.allclose(slots.get_ydata(), 0.25 * 100)
+    counts = figures[0].axes[1]  # queued / running requests: 0 and 2 here
+    counts.figure.canvas.draw()
+    ticks = [t for t in counts.get_yticks() if counts.get_ylim()[0] <= t <= counts.get_ylim()[1]]
+    assert len(ticks) >= 2 and all(float(t).is_integer() for t in ticks)
 
 
 @given(

@@ -252,3 +252,35 @@ def test_the_override_examples_in_the_help_are_valid_overrides() -> None:
         for example in re.findall(r"e\.g\. ([a-z_]+\.[a-z_.]+=[\w.]+)", r.output):
             load_scenario_arg("quickstart", [example])  # raises InputError if it is not
     assert "cluster.servers=8" in seen
+
+
+def test_plan_progress_counts_runs_over_every_probe(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A plan's probes arrive one batch after another: the count goes on, not 3/3 then 1/1."""
+    import pdsim.cli.sweep as sweep_mod
+
+    shown: list[tuple[object, object]] = []
+
+    class Bar:
+        def __init__(self, *columns: object, **kw: object) -> None:
+            pass
+
+        def __enter__(self) -> Bar:
+            return self
+
+        def __exit__(self, *exc: object) -> None:
+            return None
+
+        def add_task(self, label: str, total: object = None) -> int:
+            return 0
+
+        def update(self, task: int, completed: object = None, total: object = None) -> None:
+            shown.append((completed, total))
+
+    monkeypatch.setattr(sweep_mod, "Progress", Bar)
+    from rich.console import Console
+
+    monkeypatch.setattr(sweep_mod, "err_console", Console(force_terminal=True))
+    with sweep_mod.run_progress("plan x", batches=True) as prog:
+        for done, total in [(0, 3), (1, 3), (3, 3), (0, 1), (1, 1), (0, 3), (2, 3)]:
+            prog(done, total)
+    assert [c for c, _ in shown] == [0, 1, 3, 3, 4, 4, 6] and {t for _, t in shown} == {None}

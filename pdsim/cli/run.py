@@ -14,6 +14,7 @@ from rich.table import Table
 from engine.errors import InputError
 from pdsim.cli.common import (
     check_out_dir,
+    check_out_kind,
     console,
     err_console,
     is_run_folder,
@@ -74,6 +75,7 @@ def run(
                 f"--out {out}: is a run folder; --out takes the folder that holds run folders "
                 f"(e.g. {out.parent})"
             )
+        check_out_kind(out, "run")  # a sweep, A/B, plan or chaos folder holds no run folders
         sc = load_scenario_arg(scenario, list(set_ or []))
         if quiet or as_json or not err_console.is_terminal:
             result = run_or_report(sc, seed, out)

@@ -88,6 +88,7 @@ def test_a_folder_of_another_kind_of_result_is_refused(tmp_path: Path, marker: s
         "ab.json": ["ab", AB, "--a", "cluster.servers=2", "--b", "cluster.servers=3"],
         "chaos.json": ["chaos", "chaos-partition", "--seeds", "1"],
         "sweep-0a1b2c3d.json": ["sweep", "--scenario", "quickstart", "--grid", "cluster.servers=1,2"],
+        "run": ["run", "quickstart"],
     }  # fmt: skip
     for kind, cmd in commands.items():
         if kind == marker:

@@ -54,6 +54,7 @@ class Cluster:
         self.env: CountingEnvironment = ctx.env  # type: ignore[assignment]
         self._next = 0
         self._rejected: np.ndarray | None = None  # rejected_mask(), computed on first use
+        self._never: tuple[np.ndarray, np.ndarray] | None = None  # _never_runs(), once
         #: why the run stopped with requests unfinished (None: every request is final)
         self.stop_reason: str | None = None
         #: work counters at the start (``w0``) and end (``w1``) of the steady window
@@ -79,7 +80,12 @@ class Cluster:
 
     def _never_runs(self) -> tuple[np.ndarray, np.ndarray]:
         """Per request: longer than its model's context window; KV larger than a replica's
-        whole KV capacity (the two reasons of :meth:`rejected_mask`)."""
+        whole KV capacity (the two reasons of :meth:`rejected_mask`; computed once)."""
+        if self._never is None:
+            self._never = self._compute_never_runs()
+        return self._never
+
+    def _compute_never_runs(self) -> tuple[np.ndarray, np.ndarray]:
         ctx, wl = self.ctx, self.wl
         kv = min((n.kv for n in ctx.nodes), key=lambda k: k.capacity)  # pools may differ
         bpt = np.array([m.kv_bytes_per_token for m in ctx.models], dtype=np.int64)[wl.model]

@@ -269,7 +269,7 @@ def frontier_plot(
     keys = list(alternatives)
     for ax, q in zip(axes[0], qs, strict=False):
         sub = df[df["question"] == q]
-        if q == "min-size" and keys and sub["qps"].nunique() == 1:
+        if q == "min-size" and sub["qps"].nunique() == 1:  # one load: a dot says nothing
             _sizes_by_alternative(ax, sub, keys, size_key)
             continue
         groups = sub.groupby(keys, sort=False) if keys else [("", sub)]
@@ -314,10 +314,13 @@ def frontier_plot(
 
 
 def _sizes_by_alternative(ax: Any, sub: pd.DataFrame, keys: list[str], size_key: str) -> None:
-    """One load, several alternatives: a bar per alternative with the smallest size (its
-    value on top); an alternative without an answer gets its reason's first words instead
-    of a bar (a line through one dot would say nothing)."""
-    labels = [", ".join(f"{k}={r[k]}" for k in keys) for r in sub.to_dict("records")]
+    """One load: a bar per alternative (one bar without alternatives) with the smallest size
+    (its value on top); an alternative without an answer gets its reason's first words
+    instead of a bar (a line through one dot would say nothing)."""
+    qps = float(sub["qps"].iloc[0])
+    labels = [
+        ", ".join(f"{k}={r[k]}" for k in keys) or f"{qps:g} QPS" for r in sub.to_dict("records")
+    ]
     sizes = [r["size"] if r["size"] == r["size"] else None for r in sub.to_dict("records")]
     xs = np.arange(len(labels))
     top = max((s for s in sizes if s is not None), default=1.0)
@@ -329,9 +332,9 @@ def _sizes_by_alternative(ax: Any, sub: pd.DataFrame, keys: list[str], size_key:
         ax.bar(x, size, color="tab:blue", width=0.6)
         ax.text(x, size, f"{size:g}", ha="center", va="bottom", fontsize=9)
     ax.set_xticks(xs, labels, fontsize=8)
+    ax.set_xlim(-0.5 - 0.5 / len(xs), len(xs) - 0.5 + 0.5 / len(xs))  # one bar: not full width
     ax.set_ylim(0, top * 1.15)
     ax.yaxis.set_major_locator(MaxNLocator(integer=True))
-    qps = float(sub["qps"].iloc[0])
     ax.set(ylabel=f"smallest {size_key}", title=f"size needed at {qps:g} QPS")
     ax.grid(alpha=0.3, axis="y")
 

@@ -129,6 +129,48 @@ def _sigint_ignored() -> Iterator[None]:
         signal.signal(signal.SIGINT, old)
 
 
+@contextlib.contextmanager
+def dask_client(workers: int, scheduler: str | None = None) -> Iterator[Any]:
+    """A Dask client for the block: of the scheduler at ``scheduler`` (:class:`InputError`
+    naming it when it is not an address or does not answer within
+    :data:`CONNECT_TIMEOUT_S`), else of a ``LocalCluster`` of ``workers`` single-threaded
+    processes started with SIGINT ignored (Ctrl-C stops this process, which closes them,
+    not each worker with a traceback of its own). Closed on the way out; quietly (no log of
+    every cancelled task and lost connection) when the block was stopped by Ctrl-C."""
+    from dask.distributed import Client, LocalCluster
+
+    cluster: Any = None
+    if scheduler is not None:
+        client = _connect(scheduler)
+    else:
+        with _sigint_ignored():
+            cluster = LocalCluster(
+                n_workers=workers,
+                threads_per_worker=1,
+                processes=True,
+                dashboard_address=None,
+                silence_logs=logging.CRITICAL,  # a failed run comes back as a record
+            )
+        client = Client(cluster)
+    interrupted = False
+    try:
+        yield client
+    except KeyboardInterrupt:
+        interrupted = True
+        raise
+    finally:
+        log = logging.getLogger("distributed")
+        level = log.level
+        if interrupted:
+            log.setLevel(logging.CRITICAL + 1)
+        try:
+            client.close()
+            if cluster is not None:
+                cluster.close()
+        finally:
+            log.setLevel(level)
+
+
 class Runner:
     """Where runs execute; a context manager that owns any Dask cluster it starts.
 
@@ -150,43 +192,22 @@ class Runner:
         self.counter = str(counter) if counter is not None else None
         self.uses_dask = scheduler is not None or workers > 1 or force_dask
         self._client: Any = None
-        self._cluster: Any = None
+        self._stack: contextlib.ExitStack | None = None
 
     def __enter__(self) -> Runner:
         if self.uses_dask:
-            from dask.distributed import Client, LocalCluster
-
-            if self.scheduler is not None:
-                self._client = _connect(self.scheduler)
-            else:
-                # the workers start with SIGINT ignored: Ctrl-C stops this process (which
-                # closes them), not each worker with a traceback of its own
-                with _sigint_ignored():
-                    self._cluster = LocalCluster(
-                        n_workers=self.workers,
-                        threads_per_worker=1,
-                        processes=True,
-                        dashboard_address=None,
-                        silence_logs=logging.CRITICAL,  # failed runs come back as records
-                    )
-                self._client = Client(self._cluster)
+            self._stack = contextlib.ExitStack()
+            try:
+                self._client = self._stack.enter_context(dask_client(self.workers, self.scheduler))
+            except BaseException:
+                self._stack.close()
+                raise
         return self
 
-    def __exit__(self, exc_type: object, *exc: object) -> None:
-        # stopped by Ctrl-C: close quietly (Dask logs every cancelled task and lost comm)
-        quiet = exc_type is KeyboardInterrupt
-        log = logging.getLogger("distributed")
-        level = log.level
-        if quiet:
-            log.setLevel(logging.CRITICAL + 1)
-        try:
-            if self._client is not None:
-                self._client.close()
-            if self._cluster is not None:
-                self._cluster.close()
-        finally:
-            log.setLevel(level)
-            self._client = self._cluster = None
+    def __exit__(self, *exc: Any) -> None:
+        stack, self._stack, self._client = self._stack, None, None
+        if stack is not None:
+            stack.__exit__(*exc)
 
     @property
     def n_workers(self) -> int:

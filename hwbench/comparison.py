@@ -186,15 +186,12 @@ def median_requests(frames: list[pd.DataFrame]) -> pd.DataFrame:
 def plot_cdfs(comps: list[Comparison], path: Path) -> Path:
     """Write a PNG with the engine's and the simulator's latency CDF for each workload to
     ``path`` (its folder created if missing) and return ``path``."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    from sim.study.plots import figure_with_axes
 
     n = len(comps)
     cols = min(n, 3)
     rows = -(-n // cols)
-    fig, axes = plt.subplots(rows, cols, figsize=(4.5 * cols, 3.4 * rows), squeeze=False)
+    fig, axes = figure_with_axes(rows, cols, figsize=(4.5 * cols, 3.4 * rows), squeeze=False)
     for ax, c in zip(axes.ravel(), comps, strict=False):
         for data, label, style in ((c.engine_latency, "engine", "-"), (c.sim_latency, "sim", "--")):
             x = np.sort(data)
@@ -208,5 +205,4 @@ def plot_cdfs(comps: list[Comparison], path: Path) -> Path:
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)
-    plt.close(fig)
     return path

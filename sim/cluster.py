@@ -54,6 +54,7 @@ class Cluster:
         self.env: CountingEnvironment = ctx.env  # type: ignore[assignment]
         self._next = 0
         self._rejected: np.ndarray | None = None  # rejected_mask(), computed on first use
+        self._never: tuple[np.ndarray, np.ndarray] | None = None  # _never_runs(), once
         #: why the run stopped with requests unfinished (None: every request is final)
         self.stop_reason: str | None = None
         #: work counters at the start (``w0``) and end (``w1``) of the steady window
@@ -64,6 +65,27 @@ class Cluster:
         """Per request: True if it can never run (longer than its model's max context, or a
         KV reservation larger than a node's whole KV capacity). Vectorised, exact integer
         arithmetic (int64) of :meth:`sim.serving.replica.KvAccount.size`."""
+        too_long, too_big = self._never_runs()
+        return np.asarray(too_long | too_big, dtype=bool)
+
+    def rejected_reasons(self) -> dict[str, int]:
+        """How many requests are rejected for each reason: ``too_long`` (prompt plus
+        output longer than the model's context window) and ``kv_too_large`` (within the
+        window, but its KV needs more than a replica's whole KV capacity)."""
+        too_long, too_big = self._never_runs()
+        return {
+            "too_long": int(too_long.sum()),
+            "kv_too_large": int((too_big & ~too_long).sum()),
+        }
+
+    def _never_runs(self) -> tuple[np.ndarray, np.ndarray]:
+        """Per request: longer than its model's context window; KV larger than a replica's
+        whole KV capacity (the two reasons of :meth:`rejected_mask`; computed once)."""
+        if self._never is None:
+            self._never = self._compute_never_runs()
+        return self._never
+
+    def _compute_never_runs(self) -> tuple[np.ndarray, np.ndarray]:
         ctx, wl = self.ctx, self.wl
         kv = min((n.kv for n in ctx.nodes), key=lambda k: k.capacity)  # pools may differ
         bpt = np.array([m.kv_bytes_per_token for m in ctx.models], dtype=np.int64)[wl.model]
@@ -72,7 +94,7 @@ class Cluster:
         tokens = wl.inp.astype(np.int64) + wl.out.astype(np.int64)
         bt = kv.block_tokens
         need = num_blocks(tokens, bt) * bt * bpt
-        return np.asarray((tokens > max_ctx) | (need > kv.capacity), dtype=bool)
+        return tokens > max_ctx, need > kv.capacity
 
     def _reject_or_dispatch(self, rid: int) -> None:
         if self._rejected is None:

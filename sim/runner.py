@@ -81,7 +81,8 @@ def _timeseries(cl: Cluster) -> pd.DataFrame:
 
 def utilisation(cl: Cluster) -> dict[str, float]:
     """Each resource's used share of its capacity over the steady window (work counters at
-    its two ends, :meth:`sim.cluster.Cluster.snapshot`): ``busy`` (a replica computing),
+    its two ends, :meth:`sim.cluster.Cluster.snapshot`): ``busy`` (a replica computing; at
+    most 1),
     ``token_budget`` (tokens per iteration / ``max_num_batched_tokens``, time-weighted),
     ``mfu`` (model FLOPs / peak FLOP/s of every GPU), ``mbu`` (HBM bytes read / HBM bandwidth
     of every GPU), and bytes carried / bandwidth x time of the replicas' ``pcie``, ``nic`` and
@@ -100,7 +101,9 @@ def utilisation(cl: Cluster) -> dict[str, float]:
         return b[key] - a[key]
 
     out = {
-        "busy": d("busy") / (r * dt),
+        # busy time is counted when an iteration (or a closed-form run of them) is priced,
+        # so one that crosses the window's end counts whole: the share is capped at 1
+        "busy": min(d("busy") / (r * dt), 1.0),
         "token_budget": d("tok_s") / (c.replica.max_num_batched_tokens * r * dt),
         "mfu": d("flops") / (peak * gpus * dt),
         "mbu": d("hbm_read") / (gpu.hbm_bandwidth * gpus * dt),
@@ -161,6 +164,7 @@ def _extra(cl: Cluster, end: float) -> dict[str, Any]:
         "recovery_time_s": None,  # set by fault scenarios
         "max_context_limit": {m.name: int(min(m.max_context, 1 << 30)) for m in ctx.models},
         "stop_reason": cl.stop_reason,
+        "rejected_reasons": cl.rejected_reasons(),
     }
 
 

@@ -1,11 +1,14 @@
 """The ``pdsim`` command line: one typer app, one module per command group.
 
 Every command turns :class:`engine.errors.InputError` (bad user input) into a one-line red
-message on stderr and exit status 2, via :func:`pdsim.cli.common.user_errors`.
+message on stderr and exit status 2, via :func:`pdsim.cli.common.user_errors`; Ctrl-C ends
+any of them with one line on stderr and exit status 130 (:func:`main`).
 """
 
 from __future__ import annotations
 
+import signal
+import sys
 from importlib.metadata import PackageNotFoundError, version
 
 import typer
@@ -116,6 +119,17 @@ def _root(
     """pdsim: a discrete-event simulator of PD-separated inference clusters."""
 
 
+def _on_interrupt(signum: int, frame: object) -> None:
+    """SIGINT: say so on stderr, then stop as Python does (``KeyboardInterrupt``, which the
+    CLI turns into exit status 130)."""
+    sys.stderr.write("interrupted (Ctrl-C)\n")
+    sys.stderr.flush()
+    raise KeyboardInterrupt
+
+
 def main() -> None:
-    """Console-script entry point."""
+    """Console-script entry point. Ctrl-C ends any command with one line on stderr and exit
+    status 130; Dask workers ignore it (their cluster is closed quietly by this process)."""
+    if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+        signal.signal(signal.SIGINT, _on_interrupt)
     app()

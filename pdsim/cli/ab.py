@@ -13,6 +13,7 @@ from engine.errors import InputError
 from pdsim.cli.common import (
     blame_override,
     check_out_dir,
+    check_out_kind,
     check_same_inputs,
     console,
     err_console,
@@ -91,6 +92,8 @@ def ab(
         base = list(set_ or [])
         if resamples < 100:
             raise InputError(f"--resamples {resamples}: use at least 100")
+        if boot_seed < 0:
+            raise InputError(f"--boot-seed {boot_seed}: allowed: an integer >= 0")
         try:
             points = ab_points(path, list(a or []), list(b or []), seed_ls, base, variant)
         except InputError as err:
@@ -104,6 +107,7 @@ def ab(
         digest = ab_digest(*points, resamples, boot_seed)
         folder = out if out is not None else Path("runs") / result_name("ab", path.stem, digest)
         check_out_dir(folder)
+        check_out_kind(folder, "A/B")
         check_same_inputs(folder, "ab.json", "inputs_hash", digest, "--out")
         with run_progress(f"A/B {path.stem}", quiet) as prog:
             res = run_ab(
@@ -151,11 +155,16 @@ def fmt_rel(v: float | None) -> str:
 
 
 def _blame_side(err: InputError, a: list[str], b: list[str], base: list[str]) -> InputError:
-    """An error an override caused, named by its option (``--a``, ``--b`` or ``--set``)."""
+    """An error an override caused, named by its option (``--a``, ``--b`` or ``--set``): an
+    error found while building side B is blamed on ``--b`` (or ``--set``), never ``--a``."""
+    from sim.study.ab import SideError
+
     text = str(err)
-    for option, overrides in (("--a", a), ("--b", b), ("--set", base)):
+    sides = {"A": [("--a", a)], "B": [("--b", b)]}
+    pairs = sides.get(err.side, [*sides["A"], *sides["B"]]) if isinstance(err, SideError) else []
+    for option, overrides in [*pairs, ("--set", base)]:
         for o in overrides:
-            if text.startswith(f"--set {o}:"):
+            if text.startswith((f"--set {o}:", f"--set {o!r}:")):
                 return InputError(option + text[len("--set") :])
         blamed = blame_override(err, overrides, option)
         if blamed is not err:

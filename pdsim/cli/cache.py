@@ -400,11 +400,9 @@ def _plot(df: pd.DataFrame, path: Path, trace: Trace) -> None:
     """Miss-ratio curves: one panel, or two when byte and request miss ratios differ. The
     y axis spans the data (padded), not 0-1, so curves near 0.99 stay apart; the title says
     so when it does not start at 0."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
     from matplotlib.ticker import PercentFormatter
+
+    from sim.study.plots import figure_with_axes
 
     top = float(df["cache_bytes"].max())
     unit, scale = "B", 1.0
@@ -418,7 +416,7 @@ def _plot(df: pd.DataFrame, path: Path, trace: Trace) -> None:
     panels = [("miss_ratio", "miss ratio" + (" (= byte miss ratio)" if same else ""))]
     if not same:
         panels.append(("byte_miss_ratio", "byte miss ratio"))
-    fig, axes = plt.subplots(
+    fig, axes = figure_with_axes(
         1, len(panels), figsize=(5.8 * len(panels), 4.4), constrained_layout=True, squeeze=False
     )
     zoomed = False
@@ -449,4 +447,3 @@ def _plot(df: pd.DataFrame, path: Path, trace: Trace) -> None:
     note = "\n(y axis zoomed to the data; it does not start at 0)" if zoomed else ""
     fig.suptitle(f"miss-ratio curves: {Path(trace.source).name} ({len(trace):,} accesses){note}")
     fig.savefig(path, dpi=110)
-    plt.close(fig)

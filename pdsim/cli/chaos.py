@@ -11,6 +11,7 @@ from rich.table import Table
 
 from pdsim.cli.common import (
     check_out_dir,
+    check_out_kind,
     check_same_inputs,
     console,
     err_console,
@@ -59,9 +60,9 @@ def chaos(
     ] = False,
 ) -> None:
     """Run random-fault SEEDS of SCENARIO with every checker on. Prints a row per failing
-    seed (the first 5 seeds when none fails) and the totals, writes OUT/chaos.json and a
-    replay file per failing seed; exits 1 when any seed found a violation. Each seed's row
-    is appended to OUT/seeds.jsonl as it finishes: after Ctrl-C, the same command resumes
+    seed (the first 5 seeds when none fails) and the totals, writes OUT/chaos.json (every
+    seed finished in OUT, earlier runs' too) and a replay file per failing seed; exits 1
+    when any seed found a violation. Each seed's row is appended to OUT/seeds.jsonl as it finishes: after Ctrl-C, the same command resumes
     and runs only the seeds not yet finished."""
     from sim.scenario import config_hash
     from sim.study.chaos import aggregate, chaos_scenario, run_chaos
@@ -74,9 +75,11 @@ def chaos(
         digest = config_hash(chaos_scenario(sc), 0)
         folder = out if out is not None else Path("runs") / result_name("chaos", sc.name, digest)
         check_out_dir(folder)
+        check_out_kind(folder, "chaos")
         check_same_inputs(folder, "chaos.json", "config_hash", digest, "--out")
         done = _finished(folder / "seeds.jsonl", digest)
-        todo = [s for s in seed_list if s not in done]
+        # --all-replays runs again (identically) a finished seed that has no replay file
+        todo = [s for s in seed_list if s not in done or (all_replays and not done[s]["replay"])]
         if done and len(todo) < len(seed_list):
             err_console.print(
                 f"{len(seed_list) - len(todo)} of {len(seed_list)} seeds already finished in "
@@ -99,14 +102,17 @@ def chaos(
         except KeyboardInterrupt:
             kept = len(_finished(folder / "seeds.jsonl", digest))
             err_console.print(
-                f"interrupted: {kept} finished seeds kept in {folder / 'seeds.jsonl'}; run the "
-                "same command again to resume"
+                f"{kept} finished seeds kept in {folder / 'seeds.jsonl'}; run the same command "
+                "again to resume"
             )
             raise typer.Exit(code=130) from None
-    rows = sorted([*(done[s] for s in seed_list if s in done), *new], key=lambda r: r["seed"])
+    finished = {**done, **{r["seed"]: r for r in new}}
+    rows = [finished[s] for s in sorted(set(seed_list) & set(finished))]
     agg = aggregate(rows)
-    report = {"scenario": sc.name, "config_hash": digest, "totals": agg, "seeds": rows}
-    write_atomic(folder / "chaos.json", json.dumps(report, indent=1) + "\n")
+    # chaos.json: every seed finished in the folder (an earlier run's seeds are kept)
+    every = [finished[s] for s in sorted(finished)]
+    report = {"scenario": sc.name, "config_hash": digest, "totals": aggregate(every)}
+    write_atomic(folder / "chaos.json", json.dumps({**report, "seeds": every}, indent=1) + "\n")
     t = Table(title=f"chaos: {sc.name}", header_style="bold")
     for col in ("seed", "violations", "availability", "lost", "degraded", "faults", "replay"):
         t.add_column(col)

@@ -72,6 +72,30 @@ def check_out_file(path: Path, option: str = "--out") -> None:
     check_out_dir(path.parent, option)
 
 
+#: the files that mark a folder as holding results of each kind (glob patterns)
+RESULT_MARKERS: dict[str, tuple[str, ...]] = {
+    "run": ("summary.json",),
+    "sweep": ("sweep-*.json", "sweep.json", "results.parquet"),
+    "A/B": ("ab.json",),
+    "plan": ("plan.json",),
+    "chaos": ("chaos.json", "seeds.jsonl"),
+}
+
+
+def check_out_kind(folder: Path, kind: str, option: str = "--out") -> None:
+    """:class:`InputError` when ``folder`` holds results of another kind than ``kind`` (a
+    key of :data:`RESULT_MARKERS`): results of different kinds never share a folder."""
+    if not folder.is_dir():
+        return
+    for other, patterns in RESULT_MARKERS.items():
+        found = [] if other == kind else [p for pat in patterns for p in folder.glob(pat)]
+        if found:
+            raise InputError(
+                f"{option} {folder}: holds {other} results ({found[0].name}); results of "
+                "different kinds never share a folder: give another folder"
+            )
+
+
 def is_run_folder(path: Path) -> bool:
     """``path`` is a run folder written by ``pdsim run`` (it holds config + summary)."""
     return (path / "summary.json").is_file() and (path / "config.yaml").is_file()

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 from rich.table import Table
@@ -22,6 +22,44 @@ from engine.errors import InputError
 from pdsim.cli.common import console, user_errors
 
 PHASES = ("prefill", "decode")
+
+
+def _check_fits(spec: Any, prof: Any, tp: int, phase: str, batch: int, context: int) -> None:
+    """:class:`InputError` when the step is not one a replica can run: ``context`` beyond the
+    model's window, or weights, KV of the batch and activation workspace (the simulator's
+    rule, :mod:`sim.serving.gpumemory`, at its default ``memory_utilization``) above one
+    GPU's memory at ``tp`` -- naming the numbers and what would fit."""
+    from sim.sections import GpuCfg
+    from sim.serving.gpumemory import workspace_bytes
+
+    if spec.max_context and context > spec.max_context:
+        raise InputError(
+            f"--context {context}: above {spec.name}'s context window of "
+            f"{spec.max_context:,} tokens; allowed: 1..{spec.max_context}"
+        )
+    util = GpuCfg.model_fields["memory_utilization"].default
+    budget = int(prof.gpu.hbm_bytes * util)
+    weights = -(-spec.param_bytes // tp)
+    where = f"a {prof.name} GPU holds {budget / 1e9:.1f} GB ({prof.gpu.hbm_bytes / 1e9:.1f} GB x {util})"
+    if weights >= budget:
+        need = 1 << (-(-spec.param_bytes // budget) - 1).bit_length()
+        raise InputError(
+            f"--tp {tp}: {spec.name}'s weights need {weights / 1e9:.1f} GB per GPU but {where}; "
+            f"use --tp {need} or more"
+        )
+    tokens = batch * (context if phase == "prefill" else 1)
+    kv_heads = spec.kv_heads or tp
+    kv = batch * context * spec.kv_bytes_per_token * max(1, tp // kv_heads) // tp
+    ws = workspace_bytes(spec, tokens, batch, tp)
+    if weights + kv + ws > budget:
+        per_seq = context * spec.kv_bytes_per_token // tp + ws // batch
+        most = max(0, (budget - weights) // max(per_seq, 1))
+        raise InputError(
+            f"--batch {batch}: weights ({weights / 1e9:.1f} GB), the KV of {batch:,} x "
+            f"{context:,} tokens ({kv / 1e9:,.1f} GB) and the activations "
+            f"({ws / 1e9:,.1f} GB) per GPU do not fit: {where}; about {most:,} sequences "
+            f"of {context:,} tokens fit at tp={tp}"
+        )
 
 
 def cost(
@@ -67,6 +105,7 @@ def cost(
                 f"(allowed: {decoders})"
             )
         prof = load_profile(profile)
+        _check_fits(catalogue[model], prof, tp, phase, batch, context)
         cm = iteration_cost(prof, catalogue[model], tp=tp, gpus_per_server=max(tp, 8))
         if phase == "decode":
             args = (0, 0, 0, batch, float(batch * context))

@@ -14,6 +14,7 @@ from engine.errors import InputError
 from pdsim.cli.common import (
     blame_override,
     check_out_dir,
+    check_out_kind,
     console,
     err_console,
     inputs_digest,
@@ -49,7 +50,10 @@ def plan(
     p99: Annotated[
         list[str] | None,
         typer.Option(
-            "--p99", metavar="CLASS=DURATION", help="P99 SLO, e.g. high=500ms (replaces slo.p99)."
+            "--p99",
+            metavar="CLASS=DURATION",
+            help="P99 end-to-end SLO, e.g. high=500ms (repeatable; replaces the file's P99 "
+            "end-to-end limits, slo.p99 and slo.e2e.p99).",
         ),
     ] = None,
     seeds: Annotated[str | None, typer.Option("--seeds", metavar="SEEDS", help=SEEDS_HELP)] = None,
@@ -100,8 +104,9 @@ def plan(
         digest = inputs_digest([report_spec, scen.read_text("utf-8")])
         folder = out if out is not None else Path("runs") / result_name("plan", path.stem, digest)
         check_out_dir(folder)
+        check_out_kind(folder, "plan")
         _check_same_plan(folder, report_spec)
-        with run_progress(f"plan {path.stem}", quiet or as_json) as prog:
+        with run_progress(f"plan {path.stem}", quiet or as_json, batches=True) as prog:
             try:
                 res = run_plan(
                     spec, scen, folder, workers=workers, scheduler=scheduler,
@@ -113,8 +118,11 @@ def plan(
             except InputError as err:
                 raise _blame(err, p99, set_) from None
     if not quiet and not res.frontier.empty:
-        _print_frontier(res.frontier)
-    for a in res.answers:
+        if res.compare is None:
+            _print_frontier(res.frontier, spec)
+        else:
+            _print_columns(res.frontier)
+    for a in [*res.answers, *res.notes]:
         console.print(a)
     console.print(f"results: {res.folder} (plan.json, frontier.csv, frontier.png)")
     if as_json:
@@ -159,6 +167,8 @@ def _with_options(
     data.update(upd)
     if p99:
         slo = dict(data["slo"])
+        # the option is the P99 end-to-end limit: the file's, in either spelling, goes
+        slo["e2e"] = {pct: per for pct, per in slo["e2e"].items() if pct != "p99"}
         slo["p99"] = {}
         for text in p99:
             if "=" not in text:
@@ -169,10 +179,39 @@ def _with_options(
     try:
         return validate_model(PlanFile, data, f"{path} (with the command-line options)")
     except InputError as err:
-        raise _blame(err, p99, set_) from None
+        given = {"qps": ("--qps", [f"{q:g}" for q in qps or []])}
+        given["sizes"] = ("--size", [str(n) for n in size or []])
+        raise _blame(err, p99, set_, given) from None
 
 
-def _print_frontier(df: pd.DataFrame) -> None:
+def _print_frontier(df: pd.DataFrame, spec: PlanFile) -> None:
+    """The frontier as a compact table (one row per question x alternative): the answer,
+    its GPUs and cost, the busiest resource at the boundary probe (the last one that failed,
+    or the answer when none did) and the share of that probe's seeds that passed.
+    Every column (each resource's utilisation, the reasons) is in frontier.csv."""
+    t = Table(title="frontier (every column: frontier.csv)", header_style="bold")
+    alts = [k for k in spec.alternatives if k in df.columns]
+    heads = ["question", *alts, "QPS", "size", "GPUs", "cost", "busiest", "boundary: seeds passed"]
+    for c in heads:
+        t.add_column(c, justify="left" if c in ("question", "busiest") else "right")
+    for r in df.to_dict("records"):
+        sat = r.get("saturates_first")
+        busiest = f"{sat} {r[f'util_{sat}']:.0%}" if isinstance(sat, str) else "-"
+        t.add_row(
+            str(r["question"]),
+            *[str(r[k]) for k in alts],
+            _num(r.get("qps"), "{:,.4g}"),
+            _num(r.get("size"), "{:.0f}"),
+            _num(r.get("gpus"), "{:.0f}"),
+            _num(r.get("cost"), "{:,.4g}"),
+            busiest,
+            f"{r['boundary_size']} @ {r['boundary_qps']:g} QPS: {r['boundary_pass_fraction']:.0%}",
+        )
+    console.print(t)
+
+
+def _print_columns(df: pd.DataFrame) -> None:
+    """Every column of a compare plan's frontier (sim.study.disaggcompare)."""
     t = Table(title="frontier", header_style="bold")
     cols = [c for c in df.columns if not c.startswith("boundary_")]
     for c in cols:
@@ -192,14 +231,29 @@ def _cell(col: str, v: object) -> str:
     return str(v)
 
 
-def _blame(err: InputError, p99: list[str] | None, set_: list[str] | None) -> InputError:
-    """A plan error caused by ``--p99`` or ``--set`` blamed on that option, not the file."""
+def _num(v: object, fmt: str) -> str:
+    """``v`` formatted, ``-`` when missing (None, or NaN in a frame)."""
+    return "-" if v is None or v != v else fmt.format(v)
+
+
+def _blame(
+    err: InputError,
+    p99: list[str] | None,
+    set_: list[str] | None,
+    options: dict[str, tuple[str, list[str]]] | None = None,
+) -> InputError:
+    """A plan error caused by an option blamed on that option, not the file: ``--p99``,
+    ``--set``, or one of ``options`` (plan field -> the option and its values given)."""
     where = err.where or ""
     text = str(err)
     if p99 and (where.startswith("slo.p99") or ": slo.p99" in text):
         where = where or "slo.p99"
         msg = text.split(f"{where}: ", 1)[-1]
         return InputError(msg, source=f"--p99 {' '.join(p99)}", where=where)
+    for field, (option, values) in (options or {}).items():
+        if values and (where == field or where.startswith(f"{field}[")):
+            msg = text.split(f"{where}: ", 1)[-1]
+            return InputError(msg, source=" ".join(f"{option} {v}" for v in values))
     return blame_override(err, list(set_ or []))
 
 

@@ -17,7 +17,7 @@ from typing import Annotated
 import typer
 
 from engine.errors import InputError
-from pdsim.cli.common import console, user_errors
+from pdsim.cli.common import check_out_file, console, user_errors
 
 app = typer.Typer(help="Import profiles with measured op tables.", no_args_is_help=True)
 
@@ -61,10 +61,11 @@ def import_profile(
                 f"profile source {source!r} not allowed; allowed: {', '.join(SOURCES)}"
             )
         pname = name or f"{system}-{backend}".replace("_", "-")
+        path = out or Path("profiles") / f"{pname}.json"
+        check_out_file(path)
         shipped_base = {sys_: b for sys_, b in OP_PROFILES.values()}
         base_profile = load_profile(base or shipped_base.get(system, "h200-sxm"))
         profile = import_aiconfigurator(system, backend, base_profile, pname, systems_dir)
-        path = out or Path("profiles") / f"{pname}.json"
         path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
         try:

@@ -23,8 +23,8 @@ def replay(
     ] = None,
 ) -> None:
     """Re-run FILE with its seed. Without --until: report whether the event-trace hash and
-    the applied fault schedule match (exit 1 if not). With --until T: stop at T and print the
-    state (Raft replicas, servers, nodes, cuts, faults applied so far) as JSON."""
+    the applied fault schedule match (exit 1 if not). With --until T: stop at T (after every
+    event due at T, a fault at T included) and print the state (Raft replicas, servers, nodes, cuts, faults applied so far) as JSON."""
     from sim.study.recording import replay as do_replay
 
     with user_errors():
@@ -32,9 +32,13 @@ def replay(
     out = rep.outcome
     if until is not None:
         console.print_json(json.dumps(out.state, default=str))
+        where = (
+            f"stopped at t={out.sim_time:.6f}s"
+            if out.sim_time >= until
+            else f"the run ended at t={out.sim_time:.6f}s, before --until {until:g}"
+        )
         console.print(
-            f"stopped at t={out.sim_time:.6f}s; fault schedule so far "
-            f"{'matches' if rep.schedule_matches else 'DIFFERS'}"
+            f"{where}; fault schedule so far {'matches' if rep.schedule_matches else 'DIFFERS'}"
         )
         if not rep.schedule_matches:
             raise typer.Exit(code=1)

@@ -14,6 +14,7 @@ from rich.table import Table
 from engine.errors import InputError
 from pdsim.cli.common import (
     check_out_dir,
+    check_out_kind,
     console,
     err_console,
     is_run_folder,
@@ -46,7 +47,7 @@ def run(
         typer.Option(
             "--set",
             metavar="KEY=VALUE",
-            help="Override a field, e.g. cluster.nodes=8 (YAML value).",
+            help="Override a field, e.g. cluster.servers=8 (YAML value).",
         ),
     ] = None,
     out: Annotated[
@@ -74,6 +75,7 @@ def run(
                 f"--out {out}: is a run folder; --out takes the folder that holds run folders "
                 f"(e.g. {out.parent})"
             )
+        check_out_kind(out, "run")  # a sweep, A/B, plan or chaos folder holds no run folders
         sc = load_scenario_arg(scenario, list(set_ or []))
         if quiet or as_json or not err_console.is_terminal:
             result = run_or_report(sc, seed, out)
@@ -123,7 +125,22 @@ def _runs(s: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def _warnings(s: dict[str, Any]) -> list[str]:
-    return [w for r in _runs(s) for w in r.get("warnings", [])]
+    """The summary's warnings, and why requests were rejected when some were."""
+    out = [w for r in _runs(s) for w in r.get("warnings", [])]
+    for r in _runs(s):
+        n = int(r["requests"].get("rejected", 0))
+        why = r.get("rejected_reasons") or {}
+        parts = [f"{why[k]} {text}" for k, text in REJECT_TEXT.items() if why.get(k)]
+        if n:
+            out.append(f"{n} requests rejected (they can never run): {'; '.join(parts) or '?'}")
+    return out
+
+
+#: the reasons of ``summary.rejected_reasons`` (:meth:`sim.cluster.Cluster.rejected_reasons`)
+REJECT_TEXT = {
+    "too_long": "longer (prompt + output) than the model's context window",
+    "kv_too_large": "need more KV than a replica holds in all",
+}
 
 
 def _unfinished(s: dict[str, Any]) -> int:

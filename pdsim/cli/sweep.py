@@ -14,6 +14,7 @@ from rich.table import Table
 from engine.errors import InputError
 from pdsim.cli.common import (
     check_out_dir,
+    check_out_kind,
     console,
     err_console,
     inputs_digest,
@@ -25,24 +26,39 @@ from sim.study.sweep.spec import SEEDS_HELP, parse_seed_option
 
 
 @contextlib.contextmanager
-def run_progress(label: str, quiet: bool = False) -> Iterator[Any]:
+def run_progress(label: str, quiet: bool = False, batches: bool = False) -> Iterator[Any]:
     """A rich progress bar over runs; yields a ``progress(done, total)`` callback. None
-    when ``quiet`` or stderr is not a terminal (a bar there leaves a blank line behind)."""
+    when ``quiet`` or stderr is not a terminal (a bar there leaves a blank line behind).
+
+    ``batches``: the callback is fed one batch of runs after another (a plan's probes, each
+    counting from 0 to its size); the bar then counts the runs finished over all batches so
+    far, with no total (the number of probes a search needs is not known in advance)."""
     if quiet or not err_console.is_terminal:
         yield None
         return
+    count = TextColumn("{task.completed:.0f} runs") if batches else MofNCompleteColumn()
+    bar_col = [] if batches else [BarColumn()]
     with Progress(
         TextColumn("[bold]{task.description}"),
-        BarColumn(),
-        MofNCompleteColumn(),
+        *bar_col,
+        count,
         TimeElapsedColumn(),
         console=err_console,
         transient=True,
     ) as bar:
         task = bar.add_task(label, total=None)
+        # runs of the batches before the current one, and the current one's (done, total)
+        before, cur = 0, (0, 0)
 
         def prog(done: int, total: int) -> None:
-            bar.update(task, completed=done, total=total)
+            nonlocal before, cur
+            if batches:
+                if done < cur[0] or total != cur[1]:  # a new batch started
+                    before += cur[0]
+                cur = (done, total)
+                bar.update(task, completed=before + done)
+            else:
+                bar.update(task, completed=done, total=total)
 
         yield prog
 
@@ -134,8 +150,9 @@ def sweep(
     ] = None,
     quiet: Annotated[bool, typer.Option("--quiet", help="No progress bar or tables.")] = False,
 ) -> None:
-    """Run a sweep; results go to OUT/results.parquet (and a plot, sweep.png), each run
-    cached under OUT/runs/."""
+    """Run a sweep; results go to OUT/results-TAG.parquet (and a plot, sweep-TAG.png; TAG
+    names the grid and seeds, so another grid in the same folder keeps the first's results),
+    each run cached under OUT/runs/ (shared by the folder's sweeps)."""
     from sim.shipped import resolve_scenario
     from sim.study.plots import sweep_plot
     from sim.study.sweep import build_points, execute, parse_grid, seed_list
@@ -168,12 +185,13 @@ def sweep(
         else:
             folder = out
         check_out_dir(folder)
+        check_out_kind(folder, "sweep")
         with run_progress(f"sweep {name}", quiet) as prog:
             res = execute(
                 points, folder, workers=workers, scheduler=scheduler, max_runs=max_runs,
                 progress=prog,
             )  # fmt: skip
-        png = sweep_plot(res.frame, list(g), folder / "sweep.png", f"sweep {name}")
+        png = sweep_plot(res.frame, list(g), folder / f"sweep-{res.tag}.png", f"sweep {name}")
     if not quiet:
         console.print(_overview(res.frame, list(g)))
     console.print(

@@ -180,9 +180,13 @@ def _engine_profile(profile: str) -> Profile:
 
     prof = load_profile(profile)
     if prof.ops is None or prof.ops.engine is None:
+        when = getattr(prof, "measured_at", None)
         raise InputError(
-            "has no ops.engine (the engine's op tables and terms); allowed: a profile "
-            "written by `pdsim calibrate`",
+            "has no ops.engine, the engine's op tables and terms that validate prices "
+            f"iterations with (a profile measured{f' {when}' if when else ''} by an older "
+            "`pdsim calibrate`, or a datasheet or imported one); allowed: a profile the "
+            "current `pdsim calibrate` wrote on this machine (default "
+            "runs/profiles/cpu-HOST.json)",
             source=profile,
             where="ops.engine",
         )

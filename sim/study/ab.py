@@ -192,8 +192,8 @@ def ab_points(
     if len(seeds) < 2:
         raise InputError(f"--seeds {len(seeds)}: an A/B test needs at least 2 seeds")
     base = list(base or [])
-    pa = build_points(scenario, {}, seeds, [*base, *a], variant, source=f"{scenario} (A)")
-    pb = build_points(scenario, {}, seeds, [*base, *b], variant, source=f"{scenario} (B)")
+    pa = _side_points(scenario, seeds, base, a, variant, "A")
+    pb = _side_points(scenario, seeds, base, b, variant, "B")
     if [p.config_hash for p in pa] == [p.config_hash for p in pb]:
         shown = " ".join(a) or "(none)", " ".join(b) or "(none)"
         raise InputError(
@@ -201,6 +201,31 @@ def ab_points(
             "change a field on one side"
         )
     return pa, pb
+
+
+class SideError(InputError):
+    """Bad input found while building side ``side`` (``"A"`` or ``"B"``) of an A/B test."""
+
+    def __init__(self, err: InputError, side: str) -> None:
+        super().__init__(str(err))
+        self.source, self.where, self.side = err.source, err.where, side
+
+
+def _side_points(
+    scenario: str | Path,
+    seeds: list[int],
+    base: list[str],
+    over: list[str],
+    variant: str | None,
+    side: str,
+) -> list[Point]:
+    """The points of one side; an error in them is a :class:`SideError` naming the side."""
+    try:
+        return build_points(
+            scenario, {}, seeds, [*base, *over], variant, source=f"{scenario} ({side})"
+        )
+    except InputError as err:
+        raise SideError(err, side) from None
 
 
 def run_ab(

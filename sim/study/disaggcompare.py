@@ -387,11 +387,9 @@ def shortfall(
 def frontier_png(df: pd.DataFrame, path: Path, tpot_limit: float | None = None) -> Path:
     """Throughput per GPU vs P99 TPOT of every candidate run, both families; filled markers
     met the SLOs, hollow ones did not; a dashed line marks ``tpot_limit`` (seconds)."""
-    import matplotlib.pyplot as plt
+    from sim.study.plots import _save, figure_with_axes
 
-    from sim.study.plots import _save
-
-    fig, ax = plt.subplots(figsize=(6.5, 4.2))
+    fig, ax = figure_with_axes(figsize=(6.5, 4.2))
     marks = {"aggregated": ("o", "C0"), "disaggregated": ("s", "C1")}
     for f, (mk, col) in marks.items():
         sub = df[(df["family"] == f)] if not df.empty else df

@@ -36,6 +36,7 @@ from sim.study.planreport import (
     answer_sentence,
     frontier_row,
     plan_json,
+    plan_notes,
     plot_frontier,
     replica_shape,
 )
@@ -136,6 +137,10 @@ class Planner:
         pr.achieved = sum(achieved) / len(achieved) if achieved else 0.0
         self._memo[key] = pr
         return pr
+
+    def probes(self) -> list[Probe]:
+        """Every probe evaluated so far, in the order they were first asked for."""
+        return list(self._memo.values())
 
     def min_size(self, alt: dict[str, Any], qps: float) -> tuple[int | None, Probe]:
         """Smallest size meeting the SLOs at ``qps``, and the boundary probe to blame."""
@@ -325,7 +330,7 @@ def run_plan(
     write_parquet(df, folder / "frontier.parquet")
     write_atomic(folder / "frontier.csv", df.to_csv(index=False))
     plot_frontier(df, spec, folder / "frontier.png")
-    result = PlanResult(df, folder, answers)
+    result = PlanResult(df, folder, answers, notes=plan_notes(pl.probes(), spec, len(seeds)))
     report = {"spec": spec.model_dump(mode="json"), "seeds": seeds, **plan_json(result)}
     write_atomic(folder / "plan.json", json.dumps(report, indent=1) + "\n")
     return result

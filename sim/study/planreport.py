@@ -8,7 +8,8 @@ of every resource at the boundary probe with the one that saturates first.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+import math
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +27,8 @@ class PlanResult:
     answers: list[str]
     #: a compare plan's answer (``aggregated``, ``disaggregated``, ``choice``; sim.disagg)
     compare: dict[str, Any] | None = None
+    #: the pass rule over seeds, and every pair of probes that contradict monotonicity
+    notes: list[str] = field(default_factory=list)
 
 
 def replica_shape(sc: Any) -> dict[str, int]:
@@ -111,16 +114,40 @@ def frontier_row(
     return row
 
 
+#: a resource at or above this utilisation at the boundary is named as saturating
+SATURATED = 0.9
+
+
+def _present(v: Any) -> bool:
+    return v is not None and v == v  # NaN in a frame is missing
+
+
+def _busiest(resource: str, util: float) -> str:
+    """``; saturates first: R (93%)`` when the busiest resource is near saturation, else
+    ``; busiest: R (27%), none near saturation`` (the limit is latency, not a resource)."""
+    if util >= SATURATED:
+        return f"; saturates first: {resource} ({util:.0%})"
+    return f"; busiest: {resource} ({util:.0%}), none near saturation"
+
+
+def cost_text(cost: float, spec: PlanFile) -> str:
+    """A row's cost with its unit: per hour (GPUs x ``gpu_hour_cost``) or in the units of
+    the plan's ``costs`` (the sum of each knob x its cost per unit)."""
+    if spec.gpu_hour_cost is not None:
+        return f"cost {cost:,.4g} per hour (GPUs x {spec.gpu_hour_cost:g} per GPU-hour)"
+    knobs = " + ".join(f"{k} x {c:g}" for k, c in spec.costs.items())
+    return f"cost {cost:,.4g} ({knobs})"
+
+
 def answer_sentence(r: dict[str, Any], spec: PlanFile) -> str:
     alt = ", ".join(f"{k}={r[k]}" for k in spec.alternatives)
     alt = f" with {alt}" if alt else ""
     sat = r.get("saturates_first")
     sat = sat if isinstance(sat, str) else None  # a frame's missing value is NaN
-    blame = f"; saturates first: {sat} ({r[f'util_{sat}']:.2f})" if sat else ""
-    cost = f", cost {r['cost']:g}" if r.get("cost") is not None else ""
-    gpus = (
-        f" ({r['gpus']:g} GPUs{cost})" if r.get("gpus") == r.get("gpus") and r.get("gpus") else cost
-    )
+    blame = _busiest(sat, r[f"util_{sat}"]) if sat else ""
+    cost = f", {cost_text(r['cost'], spec)}" if _present(r.get("cost")) else ""
+    gpus = f" ({int(r['gpus'])} GPUs)" if _present(r.get("gpus")) and r.get("gpus") else ""
+    gpus += f"; {cost[2:]}" if cost else ""
     if r["question"] == "min-size":
         if r["size"] is None or r["size"] != r["size"]:  # None, or NaN in a frame
             lo, hi = spec.size_range
@@ -132,12 +159,53 @@ def answer_sentence(r: dict[str, Any], spec: PlanFile) -> str:
     return f"{spec.size_key}={r['size']}{alt}: highest QPS = {r['qps']:g}{top}{blame}"
 
 
+def plan_notes(probes: list[Probe], spec: PlanFile, n_seeds: int) -> list[str]:
+    """The pass rule over seeds, then one line per failing probe that a passing probe of
+    the same alternative contradicts (no larger size, no smaller load, yet it passed): the
+    bisections assume monotone pass/fail, and seed noise near the boundary can break it, so
+    a min-size and a max-qps answer may disagree by that much."""
+    need = max(1, math.ceil(spec.min_pass_fraction * n_seeds - 1e-9))
+    notes = [
+        f"pass rule: a probe (size, load) passes when {need} of its {n_seeds} seeds meet "
+        f"every SLO (min_pass_fraction {spec.min_pass_fraction:g}); both questions use it"
+    ]
+    ok = [p for p in probes if not p.infeasible]
+    for f in sorted((p for p in ok if not p.passed), key=lambda p: (p.size, p.qps)):
+        better = [
+            p for p in ok if p.passed and p.alt == f.alt and p.size <= f.size and p.qps >= f.qps
+        ]
+        if not better:
+            continue
+        p = min(better, key=lambda p: (p.size, -p.qps))
+        alt = "".join(f", {k}={v}" for k, v in f.alt.items())
+        passed = round(f.pass_fraction * n_seeds)
+        notes.append(
+            f"not monotone{alt}: {spec.size_key}={f.size} failed at {f.qps:g} QPS ({passed} of "
+            f"{n_seeds} seeds passed) while {spec.size_key}={p.size} passed at {p.qps:g} QPS: "
+            "seed-to-seed noise near the boundary; more seeds narrow it"
+        )
+    return notes
+
+
+#: frontier columns that count things (a frame holds them as floats when some are missing)
+INTEGER_COLUMNS = ("size", "servers", "gpus", "tp", "pp", "replicas", "boundary_size")
+
+
+def _integers(row: dict[str, Any]) -> dict[str, Any]:
+    """``row`` with whole-number floats of :data:`INTEGER_COLUMNS` as ints (62, not 62.0)."""
+    return {
+        k: int(v) if k in INTEGER_COLUMNS and isinstance(v, float) and v.is_integer() else v
+        for k, v in row.items()
+    }
+
+
 def plan_json(res: PlanResult) -> dict[str, Any]:
     """The plan's answer as one JSON-ready object: ``answer`` (the cheapest passing min-size
     answer of the first load -- by cost, else by GPUs -- or, when none passes, the first
     row's reason) with ``servers``, ``gpus``, ``tp``, ``pp``, ``meets_slo``, ``reason``,
     ``qps``, ``cost``; and every row of the ``frontier``."""
     rows = json.loads(res.frontier.to_json(orient="records")) if not res.frontier.empty else []
+    rows = [_integers(r) for r in rows]
     if res.compare is not None:
         return {**res.compare, "answers": res.answers, "frontier": rows, "folder": str(res.folder)}
     ms = [r for r in rows if r["question"] == "min-size"]
@@ -172,7 +240,13 @@ def plan_json(res: PlanResult) -> dict[str, Any]:
                 "meets_slo": False,
                 "reason": " | ".join(r["reason"] or "" for r in first),
             }
-    return {"answer": answer, "answers": res.answers, "frontier": rows, "folder": str(res.folder)}
+    return {
+        "answer": answer,
+        "answers": res.answers,
+        "notes": res.notes,
+        "frontier": rows,
+        "folder": str(res.folder),
+    }
 
 
 def plot_frontier(df: pd.DataFrame, spec: PlanFile, path: Path) -> None:

@@ -39,7 +39,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -115,10 +115,10 @@ class PlanFile(BaseModel):
     """Bounds [low, high] of the size search, 1 <= low <= high."""
     qps_key: str = "workload.rate"
     """Scenario key of the load knob (e.g. `workload.steps.0.rate` for step traffic)."""
-    qps: list[float] = []
+    qps: list[Annotated[float, Field(gt=0)]] = []
     """Question 1: the smallest size meeting the SLOs at each of these loads (requests/s)."""
-    sizes: list[int] = []
-    """Question 2: the highest load each of these sizes sustains."""
+    sizes: list[Annotated[int, Field(ge=1)]] = []
+    """Question 2: the highest load each of these sizes (each >= 1) sustains."""
     qps_range: tuple[float, float] = (1.0, 10000.0)
     """Bounds [low, high] of the load search, requests/s, 0 < low < high."""
     qps_tolerance: float = Field(0.02, gt=0, lt=1)

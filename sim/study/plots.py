@@ -1,4 +1,4 @@
-"""PNG plots (matplotlib, Agg backend) of a run, a sweep, an A/B test and a capacity plan.
+"""PNG plots of a run, a sweep, an A/B test and a capacity plan (matplotlib, no pyplot).
 
 A run: ``latency_cdf.png`` (CDF per model/class, each class's SLO as a dashed line, a dot at
 each curve's P99), ``timeseries.png`` (arrivals and completions per second, queue and
@@ -7,6 +7,10 @@ finishing in each bin, HBM hit rate) and ``bytes_by_tier.png`` (parameter bytes 
 tier; when nothing moved it says so instead of drawing empty bars). Titles name the scenario;
 legends appear only when there is more than one line to tell apart. Sweeps, A/B tests and
 plans get :func:`sweep_plot`, :func:`ab_plot` and :func:`frontier_plot`.
+
+Figures are made with :func:`figure_with_axes` (a ``matplotlib.figure.Figure``, drawn by the
+Agg canvas when saved), never through pyplot: importing or calling this module selects no
+backend and leaves no figure open, so a notebook keeps its inline plots.
 """
 
 from __future__ import annotations
@@ -17,12 +21,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-import matplotlib
-
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
+from matplotlib.figure import Figure
 from matplotlib.ticker import FuncFormatter, LogLocator, MaxNLocator, NullFormatter
 
 from sim.serving.metrics import TIERS
@@ -37,6 +38,15 @@ def _seconds(x: float, _pos: Any = None) -> str:
     return f"{x:g} s"
 
 
+def figure_with_axes(nrows: int = 1, ncols: int = 1, **kw: Any) -> tuple[Figure, Any]:
+    """A new ``Figure`` (not registered with pyplot) and its axes, as pyplot's ``subplots``
+    returns them; ``figsize`` and ``constrained_layout`` go to the figure, the rest to
+    ``Figure.subplots``."""
+    fig_kw = {k: kw.pop(k) for k in ("figsize", "constrained_layout") if k in kw}
+    fig = Figure(**fig_kw)
+    return fig, fig.subplots(nrows, ncols, **kw)
+
+
 def _save(fig: Any, path: Path) -> Path:
     """Save ``fig`` to ``path`` via a temporary sibling (with the user's umask)."""
     from sim.study.sweep.resultcache import as_umask
@@ -48,7 +58,6 @@ def _save(fig: Any, path: Path) -> Path:
         as_umask(tmp)
         os.replace(tmp, path)
     finally:
-        plt.close(fig)
         Path(tmp).unlink(missing_ok=True)
     return path
 
@@ -65,15 +74,13 @@ def _name(result: Any) -> str:
 
 def write_plots(folder: Path, result: Any) -> list[Path]:
     """Write the run's plots into ``folder``; returns their paths."""
-    out = [_latency_cdf(folder, result), _timeseries(folder, result), _bytes(folder, result)]
-    plt.close("all")
-    return out
+    return [_latency_cdf(folder, result), _timeseries(folder, result), _bytes(folder, result)]
 
 
 def _latency_cdf(folder: Path, result: Any) -> Path:
     df = result.requests
     done = df[df["status"] == "done"]
-    fig, ax = plt.subplots(figsize=(7.5, 4.5))
+    fig, ax = figure_with_axes(figsize=(7.5, 4.5))
     groups = list(done.groupby(["variant", "model", "cls"], observed=True, sort=True))
     p99s: list[float] = []
     for (var, model, cls), g in groups:
@@ -126,7 +133,7 @@ def _per_bin(done: pd.DataFrame, edges: np.ndarray) -> tuple[np.ndarray, np.ndar
 
 def _timeseries(folder: Path, result: Any) -> Path:
     ts, df = result.timeseries, result.requests
-    fig, axes = plt.subplots(4, 1, figsize=(8, 9), sharex=True)
+    fig, axes = figure_with_axes(4, 1, figsize=(8, 9), sharex=True)
     variants = sorted(ts["variant"].unique())
     many = len(variants) > 1
     for var in variants:
@@ -147,6 +154,7 @@ def _timeseries(folder: Path, result: Any) -> Path:
             axes[3].plot(t, g["token_budget"] * 100, label=f"token budget in use{tag}")
     axes[0].set_ylabel("requests/s")
     axes[1].set_ylabel("requests")
+    axes[1].yaxis.set_major_locator(MaxNLocator(integer=True))  # counts: whole ticks
     axes[2].set_ylabel("latency")
     axes[2].set_ylim(bottom=0)
     axes[2].yaxis.set_major_formatter(FuncFormatter(_seconds))
@@ -169,7 +177,7 @@ def _bytes(folder: Path, result: Any) -> Path:
         v: [float(df.loc[df["variant"] == v, f"bytes_{t}"].sum()) / 2**30 for t in tiers]
         for v in variants
     }
-    fig, ax = plt.subplots(figsize=(7, 4))
+    fig, ax = figure_with_axes(figsize=(7, 4))
     ax.set_title(f"Parameter bytes by source tier: {_name(result)}")
     if not any(x > 0 for vs in vals.values() for x in vs):
         ax.axis("off")
@@ -197,7 +205,7 @@ def ab_plot(diffs: Sequence[Any], path: Path, title: str) -> Path | None:
     rows = [d for d in diffs if d.mean_a not in (0, 0.0)]
     if not rows:
         return None
-    fig, ax = plt.subplots(figsize=(8, 0.35 * len(rows) + 1.5))
+    fig, ax = figure_with_axes(figsize=(8, 0.35 * len(rows) + 1.5))
     y = np.arange(len(rows))[::-1]
     for yi, d in zip(y, rows, strict=True):
         scale = 100.0 / abs(d.mean_a)
@@ -212,15 +220,19 @@ def ab_plot(diffs: Sequence[Any], path: Path, title: str) -> Path | None:
     return _save(fig, path)
 
 
+#: the sweep results' columns :func:`sweep_plot` draws (``results-TAG.parquet``, flattened)
+THROUGHPUT, P99 = "throughput.achieved_rps", "latency.e2e.p99"
+
+
 def sweep_plot(df: pd.DataFrame, keys: list[str], path: Path, title: str) -> Path | None:
     """Mean over seeds of throughput and P99 latency against the first grid key (one line
     per combination of the other keys); ``None`` when there is no grid key or no ok run."""
     ok = df[df["status"] == "ok"] if "status" in df.columns else df
-    cols = [c for c in ("throughput_rps", "latency.p99") if c in ok.columns]
+    cols = [c for c in (THROUGHPUT, P99) if c in ok.columns]
     if not keys or ok.empty or not cols:
         return None
     x, rest = keys[0], keys[1:]
-    fig, axes = plt.subplots(1, len(cols), figsize=(5.5 * len(cols), 4), squeeze=False)
+    fig, axes = figure_with_axes(1, len(cols), figsize=(5.5 * len(cols), 4), squeeze=False)
     groups = list(ok.groupby(rest, sort=True, dropna=False)) if rest else [((), ok)]
     for ax, col in zip(axes[0], cols, strict=True):
         for gk, g in groups:
@@ -231,10 +243,10 @@ def sweep_plot(df: pd.DataFrame, keys: list[str], path: Path, title: str) -> Pat
             xs = m.index if numeric else [str(v) for v in m.index]
             ax.plot(xs, m.to_numpy(dtype=float), "o-", label=label)
         ax.set_xlabel(x)
-        ax.set_ylabel("throughput (req/s)" if col == "throughput_rps" else "P99 latency")
-        if col != "throughput_rps":
+        ax.set_ylabel("achieved throughput (req/s)" if col == THROUGHPUT else "P99 E2E latency")
+        if col != THROUGHPUT:
             ax.yaxis.set_major_formatter(FuncFormatter(_seconds))
-        if pd.api.types.is_integer_dtype(m.index.dtype):
+        if numeric and all(float(v).is_integer() for v in m.index):  # sizes, counts
             ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.grid(alpha=0.3)
         if rest:
@@ -251,10 +263,15 @@ def frontier_plot(
     ticks; a load that reached the top of the search range is drawn hollow with an arrow
     ("at least"), not as a measured capacity."""
     qs = [q for q in ("min-size", "max-qps") if not df.empty and (df["question"] == q).any()]
-    fig, axes = plt.subplots(1, max(len(qs), 1), figsize=(5.5 * max(len(qs), 1), 4), squeeze=False)
+    fig, axes = figure_with_axes(
+        1, max(len(qs), 1), figsize=(5.5 * max(len(qs), 1), 4), squeeze=False
+    )
     keys = list(alternatives)
     for ax, q in zip(axes[0], qs, strict=False):
         sub = df[df["question"] == q]
+        if q == "min-size" and sub["qps"].nunique() == 1:  # one load: a dot says nothing
+            _sizes_by_alternative(ax, sub, keys, size_key)
+            continue
         groups = sub.groupby(keys, sort=False) if keys else [("", sub)]
         for name, g in groups:
             g = g.dropna(subset=["qps", "size"])
@@ -294,6 +311,32 @@ def frontier_plot(
             ax.legend()
     fig.tight_layout()
     return _save(fig, path)
+
+
+def _sizes_by_alternative(ax: Any, sub: pd.DataFrame, keys: list[str], size_key: str) -> None:
+    """One load: a bar per alternative (one bar without alternatives) with the smallest size
+    (its value on top); an alternative without an answer gets its reason's first words
+    instead of a bar (a line through one dot would say nothing)."""
+    qps = float(sub["qps"].iloc[0])
+    labels = [
+        ", ".join(f"{k}={r[k]}" for k in keys) or f"{qps:g} QPS" for r in sub.to_dict("records")
+    ]
+    sizes = [r["size"] if r["size"] == r["size"] else None for r in sub.to_dict("records")]
+    xs = np.arange(len(labels))
+    top = max((s for s in sizes if s is not None), default=1.0)
+    for x, size, r in zip(xs, sizes, sub.to_dict("records"), strict=True):
+        if size is None:
+            why = str(r.get("reason") or "no answer").split(":", 1)[0]
+            ax.text(x, top * 0.05, f"none:\n{why}", ha="center", fontsize=8, color="0.3")
+            continue
+        ax.bar(x, size, color="tab:blue", width=0.6)
+        ax.text(x, size, f"{size:g}", ha="center", va="bottom", fontsize=9)
+    ax.set_xticks(xs, labels, fontsize=8)
+    ax.set_xlim(-0.5 - 0.5 / len(xs), len(xs) - 0.5 + 0.5 / len(xs))  # one bar: not full width
+    ax.set_ylim(0, top * 1.15)
+    ax.yaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.set(ylabel=f"smallest {size_key}", title=f"size needed at {qps:g} QPS")
+    ax.grid(alpha=0.3, axis="y")
 
 
 def _integer_axis(axis: Any, values: list[int], set_lim: Any) -> None:

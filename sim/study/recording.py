@@ -100,6 +100,11 @@ def run_checked(
     if until is not None:
 
         def stop(_e: Any) -> None:
+            # every event due at ``until`` runs first (a fault at exactly T is applied),
+            # including those scheduled at T by events at T
+            if env.peek() <= until:
+                env.timeout(0).callbacks.append(stop)
+                return
             raise StopAt(until)
 
         env.timeout(until).callbacks.append(stop)
@@ -107,14 +112,7 @@ def run_checked(
     try:
         end = cl.run()
     except StopAt:
-        out = Outcome(seed, "", sim_time=float(env.now))
-        out.state = ctl.state() if ctl is not None else {"time": float(env.now)}
-        out.trace_hash = (
-            ctl.combined_hash(cl.ctx.trace.hexdigest())
-            if ctl is not None
-            else cl.ctx.trace.hexdigest()
-        )
-        return out
+        return _stopped(seed, cl, ctl)
     except (CheckerViolation, SafetyViolation) as exc:
         finding = str(exc)
         end = float(env.now)
@@ -124,6 +122,7 @@ def run_checked(
     out.degraded = int(np.sum(met.status == DEGRADED))
     if ctl is None:
         out.trace_hash = cl.ctx.trace.hexdigest()
+        out.state = {"time": end} if until is not None else None
         return out
     out.applied = ctl.applied
     if finding is None:
@@ -134,7 +133,10 @@ def run_checked(
             out.availability = out.faults["availability"]
             out.requests_lost = out.faults["requests_lost"]
             out.findings = list(out.faults["violations"])
+            out.state = ctl.state() if until is not None else None
             return out
+        except StopAt:  # ``until`` falls in the settling after the last request
+            return _stopped(seed, cl, ctl)
         except (CheckerViolation, SafetyViolation) as exc:
             finding = str(exc)
     out.findings = [finding, *[str(x) for x in ctl.checkers.findings if str(x) != finding]]
@@ -232,6 +234,16 @@ class ReplayReport:
     @property
     def matches(self) -> bool:
         return self.expected == self.got and self.schedule_matches
+
+
+def _stopped(seed: int, cl: Any, ctl: Any) -> Outcome:
+    """The outcome of a run stopped by ``until``: the time, the state and the trace hash."""
+    now = float(cl.env.now)
+    out = Outcome(seed, "", sim_time=now)
+    out.state = ctl.state() if ctl is not None else {"time": now}
+    trace = cl.ctx.trace.hexdigest()
+    out.trace_hash = ctl.combined_hash(trace) if ctl is not None else trace
+    return out
 
 
 def replay(path: str | Path, until: float | None = None) -> ReplayReport:

@@ -96,6 +96,10 @@ def test_timeseries_has_completions_latency_and_slot_use(
         ln for ax in figures[0].axes for ln in ax.lines if ln.get_label() == "token budget in use"
     )
     assert np.allclose(slots.get_ydata(), 0.25 * 100)
+    counts = figures[0].axes[1]  # queued / running requests: 0 and 2 here
+    counts.figure.canvas.draw()
+    ticks = [t for t in counts.get_yticks() if counts.get_ylim()[0] <= t <= counts.get_ylim()[1]]
+    assert len(ticks) >= 2 and all(float(t).is_integer() for t in ticks)
 
 
 @given(
@@ -136,8 +140,27 @@ def test_ab_and_sweep_plots(figures: list[Any], tmp_path: Path) -> None:
     assert line.get_xdata()[0] == pytest.approx(-25.0)  # % of A's mean
     assert plots.ab_plot([], tmp_path / "a.png", "t") is None
     df = pd.DataFrame({"status": "ok", "cluster.servers": [1, 1, 2, 2], "seed": [0, 1, 0, 1],
-                       "throughput_rps": [1.0, 3.0, 4.0, 6.0], "latency.p99": 1.0})  # fmt: skip
+                       "throughput.achieved_rps": [1.0, 3.0, 4.0, 6.0],
+                       "latency.e2e.p99": 1.0})  # fmt: skip
     assert plots.sweep_plot(df, ["cluster.servers"], tmp_path / "s.png", "t") is not None
     tp = figures[1].axes[0].lines[0]
     assert list(tp.get_ydata()) == [2.0, 5.0]  # mean over seeds
     assert plots.sweep_plot(df, [], tmp_path / "s.png", "t") is None
+
+
+def test_one_load_over_alternatives_is_a_bar_per_alternative(
+    figures: list[Any], tmp_path: Path
+) -> None:
+    nan = float("nan")
+    df = pd.DataFrame(
+        [{"question": "min-size", "cluster.tp": tp, "qps": 1200.0, "size": size, "reason": why}
+         for tp, size, why in [(1, nan, "infeasible: weights do not fit"),
+                               (2, nan, "latency floor: ..."), (8, 62.0, None)]]
+    )  # fmt: skip
+    plots.frontier_plot(df, "cluster.servers", ["cluster.tp"], 5000.0, tmp_path / "f.png")
+    (ax,) = figures[0].axes
+    assert [p.get_height() for p in ax.patches] == [62.0]  # one bar: the answered tp
+    labels = [t.get_text() for t in ax.get_xticklabels()]
+    assert labels == ["cluster.tp=1", "cluster.tp=2", "cluster.tp=8"]
+    texts = [t.get_text() for t in ax.texts]
+    assert "none:\ninfeasible" in texts and "none:\nlatency floor" in texts and "62" in texts

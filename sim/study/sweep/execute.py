@@ -15,10 +15,13 @@ hash are run once. The results frame has one row per point that has a record, or
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
+import signal
 import tempfile
+import threading
 import time
 import traceback
 from collections.abc import Callable, Iterator
@@ -28,6 +31,7 @@ from typing import Any
 
 import pandas as pd
 
+from engine.errors import InputError
 from sim.study.sweep.flatten import flatten
 from sim.study.sweep.resultcache import RunCache, as_umask, write_atomic
 from sim.study.sweep.spec import Point
@@ -91,6 +95,82 @@ class Batch:
     missing: list[str] = field(default_factory=list)
 
 
+#: seconds to wait for an existing Dask scheduler (``--scheduler``) to answer
+CONNECT_TIMEOUT_S = 10.0
+
+
+def _connect(address: str) -> Any:
+    """A Dask client of the scheduler at ``address``; :class:`InputError` naming the address
+    when it is not one (``tcp://HOST:PORT``) or nothing answers within
+    :data:`CONNECT_TIMEOUT_S`."""
+    from dask.distributed import Client
+
+    try:
+        return Client(address, timeout=CONNECT_TIMEOUT_S)
+    except (OSError, ValueError, TimeoutError) as err:
+        raise InputError(
+            f"cannot connect: {err}; allowed: the address of a running Dask scheduler, "
+            "tcp://HOST:PORT",
+            source=f"--scheduler {address}",
+        ) from None
+
+
+@contextlib.contextmanager
+def _sigint_ignored() -> Iterator[None]:
+    """SIGINT ignored meanwhile (in the main thread; elsewhere nothing changes): processes
+    started now inherit it, and Python leaves an ignored SIGINT ignored."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    old = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, old)
+
+
+@contextlib.contextmanager
+def dask_client(workers: int, scheduler: str | None = None) -> Iterator[Any]:
+    """A Dask client for the block: of the scheduler at ``scheduler`` (:class:`InputError`
+    naming it when it is not an address or does not answer within
+    :data:`CONNECT_TIMEOUT_S`), else of a ``LocalCluster`` of ``workers`` single-threaded
+    processes started with SIGINT ignored (Ctrl-C stops this process, which closes them,
+    not each worker with a traceback of its own). Closed on the way out; quietly (no log of
+    every cancelled task and lost connection) when the block was stopped by Ctrl-C."""
+    from dask.distributed import Client, LocalCluster
+
+    cluster: Any = None
+    if scheduler is not None:
+        client = _connect(scheduler)
+    else:
+        with _sigint_ignored():
+            cluster = LocalCluster(
+                n_workers=workers,
+                threads_per_worker=1,
+                processes=True,
+                dashboard_address=None,
+                silence_logs=logging.CRITICAL,  # a failed run comes back as a record
+            )
+        client = Client(cluster)
+    interrupted = False
+    try:
+        yield client
+    except KeyboardInterrupt:
+        interrupted = True
+        raise
+    finally:
+        log = logging.getLogger("distributed")
+        level = log.level
+        if interrupted:
+            log.setLevel(logging.CRITICAL + 1)
+        try:
+            client.close()
+            if cluster is not None:
+                cluster.close()
+        finally:
+            log.setLevel(level)
+
+
 class Runner:
     """Where runs execute; a context manager that owns any Dask cluster it starts.
 
@@ -112,31 +192,22 @@ class Runner:
         self.counter = str(counter) if counter is not None else None
         self.uses_dask = scheduler is not None or workers > 1 or force_dask
         self._client: Any = None
-        self._cluster: Any = None
+        self._stack: contextlib.ExitStack | None = None
 
     def __enter__(self) -> Runner:
         if self.uses_dask:
-            from dask.distributed import Client, LocalCluster
-
-            if self.scheduler is not None:
-                self._client = Client(self.scheduler)
-            else:
-                self._cluster = LocalCluster(
-                    n_workers=self.workers,
-                    threads_per_worker=1,
-                    processes=True,
-                    dashboard_address=None,
-                    silence_logs=logging.ERROR,
-                )
-                self._client = Client(self._cluster)
+            self._stack = contextlib.ExitStack()
+            try:
+                self._client = self._stack.enter_context(dask_client(self.workers, self.scheduler))
+            except BaseException:
+                self._stack.close()
+                raise
         return self
 
-    def __exit__(self, *exc: object) -> None:
-        if self._client is not None:
-            self._client.close()
-        if self._cluster is not None:
-            self._cluster.close()
-        self._client = self._cluster = None
+    def __exit__(self, *exc: Any) -> None:
+        stack, self._stack, self._client = self._stack, None, None
+        if stack is not None:
+            stack.__exit__(*exc)
 
     @property
     def n_workers(self) -> int:
@@ -291,6 +362,8 @@ class SweepOutcome:
 
     frame: pd.DataFrame
     parquet: Path
+    #: names this sweep's files in its folder (``results-TAG.parquet``, ``sweep-TAG.json``)
+    tag: str
     total: int
     ran: int
     cached: int
@@ -301,6 +374,15 @@ class SweepOutcome:
     def complete(self) -> bool:
         """Every point has a finished (ok) record."""
         return self.missing == 0 and not self.failed
+
+
+def sweep_tag(points: list[Point]) -> str:
+    """Eight hex digits naming a sweep by its points (their params, seeds and configs, in
+    order): the same grid and seeds give the same tag, another grid another."""
+    import hashlib
+
+    text = json.dumps([[p.params, p.seed, p.config_hash] for p in points], default=str)
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()[:8]
 
 
 def execute(
@@ -314,23 +396,28 @@ def execute(
     counter: str | Path | None = None,
     force_dask: bool = False,
 ) -> SweepOutcome:
-    """Run a sweep into ``folder``: cache under ``runs/``, the point list as ``sweep.json``,
-    and every point with a record as ``results.parquet`` (rewritten atomically each time)."""
+    """Run a sweep into ``folder``: cache under ``runs/`` (shared by every sweep of the
+    folder), the point list as ``sweep-TAG.json`` and every point with a record as
+    ``results-TAG.parquet`` (rewritten atomically each time), ``TAG`` a hash of the point list
+    (:func:`sweep_tag`): a sweep of another grid or other seeds in the same folder reuses
+    the cached runs but never replaces another sweep's results."""
     root = Path(folder)
     manifest = [
         {"point": p.index, "params": p.params, "seed": p.seed, "config_hash": p.config_hash}
         for p in points
     ]
-    write_atomic(root / "sweep.json", json.dumps(manifest, indent=1) + "\n")
+    tag = sweep_tag(points)
     cache = RunCache(root)
-    with Runner(workers, scheduler, counter, force_dask) as runner:
+    with Runner(workers, scheduler, counter, force_dask) as runner:  # connects first
+        write_atomic(root / f"sweep-{tag}.json", json.dumps(manifest, indent=1) + "\n")
         batch = runner.run(points, cache, max_runs, progress)
     df = results_frame(points, batch.records)
-    out = root / "results.parquet"
+    out = root / f"results-{tag}.parquet"
     write_parquet(df, out)
     return SweepOutcome(
         frame=df,
         parquet=out,
+        tag=tag,
         total=len({p.config_hash for p in points}),
         ran=batch.ran,
         cached=batch.cached,

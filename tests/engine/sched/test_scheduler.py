@@ -227,3 +227,96 @@ def test_bind_checks_the_allocator_and_caps_capacity() -> None:
         s.bind(KVBlockAllocator(BT, 2 * KVB, max_bytes=64 * BT * KVB))
     s.bind(KVBlockAllocator(BT, KVB, initial_blocks=4, max_bytes=4 * BT * KVB))
     assert s.kv.capacity == 4 * BT * KVB
+
+
+def _swapping(cap_blocks: int, swap_capacity: int) -> Scheduler:
+    return Scheduler(
+        KvAdmission(cap_blocks * BT * KVB, BT),
+        max_num_seqs=4,
+        max_num_batched_tokens=100,
+        chunked_prefill=False,
+        kv_bytes_per_token=[KVB],
+        dense=[False],
+        swap_capacity=swap_capacity,
+    )
+
+
+def test_swap_preemption_keeps_the_kv_and_resumes_decoding_without_prefill() -> None:
+    """Two 15-token prompts in 3 blocks: at step 2 both cross into a second block and only one
+    is free. The newer request's 16 KV tokens go to host swap space; the block that frees lets
+    it back in at once (its KV copied back, the step's block owed). At step 3 the owed block
+    does not fit: out again (17 tokens now), back when the older request has finished. Never
+    a prefill again, and every token is decoded exactly once."""
+    s = _swapping(3, swap_capacity=10**6)
+    s.set_requests([15, 15], [4, 6], [0, 0])
+    hooks = Finished()
+    s.hooks = hooks
+    s.add_request(0)
+    s.add_request(1)
+    log = []
+    while s.num_running or s.num_waiting:
+        b = s.schedule(0)
+        log.append((b.step, b.admitted, b.preempted, b.swap_bytes, len(b.chunks), b.num_decodes))
+        s.complete(b)
+    assert log == [
+        (0, [0, 1], [], [], 2, 0),
+        (1, [], [], [], 0, 2),
+        (2, [1], [1], [16 * KVB, 16 * KVB], 0, 2),  # out and straight back in
+        (3, [], [1], [17 * KVB], 0, 1),  # its owed block does not fit: out again
+        (4, [1], [], [17 * KVB], 0, 1),  # request 0 finished at step 3: back in
+        (5, [], [], [], 0, 1),
+        (6, [], [], [], 0, 1),
+    ]
+    # request 0: 1 token from its prefill + 3 decodes; request 1: 1 + 5 (steps 1, 2, 4, 5, 6)
+    assert hooks.done == [0, 1] and hooks.first == [0, 1]
+    assert s.kv.preemptions == 2 and s.swap_moved == (16 + 16 + 17 + 17) * KVB
+    assert s.swap_used == 0 and not s.swapped and s.kv.reserved == 0
+
+
+def test_without_swap_space_a_swap_preemption_recomputes() -> None:
+    s = _swapping(3, swap_capacity=8 * KVB)  # too small for 16 tokens
+    s.set_requests([15, 15], [4, 6], [0, 0])
+    s.add_request(0)
+    s.add_request(1)
+    for _ in range(3):
+        b = s.schedule(0)
+        s.complete(b)
+    assert b.preempted == [1] and b.swap_bytes == []
+    assert s.generated == {1: 2} and s.start_tokens(1) == 17
+
+
+class HandsOff(Finished):
+    def __init__(self) -> None:
+        super().__init__()
+        self.left: list[tuple[int, int, int]] = []
+
+    def hands_off(self) -> bool:
+        return True
+
+    def on_handoff(self, m: int, rid: int, kv_tokens: int, generated: int) -> None:
+        self.left.append((rid, kv_tokens, generated))
+
+
+def test_a_prefill_replica_hands_requests_off_and_a_decode_replica_takes_them_in() -> None:
+    pre = _swapping(8, 0)
+    pre.set_requests([20, 30], [5, 1], [0, 0])
+    hooks = HandsOff()
+    pre.hooks = hooks
+    pre.add_request(0)
+    pre.add_request(1)
+    b = pre.schedule(0)
+    pre.complete(b)
+    assert hooks.left == [(0, 20, 1)]  # request 1 (one output token) just finishes
+    assert hooks.done == [1] and pre.num_running == 0 and pre.kv.reserved == 0
+    dec = _swapping(8, 0)
+    dec.set_requests([20, 30], [5, 1], [0, 0])
+    dec.add_handed_in(0, 0, kv_tokens=20, generated=1)
+    b = dec.schedule(0)
+    assert b.admitted == [0] and b.chunks == [] and b.swap_bytes == [] and b.num_decodes == 1
+    assert dec.num_computed_tokens(0, 0) == 20
+    steps = 0
+    while dec.num_running:
+        dec.complete(b)
+        steps += 1
+        b = dec.schedule(0)
+    assert steps == 4  # the 4 tokens it still owes

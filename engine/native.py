@@ -34,6 +34,8 @@ COMPILED: tuple[str, ...] = (
     "engine.kv.allocator",
     "engine.kv.blocks",
     "engine.prefetch",
+    "engine.sched.batch",
+    "engine.sched.decode",
     "engine.sched.scheduler",
     "engine.tiers.chain",
     "sim.simenv",

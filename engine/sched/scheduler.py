@@ -11,16 +11,12 @@ The engine's runtime (:mod:`engine.runtime.engine`) runs each batch on real arra
 simulator's replica (:mod:`sim.serving.turn`) prices it and advances simulated time.
 ``docs/design/replica-scheduler.md`` has the picture.
 
-A model's decoding batch advances in O(1) per step: a request that starts decoding at step
-``a`` holding ``K`` KV tokens has the context base ``K + 1 - a`` (at step ``s`` it holds
-``base + s - 1`` tokens), the batch keeps the sum of the bases (``context_base``), a min-heap of
-finishing steps (``finish_heap``, entries of an older life skipped) and, per residue of the
-step mod ``block_tokens``, the requests whose next block is due at those steps
-(``block_due``), so a step's blocks are one bucket, taken in one bulk allocator call.
+The decoding requests of each model advance in O(1) per step (:class:`Scheduler` extends
+:class:`engine.sched.decode.DecodeBatches`, which holds them and their KV growth); the batch
+and hook types are in :mod:`engine.sched.batch`.
 
 Invariants: a request is in ``admitted[m]`` and ``life`` exactly while it runs (prefilling or
-decoding); a decoding request has a ``base_of`` entry and, if its model has KV, sits in exactly
-one ``block_due`` bucket; ``num_running`` counts the running requests of all models and
+decoding), and in ``prefilling[m]`` or the decoding batch, not both; ``num_running`` counts the running requests of all models and
 ``num_waiting`` the queued ones. Records (metrics, traces, sampled tokens) are the caller's:
 :class:`SchedulerHooks` is told of each admission, preemption, first token, completion and
 hand-off when it happens. No clock is read and nothing is iterated in hash order.
@@ -28,109 +24,24 @@ hand-off when it happens. No clock is read and nothing is iterated in hash order
 
 from __future__ import annotations
 
-import heapq
 from collections import deque
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING
 
 from engine.kv.admission import KvAdmission
+from engine.sched.batch import Batch, BatchRecord, Prefill, SchedulerHooks
+from engine.sched.decode import DecodeBatches
 
 if TYPE_CHECKING:
     from engine.kv.allocator import KVBlockAllocator
 
 __all__ = ["DEFAULT_WATERMARK", "Batch", "BatchRecord", "Prefill", "Scheduler", "SchedulerHooks"]
 
-#: one batch as logged (:attr:`Scheduler.batch_log`): (step, admitted ids, preempted ids,
-#: ``(id, prefill tokens)`` chunks, decodes)
-BatchRecord = tuple[int, tuple[int, ...], tuple[int, ...], tuple[tuple[int, int], ...], int]
-
 #: the share of KV capacity admission leaves free (the scenario's ``kv.admission_watermark``
 #: default)
 DEFAULT_WATERMARK = 0.01
 
 
-class SchedulerHooks(Protocol):
-    """What a :class:`Scheduler` tells its caller, at the moment the state changes."""
-
-    def on_admit(self, m: int, rid: int) -> None:
-        """``rid`` (model ``m``) was admitted (it now holds its blocks)."""
-
-    def on_preempt(self, m: int, rid: int) -> None:
-        """``rid`` was preempted (queued again at the head of its class)."""
-
-    def on_first_token(self, rid: int) -> None:
-        """``rid``'s prompt (or recomputed prefill) ran: it sampled a token."""
-
-    def on_finish(self, m: int, rid: int) -> None:
-        """``rid`` finished; its blocks are released."""
-
-    def hands_off(self) -> bool:
-        """Whether prefilled requests leave this replica (a disaggregated prefill replica)."""
-
-    def on_handoff(self, m: int, rid: int, kv_tokens: int, generated: int) -> None:
-        """``rid`` left after its prefill (blocks released) with ``kv_tokens`` of KV and
-        ``generated`` tokens sampled."""
-
-
-class Prefill:
-    """A running request still prefilling: ``num_tokens_left`` prompt (and recomputed) tokens
-    to go, ``num_computed_tokens`` whose KV is written (a cached prefix counts as computed)."""
-
-    __slots__ = ("num_computed_tokens", "num_tokens_left", "request_id")
-
-    def __init__(self, request_id: int, num_tokens_left: int, num_computed_tokens: int) -> None:
-        self.request_id = request_id
-        self.num_tokens_left = num_tokens_left
-        self.num_computed_tokens = num_computed_tokens
-
-    def __repr__(self) -> str:
-        return f"Prefill({self.request_id}, {self.num_tokens_left}, {self.num_computed_tokens})"
-
-
-class Batch:
-    """One iteration of model ``model`` at step ``step``: ``num_decodes`` decoding requests
-    (one token each) and the prefill ``chunks`` (``(request, tokens)`` in admission order;
-    ``prefill_tokens`` in all, ``prefill_sq`` the sum of each chunk's length squared plus twice
-    length x prior context, ``ends`` the requests whose last chunk this is). ``admitted``:
-    requests admitted by this schedule (in order), ``preempted`` those preempted by it,
-    ``swap_bytes`` the KV bytes its swap-outs and swap-ins copy over PCIe (in order)."""
-
-    __slots__ = (
-        "admitted",
-        "chunks",
-        "ends",
-        "model",
-        "num_decodes",
-        "preempted",
-        "prefill_sq",
-        "prefill_tokens",
-        "step",
-        "swap_bytes",
-    )
-
-    def __init__(self, model: int, step: int) -> None:
-        self.model = model
-        self.step = step
-        self.num_decodes = 0
-        self.chunks: list[tuple[Prefill, int]] = []
-        self.prefill_tokens = 0
-        self.prefill_sq = 0.0
-        self.ends: list[Prefill] = []
-        self.admitted: list[int] = []
-        self.preempted: list[int] = []
-        self.swap_bytes: list[int] = []
-
-    def record(self) -> BatchRecord:
-        """The batch as logged: (step, admitted, preempted, ``(id, tokens)`` chunks, decodes)."""
-        return (
-            self.step,
-            tuple(self.admitted),
-            tuple(self.preempted),
-            tuple((p.request_id, c) for p, c in self.chunks),
-            self.num_decodes,
-        )
-
-
-class Scheduler:
+class Scheduler(DecodeBatches):
     """The scheduler of one replica serving ``num_models`` models; see the module docstring.
 
     ``kv``: the replica's KV account. ``kv_bytes_per_token``/``dense``: per model (a dense
@@ -154,13 +65,11 @@ class Scheduler:
         swap_capacity: int = 0,
         hooks: SchedulerHooks | None = None,
     ) -> None:
+        super().__init__(kv, kv_bytes_per_token)
         nm = len(kv_bytes_per_token)
-        bt = kv.block_tokens
-        self.kv = kv
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
         self.chunked_prefill = chunked_prefill
-        self.kv_bytes_per_token = kv_bytes_per_token
         self.dense = dense
         self.class_order: list[int] = (
             list(range(num_classes)) if class_order is None else class_order
@@ -183,19 +92,6 @@ class Scheduler:
         self.prefilling: list[list[Prefill]] = [[] for _ in range(nm)]
         #: per model: running requests in admission order (the preemption victim is the last)
         self.admitted: list[dict[int, None]] = [{} for _ in range(nm)]
-        # the decoding batch per model (module docstring)
-        self.num_decoding = [0] * nm
-        self.steps = [0] * nm
-        self.context_base = [0.0] * nm
-        self.finish_heap: list[list[tuple[int, int, int]]] = [[] for _ in range(nm)]
-        self.block_due: list[list[dict[int, None]]] = [[{} for _ in range(bt)] for _ in range(nm)]
-        #: per model: (rid, life, step) owing the block of a step already granted to the rest
-        #: (a swap-in at a step of its residue)
-        self.owed_blocks: list[list[tuple[int, int, int]]] = [[] for _ in range(nm)]
-        #: per decoding rid: its context base
-        self.base_of: dict[int, int] = {}
-        #: per running rid: its life (heap entries of an older life are skipped)
-        self.life: dict[int, int] = {}
         self._lives = 0
         #: tokens generated before a recompute preemption
         self.generated: dict[int, int] = {}
@@ -264,10 +160,6 @@ class Scheduler:
         """Whether a ``tokens``-token sequence of model ``m`` fits an empty replica."""
         return self.kv.fits_alone(tokens, self.kv_bytes_per_token[m])
 
-    def has_running(self, m: int) -> bool:
-        """Whether model ``m`` has running requests (decoding or prefilling)."""
-        return bool(self.num_decoding[m] or self.prefilling[m])
-
     def head(self, m: int) -> int:
         """Model ``m``'s next request to admit (class order), or -1."""
         for c in self.class_order:
@@ -284,11 +176,6 @@ class Scheduler:
         h = self.head(m)
         return h >= 0 and self.fits(h, m)
 
-    def others_decoding(self, m: int) -> bool:
-        """Whether a model other than ``m`` has decoding requests."""
-        nd = self.num_decoding
-        return len(nd) > 1 and any(b for i, b in enumerate(nd) if i != m)
-
     def decoding(self, m: int) -> list[int]:
         """Model ``m``'s decoding requests, in admission order."""
         base_of = self.base_of
@@ -303,10 +190,6 @@ class Scheduler:
             if p.request_id == rid:
                 return p.num_computed_tokens
         raise KeyError(rid)
-
-    def steps_to_next_finish(self, m: int) -> int:
-        """Decode steps until model ``m``'s next completion is due (some decode runs)."""
-        return self.finish_heap[m][0][0] - self.steps[m]
 
     def start_tokens(self, rid: int) -> int:
         """KV tokens ``rid`` needs to (re)start: its prompt plus tokens generated earlier (a
@@ -387,25 +270,6 @@ class Scheduler:
             self._end_prompts(m, off, batch.ends)
         self._finish_decodes(m, off)
 
-    def fit_steps(self, m: int, k: int) -> int:
-        """How many of the next ``k`` decode-only steps of model ``m`` (the first one's blocks
-        already taken by :meth:`schedule`) the free KV blocks cover; reads only."""
-        kv = self.kv
-        bt = kv.block_tokens
-        bpt = self.kv_bytes_per_token[m]
-        if bpt == 0 or k <= 1:
-            return k
-        room = kv.free_blocks(bpt)
-        if self.num_decoding[m] * (-(-(k - 1) // bt)) <= room:  # an upper bound fits: no walk
-            return k
-        due = self.block_due[m]
-        off = self.steps[m]
-        for s in range(off + 1, off + k):
-            room -= len(due[s % bt])
-            if room < 0:
-                return s - off
-        return k
-
     def advance_decode(self, m: int, steps: int) -> None:
         """``steps`` decode-only steps of model ``m`` ran (the first scheduled, the rest
         checked by :meth:`fit_steps`): take the later steps' blocks and finish the requests
@@ -477,12 +341,12 @@ class Scheduler:
             kv_tok, gen = self.swapped.pop(rid)
             if rid in self.handed_in:  # KV moved in from a prefill replica
                 self.handed_in.discard(rid)
-                self._start_decoding(m, rid, off, kv_tok, gen)
+                self._start_decoding(m, rid, off, kv_tok, self.output_lens[rid] - gen)
                 continue
             self.swap_used -= kv_tok * bpt
             self.swap_moved += kv_tok * bpt
             batch.swap_bytes.append(kv_tok * bpt)
-            self._start_decoding(m, rid, off, kv_tok, gen, granted=True)
+            self._start_decoding(m, rid, off, kv_tok, self.output_lens[rid] - gen, granted=True)
 
     def _chunks(self, m: int, pf: list[Prefill], left: int, batch: Batch) -> None:
         """The prefill part of the batch with ``left`` tokens of budget: a chunk of each
@@ -526,10 +390,7 @@ class Scheduler:
                 del pf[i]
                 break
         else:
-            base = self.base_of.pop(rid)
-            self.num_decoding[m] -= 1
-            self.context_base[m] -= base
-            self.block_due[m][(1 - base) % self.kv.block_tokens].pop(rid, None)
+            base = self._stop_decoding(m, rid)
             gen = base + off - self.prompt_lens[rid]  # tokens generated so far
             kv_tok = base + off - 1  # KV written so far (the allocator may lag behind)
             nbytes = kv_tok * bpt
@@ -547,76 +408,6 @@ class Scheduler:
             self.hooks.on_preempt(m, rid)
         self.waiting[m][self.classes[rid]].appendleft(rid)
         self.num_waiting += 1
-        if self.num_decoding[m] == 0:
-            self.context_base[m] = 0.0
-
-    # -- growth of decoding requests ----------------------------------------------------------
-    def _grow_step(self, m: int, off: int) -> bool:
-        """Take the blocks the decoding requests need for step ``off`` (those owing one for
-        an earlier step first), all or none; False when they do not fit."""
-        bucket = self.block_due[m][off % self.kv.block_tokens]
-        owed = self.owed_blocks[m]
-        if not bucket and not owed:
-            return True
-        kv = self.kv
-        bpt = self.kv_bytes_per_token[m]
-        if owed:
-            life = self.life
-            owed[:] = [e for e in owed if life.get(e[0]) == e[1]]
-        if not kv.can_grow(len(bucket) + len(owed), bpt):
-            return False
-        if owed:
-            base_of = self.base_of
-            kv.grow(m, [(rid, base_of[rid] + s, s) for rid, _, s in owed], bpt)
-            owed.clear()
-        if bucket:
-            kv.grow_at(m, bucket, self.base_of, off, bpt)
-        return True
-
-    def _grow_steps(self, m: int, lo: int, hi: int) -> None:
-        """Take the blocks of steps ``lo .. hi - 1`` (checked by :meth:`fit_steps`)."""
-        bpt = self.kv_bytes_per_token[m]
-        if hi <= lo or not bpt:
-            return
-        kv = self.kv
-        due, bt, base_of = self.block_due[m], kv.block_tokens, self.base_of
-        if hi - lo == 1:  # one step (most segments): one bucket
-            bucket = due[lo % bt]
-            if bucket:
-                kv.grow_at(m, bucket, base_of, lo, bpt)
-            return
-        # residue s's crossings in [lo, hi): steps s, s + bt, ...
-        items = [
-            (rid, base_of[rid] + t, t)
-            for s in range(lo, min(hi, lo + bt))
-            if (bucket := due[s % bt])
-            for t in range(s, hi, bt)
-            for rid in bucket
-        ]
-        if items:
-            kv.grow(m, items, bpt)
-
-    def _start_decoding(
-        self, m: int, rid: int, off: int, kv_tokens: int, gen: int, granted: bool = False
-    ) -> None:
-        """``rid`` (holding ``kv_tokens`` of KV, ``gen`` tokens generated) decodes from step
-        ``off`` on; it finishes after ``output_lens[rid] - gen`` more steps. ``granted``: step
-        ``off``'s blocks were already taken for the others (it owes its own until the next
-        schedule)."""
-        base = kv_tokens + 1 - off
-        self.base_of[rid] = base
-        self.context_base[m] += base
-        self.num_decoding[m] += 1
-        life = self.life[rid]
-        heapq.heappush(self.finish_heap[m], (off + self.output_lens[rid] - gen, rid, life))
-        if self.kv_bytes_per_token[m]:
-            # its blocks are exact (num_blocks(kv_tokens)), so its first new block is due at
-            # the first step >= off of its residue
-            bt = self.kv.block_tokens
-            q = (1 - base) % bt
-            self.block_due[m][q][rid] = None
-            if granted and off % bt == q:
-                self.owed_blocks[m].append((rid, life, off))
 
     # -- completion ---------------------------------------------------------------------------
     def _end_prompts(self, m: int, off: int, ends: list[Prefill]) -> None:
@@ -640,27 +431,7 @@ class Scheduler:
                 self.release(m, rid)
                 hooks.on_handoff(m, rid, p.num_computed_tokens, gen)
                 continue
-            self._start_decoding(m, rid, off, p.num_computed_tokens, gen)
-
-    def _finish_decodes(self, m: int, off: int) -> None:
-        """Finish every decoding request of model ``m`` whose last step is ``off`` or earlier
-        (heap entries of an older life, i.e. preempted since, are skipped)."""
-        heap = self.finish_heap[m]
-        if not heap or heap[0][0] > off:
-            return
-        life = self.life
-        due, bt = self.block_due[m], self.kv.block_tokens
-        while heap and heap[0][0] <= off:
-            _, rid, seq = heapq.heappop(heap)
-            if life.get(rid) != seq:
-                continue  # preempted since: an entry of an older life
-            self.num_decoding[m] -= 1
-            base = self.base_of.pop(rid)
-            self.context_base[m] -= base
-            due[(1 - base) % bt].pop(rid, None)
-            self._finish(m, rid)
-        if self.num_decoding[m] == 0:
-            self.context_base[m] = 0.0
+            self._start_decoding(m, rid, off, p.num_computed_tokens, out[rid] - gen)
 
     def _finish(self, m: int, rid: int) -> None:
         """``rid`` is done: release its blocks and slot, and tell the hooks."""

@@ -416,6 +416,7 @@ class Scheduler(DecodeBatches):
         pf = self.prefilling[m]
         hooks = self.hooks
         out = self.output_lens
+        hand_off = hooks is not None and hooks.hands_off()
         for p in ends:
             rid = p.request_id
             pf.remove(p)
@@ -427,7 +428,8 @@ class Scheduler(DecodeBatches):
             if gen >= out[rid]:
                 self._finish(m, rid)
                 continue
-            if hooks is not None and hooks.hands_off():
+            if hand_off:
+                assert hooks is not None
                 self.release(m, rid)
                 hooks.on_handoff(m, rid, p.num_computed_tokens, gen)
                 continue

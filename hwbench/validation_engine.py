@@ -22,8 +22,8 @@ from engine.cache import TierCache
 from engine.chunkstore import ChunkStore, write_model
 from engine.runtime.engine import Engine, EngineResult, EngineWorkload
 from engine.runtime.model import DecoderConfig, DecoderModel, DenseConfig, DenseModel
-from engine.runtime.scheduler import BatchScheduler
 from engine.runtime.weights import TieredWeights
+from engine.sched.scheduler import Scheduler
 from engine.tiers import DeviceTier, HostTier, Level, ObjectStoreTier, SsdTier, TierStack
 from hwbench.validation_models import (
     CHUNK_BYTES,
@@ -109,7 +109,7 @@ def engine_for(w: ValidationWorkload, parts: EngineParts) -> Engine:
         kvb = cfg.kv_bytes_per_token
     else:
         model, kvb = DenseModel(cfg, xp), 0
-    sched = BatchScheduler(w.max_batch, w.max_batch_tokens, sz.kv, kvb, 16)
+    sched = Scheduler.single(w.max_batch, w.max_batch_tokens, sz.kv, kvb, 16)
     return Engine(
         model,
         weights,

@@ -1,7 +1,7 @@
 """Admission and KV reservation, one object for the simulator's replica and the engine.
 
 :class:`KvAdmission` holds the KV blocks of one replica (simulator: :class:`sim.serving.replica.ComputeNode`;
-engine: :class:`engine.runtime.scheduler.BatchScheduler`), in bytes, shared by its models.
+engine: :class:`engine.sched.scheduler.Scheduler`, which both run), in bytes, shared by its models.
 The rules (vLLM-like; ``docs/design/admission.md``):
 
 * **Admission looks at the prompt only.** A sequence (re)starts with the blocks of the tokens

@@ -4,12 +4,10 @@ background thread, continuous batching, per-request records in the simulator's s
 from engine.runtime.engine import Engine, EngineResult, EngineWorkload
 from engine.runtime.model import DecoderConfig, DecoderModel, DenseConfig, DenseModel, unpack
 from engine.runtime.prefetcher import Prefetcher
-from engine.runtime.scheduler import BatchScheduler
 from engine.runtime.weights import TIER_NAMES, ResidentWeights, TieredWeights, WeightSource
 
 __all__ = [
     "TIER_NAMES",
-    "BatchScheduler",
     "DecoderConfig",
     "DecoderModel",
     "DenseConfig",

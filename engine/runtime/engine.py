@@ -1,16 +1,18 @@
 """Run a workload on the real engine in real time and record every request.
 
 :class:`Engine` serves requests that arrive at given times (seconds after the start) with
-continuous batching (:class:`~engine.runtime.scheduler.BatchScheduler`, the simulator's
-admission object and rules). One *iteration* takes the running sequences' new KV blocks
-(preempting the most recently admitted while they do not fit: recompute, the preempted request
-prefills its prompt and generated tokens again later), admits what fits, then runs every layer
-once: fetch the layer's weights (prefetching the next
-``window`` layers on a background thread), run the prefill part (new prompts; each gets its
-first token) and the decode part (one more token for every running request). A request is done
-when it has ``output_tokens`` tokens; a dense (no-KV) model produces its one output in the
-iteration that admits it. This is the iteration structure of the simulator's node, so both run
-the same schedule for the same arrivals.
+continuous batching by the replica scheduler the simulator's replicas use
+(:class:`engine.sched.scheduler.Scheduler`, ``docs/design/replica-scheduler.md``): each
+*iteration* runs the batch its ``schedule()`` returns -- the running sequences' new KV blocks
+taken (preempting the most recently admitted while they do not fit: recompute, the preempted
+request prefills its prompt and generated tokens again later), what fits admitted, the prompts'
+prefill and one decode step per decoding sequence -- then hands it back to ``complete()``. The
+iteration runs every layer once: fetch the layer's weights (prefetching the next ``window``
+layers on a background thread), run the prefill part (each prompt gets its first token) and
+the decode part (one more token for every decoding request). A request is done when it has
+``output_tokens`` tokens; a dense (no-KV) model produces its one output in the iteration that
+runs its input. The simulator's replica runs the same scheduler, so both form the same
+batches for the same arrivals.
 
 Records (:meth:`EngineResult.frame`) have the columns of the simulator's ``requests.parquet``
 (:func:`sim.serving.metrics.requests_frame`): arrival, start, first_token, end, tokens, status,
@@ -39,8 +41,8 @@ from engine.runtime.clock import RunClock
 from engine.runtime.heap import keep_freed_memory
 from engine.runtime.model import DecoderModel, DenseModel, unpack
 from engine.runtime.prefetcher import Prefetcher
-from engine.runtime.scheduler import BatchScheduler
 from engine.runtime.weights import TIER_NAMES, TieredWeights, WeightSource
+from engine.sched.scheduler import Batch, Scheduler
 
 __all__ = ["Engine", "EngineResult", "EngineWorkload", "IterationRecord"]
 
@@ -139,7 +141,9 @@ class EngineResult:
 class Engine:
     """One engine node: a model, its weights, a scheduler, an optional prefetch window.
 
-    ``model`` is a :class:`DecoderModel` or :class:`DenseModel`. ``weights`` is any
+    ``model`` is a :class:`DecoderModel` or :class:`DenseModel`; ``scheduler`` a one-model
+    :class:`~engine.sched.scheduler.Scheduler` (:meth:`Scheduler.single`), whose hooks the
+    engine is while it runs. ``weights`` is any
     :class:`WeightSource`; with :class:`TieredWeights` hits/bytes are counted and, when
     ``window > 0``, a :class:`Prefetcher` fetches ahead. ``keep_logits`` stores every logits
     row (tests compare runs with it). ``hold_pins``: a layer stays pinned until the prefetches
@@ -155,7 +159,7 @@ class Engine:
         self,
         model: DecoderModel | DenseModel,
         weights: WeightSource,
-        scheduler: BatchScheduler,
+        scheduler: Scheduler,
         *,
         window: int = 0,
         keep_logits: bool = False,
@@ -184,6 +188,10 @@ class Engine:
         self.layouts = [model.cfg.layout(i) for i in range(model.cfg.n_layers)]
         if isinstance(model, DecoderModel):
             scheduler.bind(model.kv)  # block tables in the model's allocator (its KV storage)
+        else:
+            scheduler.dense[0] = True  # whole inputs, outside the token budget
+        #: requests the scheduler finished in the current iteration
+        self._done: list[int] = []
 
     # -- the run ------------------------------------------------------------------------------
     def run(self, wl: EngineWorkload) -> EngineResult:
@@ -231,32 +239,31 @@ class Engine:
         self.prefetcher = pf
         if pf is not None:
             pf.start()
-        #: per request: KV tokens it (re)starts with (prompt + tokens generated before)
-        kv_tok = [int(x) for x in wl.inp]
+        sched = self.sched
+        sched.set_requests([int(x) for x in wl.inp], [int(x) for x in wl.out], [0] * n)
+        sched.hooks = self
         seq = [int(a) + int(b) for a, b in zip(wl.inp, wl.out, strict=False)]
-        dense = not isinstance(self.model, DecoderModel)
         nxt = 0
         final = 0
         try:
             while final < n:
                 nxt, rejected = self._arrive(wl, nxt, clock(), seq)
                 final += rejected
-                if not self.sched.running and not self.sched.queue:
+                if not sched.num_running and not sched.num_waiting:
                     if nxt < n:
                         self._wait_until(float(wl.arrival[nxt]), clock)
                     continue
-                for rid in self.sched.grow():  # preempted (recompute): counters close
+                batch = sched.schedule(0)
+                for rid in batch.preempted:  # preempted (recompute): counters close
                     res.acc[rid] += self.cum
-                    kv_tok[rid] = int(wl.inp[rid]) + len(res.tokens[rid])
-                new = self.sched.admit(kv_tok, budget_free=dense)
-                if not new and not self.sched.running:
+                if not batch.chunks and not batch.num_decodes:
                     continue  # cannot happen (fits_alone); guards an endless loop
                 now = clock()
-                for rid in new:
+                for rid in batch.admitted:
                     if res.start[rid] != res.start[rid]:  # NaN: first admission
                         res.start[rid] = now
                     res.acc[rid] -= self.cum
-                final += self._iteration(new)
+                final += self._iteration(batch)
         finally:
             end_clock = clock()  # before close(): a closed clock no longer subtracts waits
             run_clock.close()
@@ -264,6 +271,7 @@ class Engine:
                 pf.stop()
             if tw is not None:
                 tw.on_charge = None
+            sched.hooks = None
         res.wall_s = end_clock
         res.preemptions = self.sched.kv.preemptions
         res.clock_excludes_cpu_wait = run_clock.exclude_cpu_wait
@@ -276,7 +284,7 @@ class Engine:
         rejected = 0
         while nxt < wl.n and wl.arrival[nxt] <= now:
             if self.sched.fits_alone(seq[nxt]):
-                self.sched.submit(nxt)
+                self.sched.add_request(nxt)
             else:
                 self.res.status[nxt] = 3
                 rejected += 1
@@ -303,10 +311,34 @@ class Engine:
         self.cum[1 + _NT + tier] += nbytes * self._share
 
     # -- one iteration ------------------------------------------------------------------------
-    def _iteration(self, new: list[int]) -> int:
-        """Run one iteration over ``new`` + running requests; returns how many completed."""
+    # -- the scheduler's hooks (SchedulerHooks) -------------------------------------------------
+    def on_admit(self, m: int, rid: int) -> None:
+        """Admissions are recorded from the batch (:meth:`run`)."""
+
+    def on_preempt(self, m: int, rid: int) -> None:
+        """Preemptions are recorded from the batch (:meth:`run`)."""
+
+    def on_first_token(self, rid: int) -> None:
+        """First tokens are recorded when sampled (:meth:`_iteration`)."""
+
+    def on_finish(self, m: int, rid: int) -> None:
+        """``rid`` finished in the current iteration."""
+        self._done.append(rid)
+
+    def hands_off(self) -> bool:
+        """The engine keeps every request to its end."""
+        return False
+
+    def on_handoff(self, m: int, rid: int, kv_tokens: int, generated: int) -> None:
+        raise AssertionError("the engine never hands a request off")
+
+    # -- one iteration ------------------------------------------------------------------------
+    def _iteration(self, batch: Batch) -> int:
+        """Run ``batch`` (its prompts' prefill, one decode step of every decoding request);
+        returns how many completed."""
         res, sched = self.res, self.sched
-        running = [r for r in sched.running if r not in set(new)]
+        new = [p.request_id for p, _ in batch.chunks]
+        running = sched.decoding(0)
         self._share = 1.0 / max(len(running) + len(new), 1)
         t_start = self.clock()
         state, plens = self._begin(new, running)
@@ -315,7 +347,7 @@ class Engine:
         if isinstance(self.weights, TieredWeights):
             self.weights.touch(computed)  # the caches see the compute's end (the simulator's)
         ctx = sum(len(self._prompts[r]) + len(res.tokens[r]) for r in running)
-        firsts, done = self._sample(state, new, running)
+        firsts = self._sample(state, new, running)
         # A token exists once it is sampled: the iteration (and its requests' first-token and
         # end times) ends after the sampling, which the engine probe then measures too.
         now = self.clock()
@@ -336,15 +368,16 @@ class Engine:
         if self.on_iteration is not None:
             self.on_iteration(record)
         res.iterations += 1
-        sched.advance(running)
         res.busy_s += now - t_start
         res.param_wait_s += wait
         self.cum[0] += wait
+        done = self._done
+        done.clear()
+        sched.complete(batch)  # finished requests free their blocks in the model's allocator
         for r in done:
             res.end[r] = now
             res.status[r] = 1
             res.acc[r] += self.cum
-            sched.finish(r)  # frees its blocks in the model's allocator
         return len(done)
 
     def _begin(self, new: list[int], running: list[int]) -> tuple[Any, list[int]]:
@@ -353,7 +386,7 @@ class Engine:
         if isinstance(self.model, DecoderModel):
             prefill = [(r, self._prefill_tokens(r)) for r in new]
             decode = [(r, self.res.tokens[r][-1]) for r in running]
-            pos = [self.sched.ctx[r] for r in running]
+            pos = [self.sched.num_computed_tokens(0, r) for r in running]
             state = self.model.begin(prefill, decode, positions=pos)
             return state, [len(toks) for _, toks in prefill]
         width = self.model.cfg.widths[0]
@@ -399,11 +432,9 @@ class Engine:
         self.run_clock.exclude(min(pf.cpu_wait() - w0, blocked))
         return self.clock() - t
 
-    def _sample(
-        self, state: Any, new: list[int], running: list[int]
-    ) -> tuple[list[int], list[int]]:
+    def _sample(self, state: Any, new: list[int], running: list[int]) -> list[int]:
         """Append each request's next token (greedy) from the iteration's logits; returns
-        the requests that got their first token and those that are complete."""
+        the requests that got their first token."""
         res, xp = self.res, self.xp
         if isinstance(self.model, DecoderModel):
             outs = [(r, state.logits_p, i) for i, r in enumerate(new)]
@@ -411,7 +442,6 @@ class Engine:
         else:
             outs = [(r, state, i) for i, r in enumerate(new)]
         firsts: list[int] = []
-        done: list[int] = []
         for r, logits, i in outs:
             row = logits[i]
             res.tokens[r].append(int(xp.argmax(row)))
@@ -419,9 +449,7 @@ class Engine:
                 res.logits[r].append(backend.to_numpy(row).copy())
             if len(res.tokens[r]) == 1:
                 firsts.append(r)
-            if len(res.tokens[r]) >= int(res.out[r]):
-                done.append(r)
-        return firsts, done
+        return firsts
 
     def _prefill_tokens(self, r: int) -> np.ndarray:
         """What request ``r`` prefills: its prompt, then the tokens it generated before a

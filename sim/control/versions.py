@@ -90,7 +90,7 @@ class VersionTracker:
         while True:
             pending = [m for m, t in enumerate(self.target) if self.node_epoch[i][m] != t]
             for m in pending:
-                if node.b_n[m] == 0 and not any(k[0] == m for k in node.ws.inflight):
+                if node.sched.num_decoding[m] == 0 and not any(k[0] == m for k in node.ws.inflight):
                     self.switch(i, m)
             if all(self.node_epoch[i][m] == t for m, t in enumerate(self.target)):
                 self._polling[i] = False
@@ -100,10 +100,10 @@ class VersionTracker:
     def switch(self, i: int, m: int) -> None:
         """Node ``i`` adopts the target epoch of model ``m``, dropping its cached chunks."""
         node = self.ctx.nodes[i]
-        if node.b_n[m] != 0 or any(k[0] == m for k in node.ws.inflight):
+        if node.sched.num_decoding[m] != 0 or any(k[0] == m for k in node.ws.inflight):
             self.report(
                 "mixed versions",
-                f"node{i} switched model {m} with {node.b_n[m]} requests running",
+                f"node{i} switched model {m} with {node.sched.num_decoding[m]} requests running",
             )
         drop_model(node.ws, m, self.ctx.env.now)
         self.node_epoch[i][m] = self.target[m]

@@ -69,7 +69,7 @@ class Disagg:
         self.gpus = gpus
         self.n_layers = [max(m.n_layers, 1) for m in ctx.models]
         n = len(blocks)
-        self.inp: list[int] = prefill[0]._inp if prefill else []
+        self.inp: list[int] = prefill[0].inp if prefill else []
         self.sched: DisaggScheduler | None = None
         #: per request: KV bytes of the transfer that landed, prompt tokens the store saved,
         #: seconds from the hand-off to the KV landing (NaN: not handed off)
@@ -103,9 +103,9 @@ class Disagg:
     def _prefill_load(self, node: ComputeNode) -> float:
         if self.cfg.prefill_routing != "kv-aware":
             return float(node.qlen + node.running)
-        left = sum(e[1] for pf in node.pf for e in pf)
+        left = sum(p.num_tokens_left for pf in node.sched.prefilling for p in pf)
         skip = node.prefix_skip
-        for per in node.queues:
+        for per in node.sched.waiting:
             for q in per:
                 left += sum(self.inp[r] - skip.get(r, 0) for r in q)
         return float(left)
@@ -145,7 +145,7 @@ class Disagg:
     def place_prefill(self, rid: int, node: ComputeNode, m: int) -> None:
         """Send ``rid`` to prefill replica ``node`` (after reading its store hits)."""
         if m < 0:
-            m = int(node._model[rid])
+            m = int(node.model_of[rid])
         delay, skip = 0.0, 0
         blocks = self.blocks[rid]
         if self.store is not None and blocks:
@@ -180,11 +180,11 @@ class Disagg:
             old = self._early.pop(rid, None)  # a flow of an earlier life (preempted, killed)
             if old is not None:
                 self.incoming[old[0].idx] -= 1
-            m = int(node._model[rid])
+            m = int(node.model_of[rid])
             dst = self.choose_decode(m, rid, node)
             if dst is None:
                 continue
-            kv_tok = self.inp[rid] + node._gen.get(rid, 0)
+            kv_tok = self.inp[rid] + node.sched.generated.get(rid, 0)
             total = self._bytes(dst, m, rid, kv_tok)
             early = total * (self.n_layers[m] - 1) // self.n_layers[m]
             ev = self.ctx.network.transfer(self._path(node, dst), early)

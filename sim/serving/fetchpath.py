@@ -13,7 +13,7 @@ Accounting: each chunk access (a layer's chunk when the layer computes) is count
 HBM hit if it was resident then; the bytes a fetch moves are charged to the tier they came
 from, per request in proportion to its share of the batch. The seconds an iteration waits for
 weights are its ``param_wait``; its busy time is the wall time of the layers, less the time the
-priority stream ran in its place while it waited (stream isolation, :func:`sim.serving.streams.lend`).
+priority stream ran in its place while it waited (stream isolation, :meth:`sim.serving.streams.Streams.lend`).
 """
 
 from __future__ import annotations
@@ -24,7 +24,6 @@ from typing import TYPE_CHECKING, Any
 import simpy
 
 from sim.serving.metrics import TIERS
-from sim.serving.streams import lend
 from sim.simenv import SimTimeout
 
 if TYPE_CHECKING:
@@ -49,8 +48,8 @@ def execute(
         met = node.ctx.metrics
         met.busy += t
         c = node.ctx.models[m].n_chunks
-        node._hits_mv[0] += c
-        node._cum_mv[m][1] += c
+        node.hits_view[0] += c
+        node.cum_view[m][1] += c
         met.accesses += c
         node.ws.touch(m, node.env.now)
     else:
@@ -76,7 +75,7 @@ def run_layers(
         cum[1 + tier] += count
         cum[1 + _NT + tier] += nbytes * share
 
-    t_start, lent = env.now, node._lent
+    t_start, lent = env.now, node.lent
     wait = 0.0
     log = met.layer_log
     per_byte = mr.prefetch_s_per_byte_at(ws.hbm.capacity)
@@ -92,7 +91,7 @@ def run_layers(
             met.accesses += nch
             # hold_pins (the real engine's order): fetch the layer, pin it, then plan the
             # prefetch, so the prefetch overlaps the compute only; else plan first
-            early = node._window and not node.hold_pins
+            early = node.window and not node.hold_pins
             pf, pf_bytes = prefetch(node, m, layer, charge) if early else ([], 0)
             # the engine's rule: resident chunks pinned first, demand chunks as they land
             held: list[int] = []
@@ -103,8 +102,8 @@ def run_layers(
                     raise AssertionError(
                         f"layer {layer} of model {m} neither resident nor in flight"
                     )
-                if node._stream is not None and node._stream[m]:  # [streams] lend the SMs
-                    yield from lend(node, ev)
+                if node.streams is not None and node.streams.stream_of[m]:  # [streams]
+                    yield from node.streams.lend(ev)  # lend the SMs
                 t0 = env.now
                 ok = yield ev
                 if ok is False:  # a link on the path dropped: back off, then retry
@@ -114,10 +113,10 @@ def run_layers(
                 ws.pin_resident(m, layer, held)  # chunks an earlier prefetch brought
             if log is not None:
                 _log_layer(node, m, layer, log)
-            if node._window:
+            if node.window:
                 lo, hi = int(mr.layer_start[layer]), int(mr.layer_start[layer + 1])
-                node._heat.record([mr.base | c for c in range(lo, hi)], env.now)
-            if node._window and node.hold_pins:
+                node.heat.record([mr.base | c for c in range(lo, hi)], env.now)
+            if node.window and node.hold_pins:
                 pf, pf_bytes = prefetch(node, m, layer, charge)
             # a calibrated engine's compute loses time to the copies it overlaps
             yield SimTimeout(env, dt + per_byte * pf_bytes if pf_bytes else dt)
@@ -129,7 +128,7 @@ def run_layers(
         elif dt > 0:
             yield SimTimeout(env, dt)
     ws.touch(m, env.now)
-    spent = env.now - t_start - (node._lent - lent)
+    spent = env.now - t_start - (node.lent - lent)
     node.busy += spent
     met.busy += spent
     met.param_wait += wait
@@ -161,9 +160,9 @@ def prefetch(
     ``prefetch_handoff_s``. Returns the fetches started and the bytes they move."""
     ws, mr = node.ws, node.ctx.models[m]
     base, ls, nl = mr.base, mr.layer_start, mr.n_layers
-    layers = [(layer + d) % nl for d in range(1, node._window + 1)]
+    layers = [(layer + d) % nl for d in range(1, node.window + 1)]
     upcoming = [[base | c for c in range(int(ls[j]), int(ls[j + 1]))] for j in layers]
-    plan = node._planner.plan(upcoming, ws.hbm, ws.inflight_keys, node.env.now)
+    plan = node.planner.plan(upcoming, ws.hbm, ws.inflight_keys, node.env.now)
     by_dist: dict[int, list[int]] = {}
     for dist, key in plan:
         by_dist.setdefault(dist, []).append(int(key) & 0xFFFFFFFF)  # type: ignore[call-overload]

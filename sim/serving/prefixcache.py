@@ -48,6 +48,7 @@ from engine.kv.allocator import KVBlockAllocator
 from engine.kv.prefix import num_blocks, shared_prefix, trace_block_keys
 
 if TYPE_CHECKING:
+    from engine.sched.scheduler import Prefill
     from sim.serving.replica import KvAccount
     from sim.serving.workload import Workload
 
@@ -169,17 +170,17 @@ class PrefixCache:
         kv.needed -= (tokens - kept * bt) * bpt
         return tokens * bpt
 
-    def computed(self, m: int, chunks: list[tuple[list[int], int]]) -> None:
-        """The prefill ``chunks`` (``([rid, left, done], tokens)`` after the iteration) ran:
-        mark the keyed blocks they completed ready for reuse."""
+    def computed(self, m: int, chunks: list[tuple[Prefill, int]]) -> None:
+        """The prefill ``chunks`` (``(request, tokens)`` after the iteration) ran: mark the
+        keyed blocks they completed ready for reuse."""
         ready, bt = self.ready[m], self.block_tokens
-        for ent, _ in chunks:
-            rid = ent[0]
+        for p, _ in chunks:
+            rid = p.request_id
             d = self._done.get(rid)
             if d is None:
                 continue
             table, keys = self._table[rid], self._keys[rid]
-            upto = min(ent[2] // bt, len(keys))
+            upto = min(p.num_computed_tokens // bt, len(keys))
             for i in range(d, upto):
                 ready[table[i]] = 1
             if upto >= len(keys):

@@ -3,31 +3,25 @@
 A replica is one copy of the served models on ``tp`` x ``pp`` GPUs (:mod:`sim.cluster` builds
 them from servers). :class:`ComputeNode` owns the replica's state, its control surface (start,
 stop, submit, abort, the KV hand-in of disaggregation) and its process: a loop that picks a
-model with work that can run and runs one turn of it, or waits for a request. The work of a
-turn lives in three modules, each a set of functions over the node's state:
+model with work that can run and runs one turn of it, or waits for a request.
 
-* :mod:`sim.serving.turn` -- one turn: batch formation (decodes, prefill chunks, admissions
-  within the token budget) and the timing of the iteration, or of a multi-step decode segment;
-* :mod:`sim.serving.replicakv` -- the replica's KV accounting: admission, block growth, preemption,
-  completion (over the engine's :class:`engine.kv.admission.KvAdmission`);
-* :mod:`sim.serving.fetchpath` -- an iteration whose weights are not all in HBM: layer by layer, with
-  demand fetches and prefetch.
+Which requests run is decided by the replica's :class:`engine.sched.scheduler.Scheduler`
+(``sched``: queues, prefilling and decoding requests, KV blocks, preemption), the engine's own
+scheduler; the node is its :class:`engine.sched.scheduler.SchedulerHooks` (metrics, trace
+events, load listeners). The node prices and times what it schedules:
 
-Per model ``m`` the replica keeps queues per class (``queues[m][c]``), its *prefilling*
-sequences in admission order (``pf[m]``: ``[rid, tokens left, tokens done]``) and its
-*decoding* batch: ``b_n[m]`` sequences, ``b_off[m]`` steps run, ``b_base[m]`` the sum of their
-context bases (a sequence's context in step ``off`` -> ``off + 1`` is ``base + off``) and
-``b_heap[m]`` their finishing steps. ``qlen`` and ``running`` count queued and running
-requests of all models.
+* :mod:`sim.serving.turn` -- one turn: the timing of the iteration, or of a multi-step decode
+  segment;
+* :mod:`sim.serving.fetchpath` -- an iteration whose weights are not all in HBM: layer by
+  layer, with demand fetches and prefetch.
 
-Several models on one replica take turns (:meth:`ComputeNode._pick`: the current one until
+Several models on one replica take turns (:meth:`ComputeNode.pick`: the current one until
 ``max_steps_per_turn`` steps are used, then round-robin), or, with stream isolation, run on two
-streams (:mod:`sim.serving.streams`).
+streams (:class:`sim.serving.streams.Streams`).
 """
 
 from __future__ import annotations
 
-from collections import deque
 from collections.abc import Callable, Generator
 from typing import Any
 
@@ -37,14 +31,13 @@ import simpy
 from engine.kv.admission import IterationKind, KvAdmission
 from engine.kv.allocator import KVBlockAllocator
 from engine.prefetch import HeatMap, PrefetchPlanner
+from engine.sched.scheduler import Scheduler
 from sim.serving.context import SimContext
-from sim.serving.metrics import N_ACC
+from sim.serving.metrics import DONE, EV_ADMIT, EV_DONE, EV_PREEMPT, N_ACC
 from sim.serving.paramstore import WeightStore
 from sim.serving.prefixcache import make_prefix_cache
-from sim.serving.replicakv import fits
-from sim.serving.replicakv import release as release_kv
 from sim.serving.segcut import SegmentCut
-from sim.serving.streams import pick_streams, stream_turn
+from sim.serving.streams import Streams
 from sim.serving.turn import turn
 
 #: the replica's KV account is the engine's admission object (one set of rules, both sides)
@@ -79,17 +72,14 @@ class ComputeNode:
         )
         rc = sc.cluster.replica
         self.max_seqs = rc.max_num_seqs
-        self.max_tokens = rc.max_num_batched_tokens
-        self.chunked = rc.chunked_prefill
         self.max_steps = rc.max_steps_per_turn
         if tokens is None:
             tokens = (wl.inp.tolist(), wl.out.tolist(), wl.cls.tolist())
-        self._inp: list[int] = tokens[0]  # per request: prompt tokens (plain ints)
-        self._out: list[int] = tokens[1]  # per request: output tokens
-        self._cls: list[int] = tokens[2]  # per request: class index
-        self._model = wl.model
-        self._init_batches(len(ctx.models), len(sc.workload.classes), sc.kv.block_tokens)
-        self._init_kv(kv_bytes, swap_bytes)
+        self.inp: list[int] = tokens[0]  # per request: prompt tokens (plain ints)
+        #: per request: its model index
+        self.model_of = wl.model
+        self._init_kv(kv_bytes, swap_bytes, tokens)
+        self._init_records(len(ctx.models))
         self._init_loop()
         self._init_streams()
         self._init_prefetch()
@@ -103,52 +93,25 @@ class ComputeNode:
         self.on_prefilled: Callable[..., None] | None = None
         self.on_prefill_iter: Callable[..., None] | None = None
         #: per queued rid: leading prompt tokens whose KV came from a store (not prefilled)
-        self.prefix_skip: dict[int, int] = {}
-        self._handed: set[int] = set()
+        self.prefix_skip: dict[int, int] = self.sched.external_computed_tokens
 
-    def _init_batches(self, nm: int, nc: int, bt: int) -> None:
-        """Queues, batches and per-request bookkeeping for ``nm`` models, ``nc`` classes and
-        blocks of ``bt`` tokens (see the module docstring)."""
-        self.queues: list[list[deque[int]]] = [[deque() for _ in range(nc)] for _ in range(nm)]
-        self.qlen = 0
-        self.running = 0
-        # decoding batch per model (see the module docstring)
-        self.b_n = [0] * nm
-        self.b_off = [0] * nm
-        self.b_base = [0.0] * nm
-        self.b_heap: list[list[tuple[int, int, int]]] = [[] for _ in range(nm)]
-        #: KV growth per model: decoding rids by the residue (mod block_tokens) of the steps at
-        #: which each needs a new block (``(1 - base) % block_tokens``: its context crosses a
-        #: block boundary then), and rids owing a block for a step already granted to the rest
-        #: (a swap-in): (rid, seqno, step)
-        self._res: list[list[dict[int, None]]] = [[{} for _ in range(bt)] for _ in range(nm)]
-        self._lag: list[list[tuple[int, int, int]]] = [[] for _ in range(nm)]
-        #: prefilling sequences per model, in admission order: [rid, tokens left, tokens done]
-        self.pf: list[list[list[int]]] = [[] for _ in range(nm)]
-        #: running sequences per model in admission order (preemption takes the last)
-        self._order: list[dict[int, None]] = [{} for _ in range(nm)]
-        #: per decoding rid: its context base (context in step off -> off + 1 = base + off)
-        self._base_of: dict[int, int] = {}
-        #: per running rid: its seqno (heap entries of an older life are skipped)
-        self._life: dict[int, int] = {}
-        self._seqno = 0
-        #: tokens generated before a preemption (recompute) / KV kept on host (swap)
-        self._gen: dict[int, int] = {}
-        self._swapped: dict[int, tuple[int, int]] = {}
+    def _init_records(self, nm: int) -> None:
+        """Per-model counters of the running requests (``cum``: what a request adds up while
+        it runs, :mod:`sim.serving.metrics`)."""
         self.cum = [np.zeros(N_ACC) for _ in range(nm)]
-        # Element views for the per-turn hit counts (a memoryview element update is the same
-        # float64 addition as numpy's, at half the cost). Invariant: these arrays are never
-        # replaced, only updated in place.
-        self._cum_mv = [c.data for c in self.cum]
-        self._hits_mv = self.ctx.metrics.tier_hits.data
+        #: element views for the per-turn hit counts (a memoryview element update is the same
+        #: float64 addition as numpy's, at half the cost). Invariant: these arrays are never
+        #: replaced, only updated in place.
+        self.cum_view = [c.data for c in self.cum]
+        self.hits_view = self.ctx.metrics.tier_hits.data
 
-    def _init_kv(self, kv_bytes: int, swap_bytes: int) -> None:
-        """The KV account over ``kv_bytes`` of blocks (the engine's allocator per model with
-        ``kv.allocator: engine``), ``swap_bytes`` of host swap space, and the prefix cache."""
+    def _init_kv(
+        self, kv_bytes: int, swap_bytes: int, tokens: tuple[list[int], list[int], list[int]]
+    ) -> None:
+        """The scheduler over a KV account of ``kv_bytes`` of blocks (the engine's allocator
+        per model with ``kv.allocator: engine``), ``swap_bytes`` of host swap space, and the
+        prefix cache."""
         sc = self.ctx.sc
-        self.swap = sc.kv.preemption == "swap"
-        self.swap_cap = swap_bytes
-        self.swap_used = 0
         self.watermark = sc.kv.admission_watermark
         allocs = None
         if sc.kv.allocator == "engine":
@@ -164,7 +127,21 @@ class ComputeNode:
             ]
         self.kv = KvAdmission(kv_bytes, sc.kv.block_tokens, allocs, self.watermark)
         # [prefix caching] None unless on and the trace names its blocks (sim/serving/prefixcache.py)
-        self.prefix = self.kv.prefix = make_prefix_cache(sc, self.wl, self.kv, self._inp)
+        self.prefix = self.kv.prefix = make_prefix_cache(sc, self.wl, self.kv, self.inp)
+        rc = sc.cluster.replica
+        self.sched = Scheduler(
+            self.kv,
+            max_num_seqs=rc.max_num_seqs,
+            max_num_batched_tokens=rc.max_num_batched_tokens,
+            chunked_prefill=rc.chunked_prefill,
+            kv_bytes_per_token=[mr.kv_bytes_per_token for mr in self.ctx.models],
+            dense=[bool(mr.is_cnn) for mr in self.ctx.models],
+            class_order=list(self.ctx.class_order),
+            num_classes=len(sc.workload.classes),
+            swap_capacity=swap_bytes if sc.kv.preemption == "swap" else 0,
+            hooks=self,
+        )
+        self.sched.set_requests(tokens[0], tokens[1], tokens[2])
 
     def _init_loop(self) -> None:
         """The process's state and the work it has done."""
@@ -178,49 +155,47 @@ class ComputeNode:
         self._up_watchers: list[Callable[[], None]] = []
         self._up = True
         #: accumulated work: busy seconds, token-budget integral (tokens x seconds), model
-        #: FLOPs, HBM bytes read, iterations, preemptions, swap bytes over PCIe
+        #: FLOPs, HBM bytes read, iterations, preemptions
         self.busy = 0.0
         self.tok_s = 0.0
         self.flops = 0.0
         self.hbm_read = 0.0
         self.iterations = 0
         self.preemptions = 0
-        self.swap_moved = 0
         #: what the running iteration runs (:func:`engine.kv.admission.iteration_kind`)
         self.kind: IterationKind = "decode"
         self._woke = False  # the next turn follows an idle spell (waited for a request)
         self.proc: simpy.Process | None = None
-        self._cur = -1
-        self._carry = 0.0
-        self._quantum = 0
+        #: the model of the current turn, and the steps it has used of its quantum
+        self.cur = -1
+        self.quantum = 0
+        #: the rest of a decode step cut short, run before the next iteration
+        self.carry = 0.0
 
     def _init_streams(self) -> None:
-        """Stream isolation (``cluster.replica.streams: isolated``, :mod:`sim.serving.streams`): per
-        model its stream (0: models of protected classes, 1: the rest), or None (one stream);
-        per stream its virtual time (GPU seconds used / its share), model and quantum used."""
+        """Stream isolation (``cluster.replica.streams: isolated``,
+        :class:`sim.serving.streams.Streams`: models of protected classes on stream 0, the
+        rest on stream 1), or None (one stream)."""
         sc = self.ctx.sc
         rc = sc.cluster.replica
-        self._stream: list[int] | None = None
+        self.streams: Streams | None = None
         if rc.streams == "isolated":
             prot = set(sc.degradation.protected)
-            self._stream = [0 if d.cls in prot else 1 for d in sc.deployments]
-        self._share: tuple[float, float] = (rc.stream_share, 1.0 - rc.stream_share)
-        self._vt: list[float] = [0.0, 0.0]
-        self._s_last: list[int] = [-1, -1]
-        self._s_quant: list[int] = [0, 0]
+            stream_of = [0 if d.cls in prot else 1 for d in sc.deployments]
+            self.streams = Streams(self, stream_of, rc.stream_share)
         #: seconds the priority stream ran while a non-priority iteration waited for weights
-        self._lent: float = 0.0
+        self.lent: float = 0.0
 
     def _init_prefetch(self) -> None:
         """The prefetch window (0: off), order and planner of the fetch path (sim.serving.fetchpath)."""
         pre = self.ctx.sc.prefetch
-        self._window = pre.window_batches if pre.enabled else 0
+        self.window = pre.window_batches if pre.enabled else 0
         #: the real engine's prefetch order (scenario field ``prefetch.order``): fetch and pin
         #: a layer, then plan the next layers' prefetch, and keep the layer pinned until that
         #: prefetch has landed
         self.hold_pins = pre.order == "after-pin"
-        self._heat = HeatMap(half_life=pre.heat_half_life)
-        self._planner = PrefetchPlanner(window_batches=max(self._window, 1), heat=self._heat)
+        self.heat = HeatMap(half_life=pre.heat_half_life)
+        self.planner = PrefetchPlanner(window_batches=max(self.window, 1), heat=self.heat)
 
     # -- control ------------------------------------------------------------------------------
     def start(self) -> None:
@@ -250,8 +225,19 @@ class ComputeNode:
         self._up_watchers.append(fn)
 
     @property
+    def qlen(self) -> int:
+        """Queued requests, all models."""
+        return self.sched.num_waiting
+
+    @property
+    def running(self) -> int:
+        """Running requests (prefilling or decoding), all models."""
+        return self.sched.num_running
+
+    @property
     def load(self) -> int:
-        return self.qlen + self.running
+        sched = self.sched
+        return sched.num_waiting + sched.num_running
 
     @property
     def max_batch(self) -> int:
@@ -261,20 +247,26 @@ class ComputeNode:
     def oldest_wait(self, now: float) -> float:
         """How long the longest-waiting queued request has waited."""
         arr = self.ctx.metrics.arrival
-        heads = [q[0] for per in self.queues for q in per if q]
+        heads = [q[0] for per in self.sched.waiting for q in per if q]
         return now - float(min(arr[r] for r in heads)) if heads else 0.0
 
     def submit(self, rid: int, m: int = -1) -> None:
         """Queue request ``rid`` (of model ``m``; -1: look it up); wake the process or cut a
         fast segment short if it could join."""
         if m < 0:
-            m = int(self._model[rid])
-        self.queues[m][self._cls[rid]].append(rid)
-        self.qlen += 1
+            m = int(self.model_of[rid])
+        self.sched.add_request(rid, m)
+        self._wake_for(m)
+
+    def _wake_for(self, m: int) -> None:
+        """A request of model ``m`` was queued: wake the process, or cut a fast segment short
+        if the request could join it."""
         if self.wake is not None:
             if not self.wake.triggered:
                 self.wake.succeed()
-        elif self.seg_model >= 0 and (self.seg_model != m or self.b_n[m] < self.max_seqs):
+        elif self.seg_model >= 0 and (
+            self.seg_model != m or self.sched.num_decoding[m] < self.max_seqs
+        ):
             self.seg_model = -1
             assert self.proc is not None and self.seg_ev is not None
             SegmentCut(self.proc, self.seg_ev)
@@ -283,44 +275,18 @@ class ComputeNode:
         """Drop every request this replica holds (a crash): release their KV and swap space,
         close their per-request counters, and return them (queued first, then running)."""
         met = self.ctx.metrics
-        held: list[int] = []
-        for per in self.queues:
-            for q in per:
-                held.extend(q)
-                q.clear()
-        self.qlen = 0
-        for m, order in enumerate(self._order):
-            bpt = self.ctx.models[m].kv_bytes_per_token
-            for rid in list(order):
-                if rid in self.kv.seqs:
-                    self.kv.give(rid, bpt)
-                met.acc[rid] += self.cum[m]
-                met.start[rid] = np.nan
-                met.first[rid] = np.nan
-                held.append(rid)
-            order.clear()
-            self.b_heap[m].clear()
-            for d in self._res[m]:
-                d.clear()
-            self._lag[m].clear()
-            self.pf[m].clear()
-            self.b_n[m] = self.b_off[m] = 0
-            self.b_base[m] = 0.0
-        for rid in held:
-            self._gen.pop(rid, None)
-            self._swapped.pop(rid, None)
-            self._handed.discard(rid)
-            self.prefix_skip.pop(rid, None)
-        self._base_of.clear()
-        self._life.clear()
-        self.swap_used = 0
-        self.running = 0
+        held, running = self.sched.abort_all()
+        for m, rid in running:
+            met.acc[rid] += self.cum[m]
+            met.start[rid] = np.nan
+            met.first[rid] = np.nan
+            held.append(rid)
         self.wake = None
         self.seg_model = -1
         self.seg_ev = None
-        self._carry = 0.0
-        self._quantum = 0
-        self._cur = -1
+        self.carry = 0.0
+        self.quantum = 0
+        self.cur = -1
         if self.on_unload is not None:
             self.on_unload(self)
         return held
@@ -329,21 +295,22 @@ class ComputeNode:
     def _run(self) -> Generator[simpy.Event, Any, None]:
         try:
             while True:
-                m = self._cur  # _pick's first case, inline: the current model keeps running
-                if self._stream is not None:
-                    m = pick_streams(self)
+                m = self.cur  # pick's first case, inline: the current model keeps running
+                streams = self.streams
+                if streams is not None:
+                    m = streams.pick()
                 elif not self.continues(m):
-                    m = self._pick()
+                    m = self.pick()
                 if m < 0:
                     self.wake = self.env.event()
                     yield self.wake
                     self.wake = None
                     self._woke = True
                     continue
-                if self._stream is not None:
-                    yield from stream_turn(self, m)
+                if streams is not None:
+                    yield from streams.turn(m)
                 else:
-                    yield from self._turn(m)
+                    yield from turn(self, m)
         except (
             simpy.Interrupt
         ) as intr:  # killed (sim.control.degrade.kill_node cleans the state up)
@@ -356,59 +323,98 @@ class ComputeNode:
         running sequences or prompt chunks (:func:`sim.serving.turn.turn` loops on it)."""
         return (
             m >= 0
-            and m == self._cur
-            and self._stream is None
-            and self._quantum < self.max_steps
-            and bool(self.b_n[m] or self.pf[m])
+            and m == self.cur
+            and self.streams is None
+            and self.quantum < self.max_steps
+            and bool(self.sched.num_decoding[m] or self.sched.prefilling[m])
         )
 
-    def _head(self, m: int) -> int:
-        for c in self.ctx.class_order:
-            q = self.queues[m][c]
-            if q:
-                return q[0]
-        return -1
-
-    def _runnable(self, m: int) -> bool:
+    def runnable(self, m: int) -> bool:
         """Whether model ``m`` has work that can run now: running sequences, or a queued head
         whose blocks fit."""
-        if self.b_n[m] or self.pf[m]:
-            return True
-        h = self._head(m)
-        return h >= 0 and fits(self, h, m)
+        return self.sched.can_run(m)
 
-    def _pick(self) -> int:
+    def pick(self) -> int:
         """The model to run next: the current one until its quantum of ``max_steps_per_turn``
         steps is used up (switching models is what evicts weights), then round-robin."""
-        cur = self._cur
-        if cur >= 0 and self._quantum < self.max_steps and self._runnable(cur):
+        cur = self.cur
+        can_run = self.sched.can_run
+        if cur >= 0 and self.quantum < self.max_steps and can_run(cur):
             return cur
-        nm = len(self.b_n)
+        nm = len(self.sched.num_decoding)
         for i in range(1, nm + 1):
             m = (cur + i) % nm
-            if self._runnable(m):
+            if can_run(m):
                 if m != cur:
-                    self._quantum = 0
-                    self._cur = m
-                elif self._quantum >= self.max_steps:
-                    self._quantum = 0
+                    self.quantum = 0
+                    self.cur = m
+                elif self.quantum >= self.max_steps:
+                    self.quantum = 0
                 return m
         return -1
 
-    def _turn(self, m: int) -> Generator[simpy.Event, Any, None]:
+    def turn(self, m: int) -> Generator[simpy.Event, Any, None]:
         """One turn of model ``m`` (:func:`sim.serving.turn.turn`)."""
         return turn(self, m)
 
-    # -- KV hand-off (disaggregation) -----------------------------------------------------------
-    def release(self, m: int, rid: int) -> None:
-        """Drop running sequence ``rid`` (not decoding) without finishing it: free its blocks
-        and close its per-request counters (a prefill replica handing it off)."""
-        release_kv(self, m, rid)
+    # -- the scheduler's hooks: the records of admissions, preemptions, tokens, completions --
+    def on_admit(self, m: int, rid: int) -> None:
+        """``rid`` was admitted: its start (the first time) and its counters open."""
+        met = self.ctx.metrics
+        now = self.env.now
+        v = met.start[rid]
+        if v != v:  # NaN: never started before (a float test, no numpy call)
+            met.start[rid] = now
+        row = met.acc[rid]  # a view: subtract in place
+        row -= self.cum[m]
+        self.ctx.trace.rec(now, EV_ADMIT, rid, self.idx)
 
+    def on_preempt(self, m: int, rid: int) -> None:
+        """``rid`` was preempted: its counters close until it runs again."""
+        met = self.ctx.metrics
+        self.preemptions += 1
+        met.acc[rid] += self.cum[m]
+        met.n_preempted += 1
+        self.ctx.trace.rec(self.env.now, EV_PREEMPT, rid, self.idx)
+
+    def on_first_token(self, rid: int) -> None:
+        """``rid``'s prefill ran: its first token now (unless recomputed after a preemption)."""
+        first = self.ctx.metrics.first
+        v = first[rid]
+        if v != v:  # NaN: no first token yet
+            first[rid] = self.env.now
+
+    def on_finish(self, m: int, rid: int) -> None:
+        """``rid`` is done: close its counters, record it, and tell the listeners
+        (``on_unload``, the cluster's ``on_complete``)."""
+        ctx = self.ctx
+        met = ctx.metrics
+        now = self.env.now
+        met.end[rid] = now
+        row = met.acc[rid]  # a view: add in place
+        row += self.cum[m]
+        met.finish(rid, DONE)
+        ctx.trace.rec(now, EV_DONE, rid, self.idx)
+        if self.on_unload is not None:
+            self.on_unload(self)
+        if ctx.on_complete is not None:
+            ctx.on_complete(rid)
+
+    def hands_off(self) -> bool:
+        """Whether prefilled requests leave (a disaggregated prefill replica)."""
+        return self.role == "prefill" and self.on_prefilled is not None
+
+    def on_handoff(self, m: int, rid: int, kv_tokens: int, generated: int) -> None:
+        """``rid`` left after its prefill: close its counters and hand it to ``on_prefilled``."""
+        row = self.ctx.metrics.acc[rid]  # a view: add in place
+        row += self.cum[m]
+        assert self.on_prefilled is not None
+        self.on_prefilled(self, m, rid, kv_tokens, generated)
+
+    # -- KV hand-off (disaggregation) -----------------------------------------------------------
     def accept_kv(self, rid: int, m: int, kv_tokens: int, generated: int) -> None:
         """Queue ``rid`` whose ``kv_tokens`` of KV arrived from a prefill replica
         (``generated`` tokens sampled there): admitted like a swapped-in sequence (its blocks
         taken, no prefill, no PCIe copy), it decodes from the next iteration."""
-        self._swapped[rid] = (kv_tokens, generated)
-        self._handed.add(rid)
-        self.submit(rid, m)
+        self.sched.add_handed_in(rid, m, kv_tokens, generated)
+        self._wake_for(m)

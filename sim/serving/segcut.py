@@ -13,9 +13,9 @@ when processed, if ``proc`` still waits on ``seg`` it stops waiting on it and re
 nothing happens. ``seg`` itself still fires later, with no one waiting on it, as an
 interrupted timeout does.
 
-It reads two attributes of :class:`simpy.Process` that SimPy's own ``Interruption`` uses
-(``_target``, the event the process waits on, and ``_resume``, its callback there; SimPy 4.1
-on); ``tests/sim/serving/test_segcut.py`` pins the behaviour against SimPy's interrupt.
+It reads :attr:`simpy.Process.target` (the event the process waits on) and the process's
+callback there, ``_resume``, which SimPy's own ``Interruption`` uses too (SimPy 4.1 on);
+``tests/sim/serving/test_segcut.py`` pins the behaviour against SimPy's interrupt.
 """
 
 from __future__ import annotations
@@ -53,7 +53,7 @@ class SegmentCut(Event):
 
     def _cut(self, _event: Event) -> None:
         proc, seg = self.proc, self.seg
-        if proc._target is not seg:  # the segment ended, or the process did
+        if proc.target is not seg:  # the segment ended, or the process did
             return
         seg.callbacks.remove(proc._resume)
         proc._resume(self)

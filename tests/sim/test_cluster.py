@@ -343,7 +343,7 @@ def test_random_small_clusters_keep_request_invariants(
     for node in cl.ctx.nodes:  # everything released at the end
         assert node.running == 0 and node.qlen == 0
         assert node.kv.reserved == 0 and node.kv.needed == 0
-        assert all(b == 0 for b in node.b_n) and all(b == 0.0 for b in node.b_base)
+        assert all(b == 0 for b in node.sched.num_decoding) and all(b == 0.0 for b in node.sched.context_base)
         assert node.ws.hbm.used <= node.ws.hbm.capacity
         for m, mr in enumerate(cl.ctx.models):  # O(1) residency counters match the cache
             for layer in range(mr.n_layers):

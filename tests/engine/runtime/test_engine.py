@@ -12,8 +12,8 @@ from engine.chunks import MIN_CHUNK_BYTES
 from engine.chunkstore import ChunkStore, write_model
 from engine.runtime.engine import Engine, EngineWorkload
 from engine.runtime.model import DecoderConfig, DecoderModel, DenseConfig, DenseModel
-from engine.runtime.scheduler import BatchScheduler
 from engine.runtime.weights import ResidentWeights, TieredWeights
+from engine.sched.scheduler import Scheduler
 from engine.tiers import DeviceTier, HostTier, Level, ObjectStoreTier, SsdTier, TierStack
 
 CFG = DecoderConfig("tiny", n_blocks=3, hidden=128, heads=4, kv_heads=4, ffn=256, vocab=300)
@@ -41,8 +41,8 @@ def workload(n: int = 6, gap: float = 0.0) -> EngineWorkload:
     return EngineWorkload(np.arange(n) * gap, rng.integers(5, 40, n), rng.integers(1, 6, n), seed=9)
 
 
-def sched(kvb: int, max_batch: int = 4) -> BatchScheduler:
-    return BatchScheduler(max_batch, 4096, 1 << 30, kvb, 16)
+def sched(kvb: int, max_batch: int = 4) -> Scheduler:
+    return Scheduler.single(max_batch, 4096, 1 << 30, kvb, 16)
 
 
 def test_streaming_through_the_tiers_gives_the_resident_logits(tmp_path: Path) -> None:
@@ -114,7 +114,7 @@ def test_all_resident_counts_only_hbm_hits(tmp_path: Path) -> None:
 
 def test_too_long_request_is_rejected_not_stuck(tmp_path: Path) -> None:
     rw = ResidentWeights(5, CFG.layer_bytes())
-    s = BatchScheduler(4, 4096, 40 * 16 * CFG.kv_bytes_per_token // 16, CFG.kv_bytes_per_token, 16)
+    s = Scheduler.single(4, 4096, 40 * 16 * CFG.kv_bytes_per_token // 16, CFG.kv_bytes_per_token, 16)
     wl = EngineWorkload(np.zeros(2), np.array([10, 500]), np.array([2, 2]))
     res = Engine(DecoderModel(CFG, 2048), rw, s).run(wl)
     assert res.status.tolist() == [1, 3]
@@ -125,7 +125,7 @@ def test_dense_model_serves_one_output_per_request(tmp_path: Path) -> None:
     tw = tiered(tmp_path, cfg, device_bytes=2 * sum(cfg.layer_bytes()))
     tw.warm()
     wl = EngineWorkload(np.zeros(5), np.ones(5, dtype=np.int64), np.ones(5, dtype=np.int64))
-    res = Engine(DenseModel(cfg), tw, BatchScheduler(8, 64, 1, 0, 16)).run(wl)
+    res = Engine(DenseModel(cfg), tw, Scheduler.single(8, 64, 1, 0, 16)).run(wl)
     assert res.iterations == 1 and (res.status == 1).all()
     assert all(len(t) == 1 for t in res.tokens)
 

@@ -21,6 +21,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 from engine.kv import KVBlockAllocator
+from engine.sched.scheduler import Prefill
 from sim.serving.prefixcache import PrefixCache
 from sim.serving.replica import KvAccount
 
@@ -65,8 +66,7 @@ def add(pc: PrefixCache, wl: FakeWorkload, rid: int, c: int, n: int) -> None:
 
 
 def prefill_all(pc: PrefixCache, rid: int, skip: int, n: int) -> None:
-    ent = [rid, 0, n]
-    pc.computed(0, [(ent, n - skip)])
+    pc.computed(0, [(Prefill(rid, 0, n), n - skip)])
 
 
 def test_shared_blocks_are_reserved_once_and_freed_only_when_both_holders_finish() -> None:
@@ -104,11 +104,11 @@ def test_blocks_not_yet_computed_are_shared_but_prefilled_again() -> None:
     add(pc, wl, 2, 0, 128)
     assert kv.take(1, 0, 128, BPT) == 0
     assert kv.take(2, 0, 128, BPT) == 0  # request 1 has computed nothing yet
-    pc.computed(0, [([1, 64, 64], 64)])  # request 1's first 64 tokens are done
+    pc.computed(0, [(Prefill(1, 64, 64), 64)])  # request 1's first 64 tokens are done
     add(pc, wl, 3, 0, 128)
     assert kv.take(3, 0, 128, BPT) == 64
     # a whole cached prompt still prefills its last block (logits of the last token)
-    pc.computed(0, [([1, 0, 128], 64)])
+    pc.computed(0, [(Prefill(1, 0, 128), 64)])
     add(pc, wl, 4, 0, 128)
     assert kv.take(4, 0, 128, BPT) == 128 - B
     assert pc.hit_tokens == 64 + 112 and pc.query_tokens == 4 * 128
@@ -219,7 +219,7 @@ class PrefixMachine(RuleBasedStateMachine):
             return
         done += c
         self.live[rid][3] = done
-        self.pc.computed(0, [([rid, n - done, done], c)])
+        self.pc.computed(0, [(Prefill(rid, n - done, done), c)])
         self.ready.update(keys[: done // B])
 
     @precondition(lambda self: self.live)

@@ -90,7 +90,7 @@ def test_isolation_cuts_the_high_priority_tail_and_keeps_busy_time_honest(
     assert p99["color-lru-streams"] < 0.8 * p99["color-lru"]
 
     outer = {"depth": 0, "time": 0.0}
-    turn = ComputeNode._turn
+    turn = ComputeNode.turn
 
     def timed(self: ComputeNode, m: int) -> Generator[Any, Any, None]:
         outer["depth"] += 1
@@ -100,11 +100,11 @@ def test_isolation_cuts_the_high_priority_tail_and_keeps_busy_time_honest(
         if outer["depth"] == 0:
             outer["time"] += self.env.now - t0
 
-    monkeypatch.setattr(ComputeNode, "_turn", timed)
+    monkeypatch.setattr(ComputeNode, "turn", timed)
     cl = build(runs["color-lru-streams"], 1, load_catalogue(), load_profile(sc.profile), CostModel)
     cl.run()
     node = cl.ctx.nodes[0]
-    assert node._lent > 0.5  # the high stream ran while low iterations waited for weights
+    assert node.lent > 0.5  # the high stream ran while low iterations waited for weights
     assert node.busy == pytest.approx(outer["time"], abs=1e-6)
 
 

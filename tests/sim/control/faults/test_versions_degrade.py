@@ -44,7 +44,7 @@ def test_switch_under_a_running_batch_is_reported() -> None:
     assert ctl is not None
     cl.env.run(until=0.3)
     node = cl.ctx.nodes[0]
-    node.b_n[0] = 1  # pretend a batch of model 0 is running
+    node.sched.num_decoding[0] = 1  # pretend a batch of model 0 is running
     with pytest.raises(CheckerViolation, match="mixed versions"):
         ctl.versions.switch(0, 0)
 

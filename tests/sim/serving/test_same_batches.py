@@ -1,22 +1,23 @@
-"""Engine vs simulator under KV pressure: the same arrivals give the same admissions, block
-allocations, preemptions and completions, item by item.
+"""One trace, the engine and the simulator: the same sequence of batches, and the same KV
+admissions, blocks, preemptions and completions, item by item.
 
-Both sides log through the object they share, :class:`engine.kv.admission.KvAdmission`
-(``(step, event, request, value)``; ``step`` = the model's iteration count on both sides).
+Both sides run the one replica scheduler, :class:`engine.sched.scheduler.Scheduler`, and log
+every batch it forms (``batch_log``: step, admitted, preempted, prefill chunks, decodes; the
+simulator's multi-step decode segment as one decode-only batch per step) and every KV event of
+the admission object, :class:`engine.kv.admission.KvAdmission` (``(step, event, request,
+value)``).
 
 * Engine: :class:`engine.runtime.engine.Engine` serving a small decoder (real arrays, NumPy)
   on a :class:`engine.runtime.clock.VirtualClock` (work takes no time, it sleeps exactly to
-  each arrival), with its :class:`engine.runtime.scheduler.BatchScheduler` over the model's
-  own block allocator.
+  each arrival), its scheduler's blocks in the model's own block allocator.
 * Simulator: ``sim.cluster.build`` of a one-replica scenario with the same model, token and
   sequence limits, block size and KV capacity (the engine is given the simulator's), unchunked
   prefill, recompute preemption.
 
 Arrivals come in bursts far apart (every request of a burst at the same instant), so both
 sides see the same queue at the same iterations whatever their iteration times. The
-simulator may run several decode steps as one event and take their blocks together; its log
-is in step order once sorted by step (a stable sort keeps each step's own order), which is
-the order the engine logs in.
+simulator takes a decode segment's blocks together when it ends; its KV log is in step order
+once sorted by step (a stable sort keeps each step's own order), the order the engine logs in.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ import numpy as np
 import pytest
 
 from engine.kv.admission import LogEntry
+from engine.sched.scheduler import BatchRecord
 
 BT = 16
 CAP_BLOCKS = 14
@@ -44,7 +46,7 @@ def _arrivals(seed: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
 
 def _simulator(
     tmp: Path, cfg: Any, arrivals: tuple[np.ndarray, np.ndarray, np.ndarray]
-) -> tuple[Any, list[LogEntry]]:
+) -> tuple[Any, list[LogEntry], list[BatchRecord]]:
     from hwbench.validate import sim_catalogue
     from sim.cluster import build
     from sim.scenario import validate
@@ -91,36 +93,40 @@ def _simulator(
     cl = build(sc, 0, sim_catalogue(cfg), load_profile("a100-80gb"), CostModel)
     (node,) = cl.ctx.nodes
     log: list[LogEntry] = []
+    batches: list[BatchRecord] = []
     node.kv.log = log
+    node.sched.batch_log = batches
     cl.run()
-    return cl, log
+    return cl, log, batches
 
 
 def _engine(
     cfg: Any, capacity: int, arrivals: tuple[np.ndarray, np.ndarray, np.ndarray], mp: Any
-) -> tuple[Any, list[LogEntry], Any]:
+) -> tuple[Any, list[LogEntry], list[BatchRecord], Any]:
     import engine.runtime.engine as rt
     from engine.runtime.clock import VirtualClock
     from engine.runtime.model import DecoderModel
-    from engine.runtime.scheduler import BatchScheduler
     from engine.runtime.weights import ResidentWeights
+    from engine.sched.scheduler import Scheduler
 
     t, inp, out = arrivals
     vclock = VirtualClock()
     mp.setattr(rt, "RunClock", lambda exclude_cpu_wait=False: vclock)
     log: list[LogEntry] = []
     kvb = cfg.kv_bytes_per_token
-    sched = BatchScheduler(MAX_SEQS, MAX_TOKENS, capacity, kvb, BT, log=log)
+    sched = Scheduler.single(MAX_SEQS, MAX_TOKENS, capacity, kvb, BT, log=log)
+    batches: list[BatchRecord] = []
+    sched.batch_log = batches
     weights = ResidentWeights(7, cfg.layer_bytes())
     weights.load()
     model = DecoderModel(cfg, capacity // kvb)
     eng = rt.Engine(model, weights, sched, sleep=vclock.sleep)
     res = eng.run(rt.EngineWorkload(t, inp, out, seed=3))
-    return res, log, sched
+    return res, log, batches, sched
 
 
 @pytest.mark.parametrize("seed", [1, 2])
-def test_differential_kv_preemption(
+def test_engine_and_simulator_form_the_same_batches(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, seed: int
 ) -> None:
     from engine.runtime.model import DecoderConfig
@@ -128,12 +134,29 @@ def test_differential_kv_preemption(
     # small enough that the engine's real arrays cost little (two blocks, 2 KiB KV per token)
     cfg = DecoderConfig("kv-tiny", n_blocks=2, hidden=128, heads=4, kv_heads=4, ffn=128, vocab=256)
     arrivals = _arrivals(seed)
-    cl, sim_log = _simulator(tmp_path, cfg, arrivals)
+    cl, sim_log, sim_batches = _simulator(tmp_path, cfg, arrivals)
     (node,) = cl.ctx.nodes
     capacity = node.kv.capacity
     assert capacity // (BT * cfg.kv_bytes_per_token) == CAP_BLOCKS
     assert not cl.rejected_mask().any(), "every request fits the model's context"
-    res, eng_log, sched = _engine(cfg, capacity, arrivals, monkeypatch)
+    res, eng_log, eng_batches, sched = _engine(cfg, capacity, arrivals, monkeypatch)
+
+    # the same batches, step by step
+    assert len(eng_batches) == res.iterations > 40
+    for i, (a, b) in enumerate(zip(eng_batches, sim_batches, strict=False)):
+        assert a == b, f"first difference at batch {i}: engine {a} vs simulator {b}"
+    assert len(eng_batches) == len(sim_batches) == node.iterations
+    assert [b[0] for b in eng_batches] == list(range(len(eng_batches)))
+    assert any(b[2] for b in eng_batches), "some batch preempts"
+    assert any(b[3] and b[4] for b in eng_batches), "some batch mixes prefill and decodes"
+    # the engine's iteration log says what each batch ran
+    assert [r.new for r in res.iteration_log] == [len(b[3]) for b in eng_batches]
+    assert [r.prompt_tokens for r in res.iteration_log] == [
+        sum(c for _, c in b[3]) for b in eng_batches
+    ]
+    assert [r.decode_batch for r in res.iteration_log] == [b[4] for b in eng_batches]
+
+    # the same KV events
 
     sim_sorted = sorted(sim_log, key=lambda e: e[0])
     assert len(eng_log) > 60
@@ -158,4 +181,4 @@ def test_differential_kv_preemption(
     kinds_e = [r.kind for r in res.iteration_log]
     assert kinds_e[0] == "prefill" and "mixed" in kinds_e and "decode" in kinds_e
     # both pools end empty
-    assert sched.reserved == 0 and node.kv.reserved == 0
+    assert sched.kv.reserved == 0 and node.kv.reserved == 0

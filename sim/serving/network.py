@@ -372,36 +372,40 @@ class Network:
     def _reallocate(self) -> None:
         """Recompute all rates (weighted max-min fair) and schedule the next completion.
 
-        Cost O(flows x path length) list operations plus O(links touched) heap operations per
-        call; the arithmetic (and so every rate, bit for bit) is the plain progressive filling
-        described in :meth:`_fill`. Each link's ``rate`` is the sum of its flows' rates added
-        in flow start order.
+        Cost O(flows x path length) list and dict operations plus O(links crossed) heap
+        operations per call, where "links crossed" are the links some active flow uses:
+        nothing here scales with the network's total number of links (a cluster's idle
+        links cost nothing). The arithmetic (and so every rate, bit for bit) is the plain
+        progressive filling described in :meth:`_fill`. Each link's ``rate`` is the sum of
+        its flows' rates added in flow start order.
         """
         flows = list(self._flows.values())
         links = self._link_list
-        residual = [lk.bandwidth if lk.up else 0.0 for lk in links]  # shared across classes
+        local: dict[int, int] = {}  # network link index -> position in ``crossed``
+        crossed: list[Link] = []  # the links the active flows use, in first-use order
+        residual: list[float] = []  # by position in ``crossed``; shared across classes
         if self.priority_mode == "strict":
             classes = sorted({f.priority for f in flows})
             for cls in classes:
-                self._fill([f for f in flows if f.priority == cls], residual)
+                self._fill([f for f in flows if f.priority == cls], residual, local, links, crossed)
         else:
-            self._fill(flows, residual)
-        link_rate = [0.0] * len(links)
+            self._fill(flows, residual, local, links, crossed)
+        link_rate = [0.0] * len(crossed)
         soonest: float | None = None
         for flow in flows:
             rate = flow.rate
             if rate > 0:
                 for j in flow.lix:
-                    link_rate[j] += rate
+                    link_rate[local[j]] += rate
                 t = flow.remaining / rate
                 if soonest is None or t < soonest:
                     soonest = t
         for link in self._busy:
             link.rate = 0.0
         busy: dict[Link, None] = {}
-        for j, total in enumerate(link_rate):
+        for k, total in enumerate(link_rate):
             if total > 0:
-                link = links[j]
+                link = crossed[k]
                 link.rate = total
                 busy[link] = None
         self._busy = busy
@@ -412,7 +416,13 @@ class Network:
             SimTimeout(self.env, max(0.0, soonest)).callbacks.append(partial(self._timer_cb, gen))
 
     @staticmethod
-    def _fill(flows: list[_Flow], residual: list[float]) -> None:
+    def _fill(
+        flows: list[_Flow],
+        residual: list[float],
+        local: dict[int, int],
+        links: list[Link],
+        crossed: list[Link],
+    ) -> None:
         """Progressive filling: raise all unfrozen flows' rates in proportion to their
         weights until a link saturates; freeze the flows crossing it; repeat.
 
@@ -423,11 +433,16 @@ class Network:
         bit; with classes, a link's residual loses ``w * k * share`` at once instead of
         ``w * share`` k times (the same allocation up to float rounding).
 
-        ``residual[i]`` is the capacity left on the link with ``_idx == i`` (its bandwidth,
-        or 0 while down, before any class is filled); it is updated in place, so strict
-        priority classes can fill one after another. Every flow in ``flows`` gets its
-        ``rate``. Links are addressed by index (``_Flow.lix``), so the loops below do list
-        indexing only.
+        Links are numbered compactly: ``local`` maps a network link index (``_Flow.lix``,
+        into ``links``) to its position in ``crossed``, the links met so far in first-use
+        order; a link met here for the first time is appended to ``crossed`` and gets
+        ``residual`` = its bandwidth, or 0 while down. ``residual[k]`` is the capacity left
+        on ``crossed[k]``; it is updated in place, so strict priority classes can fill one
+        after another. Every flow in ``flows`` gets its ``rate``. Renumbering never changes
+        a rate: the filling below orders links by first use and breaks ties by push order,
+        never by link number. Cost O(flows + classes x path length) here, then
+        :func:`sim.serving.maxmin.fill_classes` over the classes and the links they cross
+        only.
 
         Links wait in a heap keyed by their fair share per unit weight (residual / unfrozen
         weight), updated lazily as classes freeze: cost O(flows + (classes x path length) +
@@ -450,7 +465,16 @@ class Network:
             c = pos.get(flow.cls)
             if c is None:
                 c = pos[flow.cls] = len(paths)
-                paths.append(flow.lix)
+                lpath: list[int] = []
+                for j in flow.lix:
+                    k = local.get(j)
+                    if k is None:
+                        k = local[j] = len(crossed)
+                        link = links[j]
+                        crossed.append(link)
+                        residual.append(link.bandwidth if link.up else 0.0)
+                    lpath.append(k)
+                paths.append(tuple(lpath))
                 unit.append(flow.weight)
                 mult.append(1)
             else:

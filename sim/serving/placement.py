@@ -9,6 +9,15 @@ Placement policies form one registry (``PLACEMENTS``): a policy is a class with
 * ``score`` -- lowest ``w_load * load/max_batch + w_fragmentation * kv_fragmentation +
   w_pcie * pcie_utilisation - w_affinity * share_of_model_resident_in_hbm`` (ties: index).
 
+Cost per request (the complexity contract; none of it grows with the cluster but ``score``):
+``random``, ``round-robin`` O(1); ``least-loaded`` O(log n) amortised (a heap of loads, see
+:class:`LeastLoaded`); the live-node list is cached by the :class:`Scheduler` until a node
+goes up or down (O(n) once per such change, not per request); the degradation check reads
+the chosen node only, O(1). ``score`` is O(n) per request by its definition: its terms (PCIe
+utilisation at ``now``, KV fragmentation, affinity) move with time and with every transfer,
+so no index keeps the same answer; it is the one placement whose cost grows with the
+cluster.
+
 Degradation (R11): the cluster is *overloaded* for a request when its chosen node's queue
 holds ``queue_per_node`` requests or its oldest queued request has waited ``max_wait``.
 Then a request of a non-protected class is shed (``action: shed``) or parked in a holding
@@ -132,6 +141,9 @@ class LeastLoaded(Placement):
 
 @register("score")
 class ScorePlacement(Placement):
+    """The lowest score over ``nodes`` (ties: the earliest); O(len(nodes)) per choice (see
+    the module docstring: its terms change continuously, so every node is scored)."""
+
     def choose(self, model: int, nodes: list[ComputeNode], now: float) -> ComputeNode:
         c = self.ctx.sc.scheduler
         best, best_s = nodes[0], float("inf")

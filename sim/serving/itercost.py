@@ -75,8 +75,17 @@ def iteration_cost(
     (op tables for a decoder on a profile with ``ops``, else the roofline); a replica wider
     than ``gpus_per_server`` runs its collectives over the NIC. Raises
     :class:`engine.errors.InputError` for a ``tp`` the model's heads cannot be split by, and
-    ValueError for sizes below 1."""
+    ValueError for sizes below 1; :class:`engine.errors.InputError` for a mixture-of-experts
+    or MLA model (not priced yet: docs/models.md)."""
     from sim.serving.roofline import roofline_pass
+
+    if model.n_experts or model.mla:
+        from engine.errors import InputError
+
+        raise InputError(
+            f"model {model.name!r}: mixture-of-experts and MLA pricing is not available yet "
+            "(the catalogue describes the model; docs/models.md)"
+        )
 
     roof = roofline_pass(profile, model, tp=tp, pp=pp, gpus_per_server=gpus_per_server)
     if profile.ops is not None and model.kind == "decoder":

@@ -222,7 +222,10 @@ def entry_from_config(
     shape |= _mlp(f, family, n_layers)
     shape["vocab"] = f.int("vocab_size")
     shape["tie_embeddings"] = f.flag("tie_word_embeddings")
-    shape = {k: v for k, v in shape.items() if v or k == "tie_embeddings"}
+    defaults = {"moe_layer_step": 1}  # and every false flag or 0
+    shape = {
+        k: v for k, v in shape.items() if k == "tie_embeddings" or (v and defaults.get(k) != v)
+    }
     dtype_bytes, why = _dtype(cfg, dtype)
     entry: dict[str, Any] = {"name": name, "kind": "decoder", "dtype_bytes": dtype_bytes}
     if dtype_bytes == 1:
@@ -272,7 +275,7 @@ def catalogue_text(entries: list[dict[str, Any]]) -> str:
     """Catalogue YAML of ``entries`` (a complete file: ``models:`` and the entries, each
     shape on one flow-style mapping)."""
     return str(
-        yaml.safe_dump({"models": entries}, sort_keys=False, default_flow_style=None, width=100)
+        yaml.safe_dump({"models": entries}, sort_keys=False, default_flow_style=None, width=76)
     )
 
 

@@ -150,6 +150,15 @@ class ModelSpec(BaseModel):
             for ly in self.layers
         )
 
+    def touched_expert_bytes(self, tokens: int) -> float:
+        """Expected routed-expert weight bytes a pass of ``tokens`` tokens reads, all layers:
+        per expert layer :func:`expected_experts` of its experts, each ``expert_bytes``."""
+        return sum(
+            expected_experts(ly.experts, self.top_k, tokens) * ly.expert_bytes
+            for ly in self.layers
+            if ly.experts
+        )
+
     @property
     def param_bytes(self) -> int:
         """Total parameter bytes."""
@@ -183,6 +192,20 @@ class ModelSpec(BaseModel):
     def layer_bytes(self) -> list[int]:
         """Parameter bytes per layer, in order (input for :func:`engine.chunks.chunk_model`)."""
         return [layer.param_bytes for layer in self.layers]
+
+
+def expected_experts(n_experts: int, top_k: int, tokens: int) -> float:
+    """Expected distinct experts ``tokens`` tokens route to when each picks ``top_k`` of
+    ``n_experts`` uniformly at random: ``E * (1 - (1 - k/E) ** T)`` (an expert escapes one
+    token with probability ``1 - k/E``); at least ``k`` and at most ``min(E, T * k)``. 0
+    without experts or tokens."""
+    if n_experts <= 0 or tokens <= 0 or top_k <= 0:
+        return 0.0
+    k = min(top_k, n_experts)
+    if k == n_experts:
+        return float(n_experts)
+    expected = -n_experts * math.expm1(tokens * math.log1p(-k / n_experts))
+    return float(min(max(expected, k), n_experts, tokens * k))  # the bounds despite rounding
 
 
 # -- shapes ------------------------------------------------------------------------------------
@@ -607,7 +630,7 @@ def load_catalogue(extra_path: str | Path | None = None) -> dict[str, ModelSpec]
     if extra_path is not None:
         from sim.serving import hfconfig
 
-        raw = read_mapping(extra_path, "model catalogue", fmt="yaml")  # JSON is YAML too
+        raw = read_mapping(extra_path, "model catalogue")  # .json: JSON, else YAML
         if hfconfig.is_hf_config(raw):
             name = hfconfig.default_name(extra_path)
             raw = {"models": [hfconfig.entry_from_config(raw, name, source=str(extra_path))]}

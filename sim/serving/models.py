@@ -2,10 +2,14 @@
 
 The shipped catalogue (``sim/data/models.yaml``) describes LLaMA-2-7B/13B/70B, Llama-3.1-8B/
 70B/405B and Qwen3-32B decoders (each Llama-3.1 and Qwen3 model also as an ``-fp8`` entry with
-1-byte weights) and ResNet-34/50/101 by their public shapes; :func:`load_catalogue` expands each
-shape into a :class:`ModelSpec` with one :class:`LayerSpec` per execution layer. A user YAML file
-of the same schema (the scenario field ``catalogue``) adds models or replaces shipped ones of
-the same name.
+1-byte weights), the mixture-of-experts DeepSeek-V3 (MLA), Qwen3-235B-A22B, Qwen3-30B-A3B,
+Mixtral-8x7B and gpt-oss-120b, and ResNet-34/50/101, by their public shapes;
+:func:`load_catalogue` expands each shape into a :class:`ModelSpec` with one
+:class:`LayerSpec` per execution layer (:func:`block_count` is the one count of a decoder
+block's weights). A user file of the same schema, or a Hugging Face ``config.json``
+(:mod:`sim.serving.hfconfig`), adds models or replaces shipped ones of the same name.
+docs/models.md describes every field, how each architecture becomes layers and what is
+approximated.
 
 Two byte widths are kept apart: ``dtype_bytes`` is the width of a stored weight (2: bf16/fp16,
 1: fp8) and ``kv_dtype_bytes`` the width of a cached K or V element (null: the weights' width).
@@ -22,6 +26,10 @@ YAML schema (unknown keys are errors)::
         max_context: 131072         # context window in tokens; 0: not stated
         shape: {family: llama, n_layers: 32, hidden: 4096, heads: 32, kv_heads: 8,
                 head_dim: 128, ffn: 14336, vocab: 128256, tie_embeddings: false}
+      - name: my-moe                # mixture of experts (and MLA: kv_lora_rank, ...)
+        kind: decoder
+        shape: {family: mixtral, n_layers: 32, hidden: 4096, heads: 32, kv_heads: 8,
+                n_experts: 8, top_k: 2, moe_ffn: 14336, vocab: 32000}
       - name: my-cnn
         kind: cnn
         dtype_bytes: 4
@@ -38,9 +46,11 @@ YAML schema (unknown keys are errors)::
           - {name: block0, param_bytes: "24MiB", flops_per_token: 2.5e7, attention: true}
 
 Conventions: FLOPs count a multiply-accumulate as 2 FLOPs. A decoder layer's
-``flops_per_token`` covers its weight matmuls only; attention over the context (score and
-value products, ``4 * head_dim * heads`` FLOPs per context token per attention layer) depends
-on the context length and is added by the cost model. Embedding lookups cost no FLOPs. For
+``flops_per_token`` covers its weight matmuls only, and of an expert layer only the router,
+the ``top_k`` routed experts and the shared experts a token runs (its ``param_bytes`` hold
+every expert); attention over the context (score and value products, ``4 * head_dim *
+heads`` FLOPs per context token per attention layer) depends on the context length and is
+added by the cost model. Embedding lookups cost no FLOPs. For
 ResNets the widely quoted "4.1 GFLOPs" of ResNet-50 is in multiply-accumulates; here
 ``flops_per_sample`` is about 8.2e9. Parameter counts include batch-norm scale and shift (not
 running statistics), matching torchvision's counts.

@@ -274,7 +274,11 @@ def test_cli_prints_a_catalogue_and_appends(tmp_path: Path) -> None:
     assert res.exit_code == 2 and "nope.json" in res.output
 
 
-def test_cost_refuses_moe_with_a_clear_message() -> None:
-    res = runner.invoke(app, ["cost", "--model", "mixtral-8x7b"])
+def test_cost_prices_moe_by_roofline_and_refuses_mla() -> None:
+    res = runner.invoke(app, ["cost", "--model", "mixtral-8x7b", "--tp", "2", "--json"])
+    assert res.exit_code == 0, res.output
+    out = json.loads(res.output.strip().splitlines()[-1])
+    assert out["seconds"] > 0 and set(out["sources"].values()) <= {"roofline", "not run"}
+    res = runner.invoke(app, ["cost", "--model", "deepseek-v3", "--tp", "8"])
     assert res.exit_code == 2
-    assert "mixture-of-experts and MLA pricing is not available yet" in res.output
+    assert "MLA (multi-head latent attention) pricing is not available yet" in res.output

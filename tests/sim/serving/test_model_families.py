@@ -4,6 +4,7 @@ bytes, active FLOPs and KV bytes, checked against independent arithmetic."""
 
 from __future__ import annotations
 
+import itertools
 import json
 
 import pytest
@@ -14,7 +15,9 @@ from pdsim.cli import app
 from sim.serving.costmodel import load_profile
 from sim.serving.itercost import iteration_cost
 from sim.serving.models import ModelSpec, load_catalogue, parse_catalogue
+from sim.serving.moeroofline import MoeRoofline
 from sim.serving.opcost import DecoderShape
+from sim.serving.roofline import roofline_pass
 
 runner = CliRunner()
 
@@ -130,13 +133,48 @@ def test_inconsistent_moe_and_mla_shapes_name_the_entry(shape: str, match: str) 
         one(shape)
 
 
-def test_moe_is_refused_by_the_cost_models_not_priced_dense() -> None:
+def test_moe_gets_the_touched_expert_roofline_and_mla_is_refused() -> None:
     m = one(MIXTRAL)
-    for profile in ("h200-sxm-vllm", "h200-sxm"):  # op tables, roofline
-        with pytest.raises(InputError, match="mixture-of-experts and MLA pricing"):
-            iteration_cost(load_profile(profile), m)
+    for profile in ("h200-sxm-vllm", "h200-sxm"):  # op tables or not: the MoE roofline
+        assert isinstance(iteration_cost(load_profile(profile), m), MoeRoofline)
     with pytest.raises(InputError, match="not available yet"):
-        DecoderShape.from_model(m)
+        DecoderShape.from_model(m)  # the op tables do not price experts
+    mla = one("family: deepseek_v3, n_layers: 1, hidden: 64, heads: 4, ffn: 8, vocab: 9, "
+              "kv_lora_rank: 16, qk_rope_head_dim: 4, v_head_dim: 8")  # fmt: skip
+    with pytest.raises(InputError, match=r"MLA .*pricing is not available yet"):
+        iteration_cost(load_profile("h200-sxm"), mla)
+
+
+def without_experts(m: ModelSpec, experts_read: float) -> ModelSpec:
+    """``m`` with every expert layer's bytes cut to ``experts_read`` experts (the reference)."""
+    layers = []
+    for ly in m.layers:
+        cut = ly.experts * ly.expert_bytes - round(experts_read * ly.expert_bytes)
+        layers.append(ly.model_copy(update={"param_bytes": ly.param_bytes - cut}))
+    return m.model_copy(update={"layers": layers})
+
+
+def test_moe_roofline_reads_the_experts_a_batch_touches(cat) -> None:
+    prof = load_profile("h200-sxm")
+    m = cat["qwen3-30b-a3b"]  # 128 experts, top 8, 48 expert layers
+    cost = iteration_cost(prof, m, tp=2, gpus_per_server=8)
+    c8, k8, f8, b8 = cost.work(0, 0.0, 0, 8, 8 * 1024.0)
+    # 8 tokens x top-8 of 128: 128 * (1 - (120/128)^8) = 51.6 experts per layer, < 8 * 8
+    touched = 128 * (1 - (120 / 128) ** 8)
+    ref = roofline_pass(prof, without_experts(m, touched), tp=2, gpus_per_server=8)
+    assert b8 == pytest.approx(ref.work(0, 0.0, 0, 8, 8 * 1024.0)[3], rel=1e-9)
+    upper = roofline_pass(prof, without_experts(m, 64), tp=2, gpus_per_server=8)
+    assert b8 < upper.work(0, 0.0, 0, 8, 8 * 1024.0)[3]
+    # FLOPs count the top-k experts whatever the batch touches: the plain roofline's
+    full = roofline_pass(prof, m, tp=2, gpus_per_server=8)
+    assert f8 == full.work(0, 0.0, 0, 8, 8 * 1024.0)[2]
+    # a large batch touches every expert: the whole model's weights
+    big = (4096, 4096.0**2, 1, 0, 0.0)
+    assert cost.work(*big)[3] == pytest.approx(full.work(*big)[3], rel=1e-6)
+    # more tokens never read fewer bytes or take less time
+    prices = [cost.work(0, 0.0, 0, n, n * 1024.0) for n in (1, 2, 8, 64, 512)]
+    assert all(a[3] <= b[3] and a[0] <= b[0] for a, b in itertools.pairwise(prices))
+    assert sum(s for _, s, _ in cost.breakdown(0, 0.0, 0, 8, 8 * 1024.0)) == pytest.approx(c8 + k8)
 
 
 def test_dense_entries_expand_as_before(cat) -> None:

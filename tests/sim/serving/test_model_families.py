@@ -8,6 +8,8 @@ import itertools
 import json
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from typer.testing import CliRunner
 
 from engine.errors import InputError
@@ -184,3 +186,67 @@ def test_dense_entries_expand_as_before(cat) -> None:
         if m.kind == "decoder" and not m.n_experts:
             assert all(ly.experts == 0 == ly.expert_bytes for ly in m.layers)
             assert m.active_param_bytes == m.param_bytes and m.top_k == 0
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    n=st.integers(1, 6),
+    hidden=st.integers(4, 64),
+    heads_kv=st.sampled_from([(4, 4), (4, 2), (8, 1)]),
+    hd=st.sampled_from([4, 8]),
+    ek=st.sampled_from([(4, 1), (8, 2), (16, 4)]),
+    moe_ffn=st.integers(1, 50),
+    ffn=st.integers(1, 50),
+    shared=st.integers(0, 40),
+    first=st.integers(0, 3),
+    step=st.integers(1, 3),
+    flags=st.tuples(*[st.booleans()] * 6),
+)
+def test_moe_shapes_match_reference(
+    n: int,
+    hidden: int,
+    heads_kv: tuple[int, int],
+    hd: int,
+    ek: tuple[int, int],
+    moe_ffn: int,
+    ffn: int,
+    shared: int,
+    first: int,
+    step: int,
+    flags: tuple[bool, ...],
+) -> None:
+    """Parameters, active FLOPs and expert layers of random MoE shapes against the
+    arithmetic written out here."""
+    heads, kv = heads_kv
+    e, k = ek
+    qkv_bias, o_bias, sinks, qk_norm, rbias, ebias = flags
+    first = min(first, n)
+    shape = (
+        f"family: llama, n_layers: {n}, hidden: {hidden}, heads: {heads}, kv_heads: {kv}, "
+        f"head_dim: {hd}, ffn: {ffn}, vocab: 7, n_experts: {e}, top_k: {k}, "
+        f"moe_ffn: {moe_ffn}, first_dense_layers: {first}, moe_layer_step: {step}, "
+        f"qkv_bias: {str(qkv_bias).lower()}, o_bias: {str(o_bias).lower()}, "
+        f"attention_sinks: {str(sinks).lower()}, qk_norm: {str(qk_norm).lower()}, "
+        f"router_bias: {str(rbias).lower()}, expert_bias: {str(ebias).lower()}"
+    )
+    if shared:
+        shape += f", n_shared_experts: 1, shared_ffn: {shared}"
+    m = one(shape)
+    attn_w = 2 * hidden * heads * hd + 2 * hidden * kv * hd
+    extra = 2 * hidden + qk_norm * 2 * hd + qkv_bias * (heads + 2 * kv) * hd
+    extra += o_bias * hidden + sinks * heads
+    total = 2 * 7 * hidden + hidden
+    for i in range(n):
+        moe = i >= first and (i + 1) % step == 0
+        layer = m.layers[1 + i]
+        if moe:
+            one_expert = 3 * hidden * moe_ffn + ebias * (2 * moe_ffn + hidden)
+            mlp = e * one_expert + hidden * e + rbias * e + 3 * hidden * shared
+            active = hidden * e + k * 3 * hidden * moe_ffn + 3 * hidden * shared
+            assert (layer.experts, layer.expert_bytes) == (e, 2 * one_expert)
+        else:
+            mlp = active = 3 * hidden * ffn
+            assert layer.experts == 0
+        assert layer.flops_per_token == 2.0 * (attn_w + active)
+        total += attn_w + extra + mlp
+    assert m.param_count == total

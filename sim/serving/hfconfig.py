@@ -52,7 +52,7 @@ class _Fields:
     def _err(self, key: str, why: str) -> InputError:
         return InputError(why, source=self.source, where=self.prefix + key)
 
-    def int(self, key: str, default: int | None = None, low: int = 1) -> int:
+    def integer(self, key: str, default: int | None = None, low: int = 1) -> int:
         """The integer ``key`` (>= ``low``); ``default`` when absent or null (required if None)."""
         value = self.cfg.get(key)
         if value is None:
@@ -109,24 +109,24 @@ def _text_config(cfg: Mapping[str, Any], source: str) -> tuple[_Fields, str]:
 
 def _attention(f: _Fields, family: str) -> dict[str, Any]:
     """The attention fields of the shape (GQA or MLA)."""
-    heads = f.int("num_attention_heads")
+    heads = f.integer("num_attention_heads")
     out: dict[str, Any] = {"heads": heads}
     if family == "deepseek_v3":
-        out["q_lora_rank"] = f.int("q_lora_rank", default=0, low=0)
+        out["q_lora_rank"] = f.integer("q_lora_rank", default=0, low=0)
         for key in ("kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim"):
-            out[key] = f.int(key, low=0 if key == "qk_nope_head_dim" else 1)
+            out[key] = f.integer(key, low=0 if key == "qk_nope_head_dim" else 1)
         return out
-    out["kv_heads"] = f.int("num_key_value_heads", default=heads)
+    out["kv_heads"] = f.integer("num_key_value_heads", default=heads)
     head_dim = f.cfg.get("head_dim")
     if head_dim is not None:
-        out["head_dim"] = f.int("head_dim")
+        out["head_dim"] = f.integer("head_dim")
     bias = f.flag("attention_bias", default=family == "gpt_oss")
     out["qkv_bias"] = bias or family == "qwen2"
     out["o_bias"] = bias
     out["qk_norm"] = family in ("qwen3", "qwen3_moe")
     if family == "gpt_oss":
         out["attention_sinks"] = True
-        out["sliding_window"] = f.int("sliding_window", default=0, low=0)
+        out["sliding_window"] = f.integer("sliding_window", default=0, low=0)
     return out
 
 
@@ -135,12 +135,12 @@ def _mlp(f: _Fields, family: str, n_layers: int) -> dict[str, Any]:
     if family in ("llama", "qwen2", "qwen3"):
         if f.flag("mlp_bias"):
             raise f.unsupported("mlp_bias", "MLP biases are not modelled; allowed: false")
-        return {"ffn": f.int("intermediate_size")}
+        return {"ffn": f.integer("intermediate_size")}
     if family in ("mixtral", "gpt_oss"):
         out = {
-            "n_experts": f.int("num_local_experts"),
-            "top_k": f.int("num_experts_per_tok"),
-            "moe_ffn": f.int("intermediate_size"),
+            "n_experts": f.integer("num_local_experts"),
+            "top_k": f.integer("num_experts_per_tok"),
+            "moe_ffn": f.integer("intermediate_size"),
         }
         if family == "gpt_oss":
             out |= {"router_bias": True, "expert_bias": True}
@@ -148,42 +148,42 @@ def _mlp(f: _Fields, family: str, n_layers: int) -> dict[str, Any]:
     if family == "qwen3_moe":
         if f.cfg.get("mlp_only_layers"):
             raise f.unsupported("mlp_only_layers", "dense layers by index are not modelled")
-        step = f.int("decoder_sparse_step", default=1)
+        step = f.integer("decoder_sparse_step", default=1)
         out = {
-            "n_experts": f.int("num_experts"),
-            "top_k": f.int("num_experts_per_tok"),
-            "moe_ffn": f.int("moe_intermediate_size"),
+            "n_experts": f.integer("num_experts"),
+            "top_k": f.integer("num_experts_per_tok"),
+            "moe_ffn": f.integer("moe_intermediate_size"),
             "moe_layer_step": step,
         }
-        return out | ({"ffn": f.int("intermediate_size")} if step > 1 else {})
+        return out | ({"ffn": f.integer("intermediate_size")} if step > 1 else {})
     if family == "llama4":
-        step = f.int("interleave_moe_layer_step", default=1)
-        inner = f.int("intermediate_size")
+        step = f.integer("interleave_moe_layer_step", default=1)
+        inner = f.integer("intermediate_size")
         out = {
-            "n_experts": f.int("num_local_experts"),
-            "top_k": f.int("num_experts_per_tok"),
+            "n_experts": f.integer("num_local_experts"),
+            "top_k": f.integer("num_experts_per_tok"),
             "moe_ffn": inner,
             "n_shared_experts": 1,
             "shared_ffn": inner,
             "moe_layer_step": step,
         }
-        return out | ({"ffn": f.int("intermediate_size_mlp")} if step > 1 else {})
+        return out | ({"ffn": f.integer("intermediate_size_mlp")} if step > 1 else {})
     # deepseek_v3
-    if f.int("moe_layer_freq", default=1) != 1:
+    if f.integer("moe_layer_freq", default=1) != 1:
         raise f.unsupported("moe_layer_freq", "only 1 (every layer past the dense ones)")
-    moe_ffn = f.int("moe_intermediate_size")
-    shared = f.int("n_shared_experts", default=0, low=0)
-    first = f.int("first_k_dense_replace", default=0, low=0)
+    moe_ffn = f.integer("moe_intermediate_size")
+    shared = f.integer("n_shared_experts", default=0, low=0)
+    first = f.integer("first_k_dense_replace", default=0, low=0)
     out = {
-        "n_experts": f.int("n_routed_experts"),
-        "top_k": f.int("num_experts_per_tok"),
+        "n_experts": f.integer("n_routed_experts"),
+        "top_k": f.integer("num_experts_per_tok"),
         "moe_ffn": moe_ffn,
         "n_shared_experts": shared,
         "shared_ffn": shared * moe_ffn,
         "first_dense_layers": min(first, n_layers),
         "router_bias": f.text("topk_method", default="noaux_tc") == "noaux_tc",
     }
-    return out | ({"ffn": f.int("intermediate_size")} if first > 0 else {})
+    return out | ({"ffn": f.integer("intermediate_size")} if first > 0 else {})
 
 
 def _dtype(cfg: Mapping[str, Any], dtype: str | None) -> tuple[int, str]:
@@ -215,12 +215,12 @@ def entry_from_config(
     if not name:
         raise InputError("--name must not be empty")
     f, family = _text_config(cfg, source)
-    n_layers = f.int("num_hidden_layers")
+    n_layers = f.integer("num_hidden_layers")
     shape: dict[str, Any] = {"family": family, "n_layers": n_layers}
-    shape["hidden"] = f.int("hidden_size")
+    shape["hidden"] = f.integer("hidden_size")
     shape |= _attention(f, family)
     shape |= _mlp(f, family, n_layers)
-    shape["vocab"] = f.int("vocab_size")
+    shape["vocab"] = f.integer("vocab_size")
     shape["tie_embeddings"] = f.flag("tie_word_embeddings")
     defaults = {"moe_layer_step": 1}  # and every false flag or 0
     shape = {
@@ -230,7 +230,7 @@ def entry_from_config(
     entry: dict[str, Any] = {"name": name, "kind": "decoder", "dtype_bytes": dtype_bytes}
     if dtype_bytes == 1:
         entry["kv_dtype_bytes"] = 2
-    entry["max_context"] = f.int("max_position_embeddings", default=0, low=0)
+    entry["max_context"] = f.integer("max_position_embeddings", default=0, low=0)
     entry["shape"] = shape
     entry["notes"] = _notes(entry, family, why, source)
     return entry

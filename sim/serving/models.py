@@ -464,6 +464,8 @@ class ModelEntry(BaseModel):
     """Explicit layers: head dimension."""
     hidden: int = Field(default=0, ge=0)
     """Explicit layers: hidden dimension."""
+    top_k: int = Field(default=0, ge=0)
+    """Explicit layers with `experts`: routed experts each token runs (1..experts)."""
     notes: str = ""
     """Free text: where the shape comes from."""
 
@@ -591,6 +593,11 @@ def build_model(entry: ModelEntry) -> ModelSpec:
             raise ValueError("a resnet shape needs kind: cnn")
         return _resnet(entry, entry.shape)
     assert entry.layers is not None
+    experts = [ly.experts for ly in entry.layers if ly.experts]
+    if experts and not 1 <= entry.top_k <= min(experts):
+        raise ValueError(f"layers with experts need top_k in 1..{min(experts)}, got {entry.top_k}")
+    if not experts and entry.top_k:
+        raise ValueError("top_k needs layers with experts")
     return ModelSpec(
         name=entry.name,
         kind=entry.kind,
@@ -603,6 +610,7 @@ def build_model(entry: ModelEntry) -> ModelSpec:
         dtype_bytes=entry.dtype_bytes,
         kv_dtype_bytes=_kv_dtype(entry),
         max_context=entry.max_context,
+        top_k=entry.top_k,
     )
 
 

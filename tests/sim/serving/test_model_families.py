@@ -250,3 +250,15 @@ def test_moe_shapes_match_reference(
         assert layer.flops_per_token == 2.0 * (attn_w + active)
         total += attn_w + extra + mlp
     assert m.param_count == total
+
+
+def test_explicit_expert_layers_need_top_k() -> None:
+    base = (
+        "models:\n  - name: m\n    kind: decoder\n{top}    layers:\n"
+        "      - {{name: b0, param_bytes: 800, expert_bytes: 100, experts: 8, attention: true}}\n"
+    )
+    m = parse_catalogue(base.format(top="    top_k: 2\n"), "x.yaml")["m"]
+    assert (m.top_k, m.n_experts, m.active_param_bytes) == (2, 8, 200)
+    for top in ("", "    top_k: 9\n"):
+        with pytest.raises(InputError, match=r"x\.yaml: models\[0\]: .*top_k in 1\.\.8"):
+            parse_catalogue(base.format(top=top), "x.yaml")

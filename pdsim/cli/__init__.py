@@ -19,6 +19,7 @@ from pdsim.cli import cache as _cache
 from pdsim.cli import calibrate as _calibrate
 from pdsim.cli import chaos as _chaos
 from pdsim.cli import cost as _cost
+from pdsim.cli import model as _model
 from pdsim.cli import plan as _plan
 from pdsim.cli import profile as _profile
 from pdsim.cli import replay as _replay
@@ -94,6 +95,7 @@ app.command("chaos", short_help="Random-fault seeds under the checkers.")(_chaos
 app.command("replay", short_help="Re-run a replay file; check its trace hash.")(_replay.replay)
 app.command("cost", short_help="Step time of one iteration, op by op.")(_cost.cost)
 app.add_typer(_profile.app, name="profile", short_help="Import measured op tables as a profile.")
+app.add_typer(_model.app, name="model", short_help="Import a config.json as a catalogue model.")
 
 
 def _version_callback(value: bool) -> None:

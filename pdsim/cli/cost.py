@@ -76,7 +76,8 @@ def cost(
         typer.Option("--context", "-c", help="Tokens per sequence (prompt or KV context)."),
     ] = 2048,
     models: Annotated[
-        Path | None, typer.Option("--models", help="Extra model catalogue YAML.")
+        Path | None,
+        typer.Option("--models", help="Extra model catalogue YAML, or a config.json."),
     ] = None,
     as_json: Annotated[
         bool, typer.Option("--json", help="Print one JSON object as the last line.")

@@ -15,12 +15,15 @@ and calibration -- comes from an :class:`IterationCost` built by :func:`iteratio
 ``tp`` x ``pp`` replica of one model on one profile:
 
 * **op tables** (:class:`sim.serving.opcost.OpCostModel`) when the profile has ``ops`` and the
-  model is a decoder: measured kernel times per op, a stated roofline where no table covers
+  model is a dense decoder: measured kernel times per op, a stated roofline where no table covers
   an op;
 * **roofline** (:class:`sim.serving.iterprice.RooflinePass`) otherwise: layer kind by layer
-  kind, ``max(compute, memory)`` per GPU.
+  kind, ``max(compute, memory)`` per GPU;
+* **mixture-of-experts roofline** (:class:`sim.serving.moeroofline.MoeRoofline`) for a model
+  with experts, on any profile: the roofline with each expert layer reading only the experts
+  the iteration's tokens touch. MLA models are refused (not priced yet).
 
-Both split the work over ``tp`` GPUs, add the all-reduces and the ``pp - 1`` pipeline
+All split the work over ``tp`` GPUs, add the all-reduces and the ``pp - 1`` pipeline
 hand-offs, and count the replica's FLOPs and HBM bytes the same way (the roofline's counts:
 MFU and MBU mean the same whichever prices the time).
 """
@@ -75,8 +78,22 @@ def iteration_cost(
     (op tables for a decoder on a profile with ``ops``, else the roofline); a replica wider
     than ``gpus_per_server`` runs its collectives over the NIC. Raises
     :class:`engine.errors.InputError` for a ``tp`` the model's heads cannot be split by, and
-    ValueError for sizes below 1."""
+    ValueError for sizes below 1; :class:`engine.errors.InputError` for an MLA model (not
+    priced yet: docs/models.md). A mixture-of-experts model gets the roofline of the experts
+    its batches touch (:class:`sim.serving.moeroofline.MoeRoofline`), op tables or not."""
     from sim.serving.roofline import roofline_pass
+
+    if model.mla:
+        from engine.errors import InputError
+
+        raise InputError(
+            f"model {model.name!r}: MLA (multi-head latent attention) pricing is not "
+            "available yet (the catalogue describes the model; docs/models.md)"
+        )
+    if model.n_experts:
+        from sim.serving.moeroofline import MoeRoofline
+
+        return MoeRoofline(profile, model, tp=tp, pp=pp, gpus_per_server=gpus_per_server)
 
     roof = roofline_pass(profile, model, tp=tp, pp=pp, gpus_per_server=gpus_per_server)
     if profile.ops is not None and model.kind == "decoder":

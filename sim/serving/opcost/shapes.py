@@ -1,14 +1,17 @@
-"""The matrix shapes of a LLaMA-style decoder, recovered from a :class:`sim.serving.models.ModelSpec`.
+"""The matrix shapes of a LLaMA-style decoder, read from a :class:`sim.serving.models.ModelSpec`.
 
 A catalogue decoder (``sim.serving.models``) lists an ``embedding`` layer (no FLOPs), identical
-attention blocks and an ``lm_head``; the block's weight bytes fix the MLP width::
+attention blocks and an ``lm_head``. A model expanded from a shape carries it
+(``ModelSpec.shape``): the dimensions are read from it, and its block bytes are checked
+against :func:`sim.serving.models.block_count` (the one count of a block's weights, q/k norms
+and biases included). A model given as explicit layers has no shape: its block's weight bytes
+fix the MLP width,
 
-    block params = hidden * (heads + 2 * kv_heads) * head_dim   (q, k, v)
-                 + heads * head_dim * hidden                    (o)
-                 + 3 * hidden * ffn                             (gate, up, down)
-                 + 2 * hidden                                   (two RMSNorm weights)
+    block params = block_count(the same dimensions with ffn 0).params   (attention, norms)
+                 + 3 * hidden * ffn                                      (gate, up, down)
 
-and the embedding's bytes fix the vocabulary (``vocab * hidden``).
+and the embedding's bytes fix the vocabulary (``vocab * hidden``). Mixture-of-experts and MLA
+decoders are refused: the op cost model does not price them yet.
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from engine.errors import InputError
-from sim.serving.models import ModelSpec
+from sim.serving.models import LlamaShape, ModelSpec, block_count
 
 
 @dataclass(frozen=True)
@@ -50,21 +53,36 @@ class DecoderShape:
         blocks = [ly for ly in model.layers if ly.attention]
         if not blocks or len({ly.param_bytes for ly in blocks}) != 1:
             raise bad("attention blocks missing or not identical")
+        if model.n_experts or model.mla:
+            raise bad("mixture-of-experts and MLA pricing is not available yet (docs/models.md)")
         h, hd, db = model.hidden, model.head_dim, model.dtype_bytes
-        attn = h * (model.heads + 2 * model.kv_heads) * hd + model.heads * hd * h
-        mlp_params = blocks[0].param_bytes // db - attn - 2 * h
-        if mlp_params <= 0 or mlp_params % (3 * h):
-            raise bad(f"block weights leave {mlp_params} MLP parameters, not 3 * hidden * ffn")
         embed = model.layers[0]
         if embed.attention or embed.flops_per_token or embed.param_bytes % (h * db):
             raise bad("first layer is not an embedding table of vocab x hidden")
+        s = model.shape
+        if s is None:  # explicit layers: the MLP width from the block's bytes
+            s = LlamaShape(
+                family="llama",
+                n_layers=len(blocks),
+                hidden=h,
+                heads=model.heads,
+                kv_heads=model.kv_heads,
+                head_dim=hd,
+                vocab=embed.param_bytes // (h * db),
+            )
+            mlp_params = blocks[0].param_bytes // db - block_count(s, moe=False).params
+            if mlp_params <= 0 or mlp_params % (3 * h):
+                raise bad(f"block weights leave {mlp_params} MLP parameters, not 3 * hidden * ffn")
+            s = s.model_copy(update={"ffn": mlp_params // (3 * h)})
+        elif blocks[0].param_bytes != block_count(s, moe=False).params * db:
+            raise bad("block weights differ from what its shape gives")
         return cls(
             n_layers=len(blocks),
             hidden=h,
             heads=model.heads,
             kv_heads=model.kv_heads,
             head_dim=hd,
-            ffn=mlp_params // (3 * h),
-            vocab=embed.param_bytes // (h * db),
+            ffn=s.ffn,
+            vocab=s.vocab,
             dtype_bytes=db,
         )

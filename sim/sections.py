@@ -11,6 +11,14 @@ from typing import Annotated, Literal
 from pydantic import BaseModel, BeforeValidator, Field, model_validator
 
 from engine.config import StrictModel
+from engine.limits import (
+    MAX_REQUEST_RATE,
+    MAX_REQUESTS,
+    MAX_TOKENS,
+    Interval,
+    IntervalOrOff,
+    TokenCount,
+)
 from engine.units import parse_duration, parse_rate, parse_size
 
 Size = Annotated[int, BeforeValidator(parse_size), Field(ge=0)]
@@ -217,8 +225,9 @@ class DegradationCfg(_M):
     """What happens to a non-protected request under overload: `shed` or `queue` (held)."""
     queue_per_node: int = Field(default=64, ge=1)
     """A node is overloaded when this many requests wait in its queue (>= 1)."""
-    max_wait: Duration = 1.0
-    """... or when its oldest queued request has waited this long, seconds or a duration."""
+    max_wait: Interval = 1.0
+    """... or when its oldest queued request has waited this long, seconds or a duration
+    (>= 1 us: an overloaded node is re-checked every `max_wait / 4`)."""
 
 
 class HotShardCfg(_M):
@@ -228,8 +237,8 @@ class HotShardCfg(_M):
 
     enabled: bool = False
     """Turn hot-shard detection and dynamic replication on."""
-    window: Duration = 1.0
-    """Length of one counting window, seconds or a duration."""
+    window: Interval = 1.0
+    """Length of one counting window, seconds or a duration (>= 1 us)."""
     factor: float = Field(default=3.0, gt=1)
     """A chunk is hot when its window count exceeds this x its baseline (> 1)."""
     min_count: int = Field(default=8, ge=1)
@@ -298,12 +307,12 @@ class TokenDist(_M):
     dist: Literal["fixed", "uniform", "lognormal", "geometric"] = "fixed"
     """`fixed` (always `mean`), `uniform` on [low, high], `lognormal` with mean `mean`, or
     `geometric` (memoryless, P(k) = (1-p)^(k-1) p, mean `mean` >= 1 before clipping)."""
-    mean: float = Field(default=256, gt=0)
-    """Mean tokens (> 0); the value itself for `fixed`."""
-    low: int = Field(default=1, ge=0)
-    """Smallest count (clip; at least 1 is used)."""
-    high: int = Field(default=4096, ge=1)
-    """Largest count (clip), >= 1."""
+    mean: float = Field(default=256, gt=0, le=MAX_TOKENS)
+    """Mean tokens (> 0, at most 1e9); the value itself for `fixed`."""
+    low: TokenCount = 1
+    """Smallest count (clip; at least 1 is used), 0..1e9."""
+    high: TokenCount = Field(default=4096, ge=1)
+    """Largest count (clip), 1..1e9."""
     sigma: float = Field(default=0.5, ge=0)
     """`lognormal`: sigma of the underlying normal, >= 0."""
 
@@ -329,8 +338,12 @@ class StepCfg(_M):
 
     at: Duration
     """Time the step starts, seconds or a duration (>= 0)."""
-    rate: float = Field(gt=0)
-    """Arrival rate from then on, requests/s (> 0)."""
+    rate: float = Field(gt=0, le=MAX_REQUEST_RATE)
+    """Arrival rate from then on, requests/s (> 0, at most 1e7)."""
+
+
+#: most periods of the diurnal rate one workload spans (its rate curve is tabulated per period)
+MAX_PERIODS = 20_000
 
 
 class WorkloadCfg(_M):
@@ -338,21 +351,23 @@ class WorkloadCfg(_M):
 
     kind: Literal["poisson", "step", "diurnal", "closed-loop", "trace"] = "poisson"
     """Arrival process; see the workload kinds below."""
-    requests: int = Field(default=1000, ge=1)
-    """Number of requests to generate (a trace: at most this many records), >= 1; ignored when
-    `duration` bounds the workload."""
+    requests: int = Field(default=1000, ge=1, le=MAX_REQUESTS)
+    """Number of requests to generate (a trace: at most this many records), 1..1e7; ignored
+    when `duration` bounds the workload."""
     duration: Duration = 0.0
     """Bound the workload by time instead: every arrival in `[0, duration)` seconds (open-loop
     kinds; a trace: its records in that span); 0: bounded by `requests`."""
-    rate: float = Field(default=10.0, gt=0)
-    """Mean arrival rate, requests/s (`poisson`, `diurnal`; `step` before its first step)."""
+    rate: float = Field(default=10.0, gt=0, le=MAX_REQUEST_RATE)
+    """Mean arrival rate, requests/s (`poisson`, `diurnal`; `step` before its first step),
+    at most 1e7; with `duration`, the peak rate x `duration` is at most 1e7 requests."""
     steps: list[StepCfg] = []
     """`step`: the rate changes, in time order (R11: 50 -> 1200 QPS)."""
-    period: Duration = 60.0
-    """`diurnal`: period of the sinusoidal rate, seconds or a duration."""
+    period: Interval = 60.0
+    """`diurnal`: period of the sinusoidal rate, seconds or a duration (>= 1 us; the run spans
+    at most 20,000 periods)."""
     amplitude: float = Field(default=0.5, ge=0, lt=1)
     """`diurnal`: rate = rate x (1 + amplitude x sin(2 pi t / period)), in [0, 1)."""
-    clients: int = Field(default=16, ge=1)
+    clients: int = Field(default=16, ge=1, le=MAX_REQUESTS)
     """`closed-loop`: concurrent clients, each waiting for its answer before the next request."""
     think_time: Duration = 0.5
     """`closed-loop`: mean exponential think time between a client's requests, seconds."""
@@ -370,6 +385,31 @@ class WorkloadCfg(_M):
     classes: list[ClassCfg] = [ClassCfg(name="normal")]
     """Workload classes, drawn by share per request."""
 
+    @model_validator(mode="after")
+    def _arrivals_bounded(self) -> WorkloadCfg:
+        """A generated open-loop workload stays within :data:`engine.limits.MAX_REQUESTS`
+        (rate x duration) and, when diurnal, within 20,000 periods."""
+        if self.kind in ("trace", "closed-loop"):
+            return self
+        peak = self.rate
+        if self.kind == "step":
+            peak = max([self.rate, *(st.rate for st in self.steps)])
+        elif self.kind == "diurnal":
+            peak = self.rate * (1 + self.amplitude)
+        if self.duration > 0 and peak * self.duration > MAX_REQUESTS:
+            raise ValueError(
+                f"rate x duration: {peak:g} requests/s for {self.duration:g} s is about "
+                f"{peak * self.duration:.3g} requests; allowed: at most {MAX_REQUESTS:.0e}"
+            )
+        if self.kind == "diurnal":
+            span = self.duration or self.requests / (self.rate * (1 - self.amplitude))
+            if span / self.period > MAX_PERIODS:
+                raise ValueError(
+                    f"period: {self.period:g} s is {span / self.period:.3g} periods of the "
+                    f"{span:.3g} s the workload spans; allowed: at most {MAX_PERIODS:,}"
+                )
+        return self
+
 
 class MetricsCfg(_M):
     """Time series sampling, the steady-state window, the stall limit and invariant checks.
@@ -378,8 +418,9 @@ class MetricsCfg(_M):
     utilisation) come from the *steady window*: requests that arrive in
     ``[warmup, last arrival - cooldown]``; see docs/metrics.md."""
 
-    interval: Duration = 0.0
-    """Time-series sampling interval, seconds or a duration; 0: about 200 samples per run."""
+    interval: IntervalOrOff = 0.0
+    """Time-series sampling interval, seconds or a duration (>= 1 us); 0: about 200 samples
+    per run."""
     check_invariants: bool = False
     """Check cache and allocator invariants during the run (slower; for tests)."""
     warmup: Duration | None = None

@@ -57,6 +57,7 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationEr
 
 from engine.configfile import parse_mapping, read_mapping, validate_model
 from engine.errors import InputError
+from engine.limits import CheckedModel
 from engine.units import parse_size
 
 
@@ -67,7 +68,7 @@ def _size(value: Any) -> int:
 Bytes = Annotated[int, BeforeValidator(_size), Field(ge=0)]
 
 
-class LayerSpec(BaseModel):
+class LayerSpec(CheckedModel, BaseModel):  # BaseModel named too, for linters
     """One execution layer: weights read together and computed together."""
 
     model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
@@ -84,7 +85,7 @@ class LayerSpec(BaseModel):
     """Decoder layer with self-attention over the KV cache."""
 
 
-class ModelSpec(BaseModel):
+class ModelSpec(CheckedModel, BaseModel):  # BaseModel named too, for linters
     """A servable model: its layers in execution order and its attention dimensions."""
 
     model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
@@ -148,7 +149,7 @@ class ModelSpec(BaseModel):
 
 
 # -- shapes ------------------------------------------------------------------------------------
-class LlamaShape(BaseModel):
+class LlamaShape(CheckedModel, BaseModel):  # BaseModel named too, for linters
     """A LLaMA-style decoder: RMSNorm, GQA attention, SwiGLU MLP (3 matrices), no biases."""
 
     model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
@@ -175,7 +176,7 @@ class LlamaShape(BaseModel):
     """The LM head shares the embedding matrix."""
 
 
-class ResNetShape(BaseModel):
+class ResNetShape(CheckedModel, BaseModel):  # BaseModel named too, for linters
     """A torchvision-style ResNet (v1.5: stride on the 3x3 conv of a bottleneck)."""
 
     model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
@@ -196,7 +197,7 @@ class ResNetShape(BaseModel):
     """Blocks are grouped so the model has at most this many execution layers, >= 3."""
 
 
-class ModelEntry(BaseModel):
+class ModelEntry(CheckedModel, BaseModel):  # BaseModel named too, for linters
     """One ``models:`` item in a catalogue file: a shape to expand or explicit layers."""
 
     model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
@@ -229,7 +230,7 @@ class ModelEntry(BaseModel):
     """Free text: where the shape comes from."""
 
 
-class CatalogueFile(BaseModel):
+class CatalogueFile(CheckedModel, BaseModel):  # BaseModel named too, for linters
     """A catalogue YAML file."""
 
     model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)

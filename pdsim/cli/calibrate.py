@@ -50,7 +50,14 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from engine.errors import InputError
-from pdsim.cli.common import array_backend, check_out_file, console, err_console, user_errors
+from pdsim.cli.common import (
+    array_backend,
+    check_out_file,
+    console,
+    err_console,
+    out_path,
+    user_errors,
+)
 
 if TYPE_CHECKING:
     from hwbench.probes import Measurement
@@ -97,6 +104,7 @@ def calibrate(
             "--out",
             "-o",
             metavar="FILE",
+            parser=out_path,
             help="Profile JSON to write. Default: runs/profiles/<backend>-<host>.json.",
         ),
     ] = None,

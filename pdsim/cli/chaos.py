@@ -10,11 +10,14 @@ import typer
 from rich.table import Table
 
 from pdsim.cli.common import (
+    MAX_WORKERS,
     check_out_dir,
     check_same_inputs,
     console,
     err_console,
+    int_option,
     load_scenario_arg,
+    out_path,
     result_name,
     user_errors,
 )
@@ -33,7 +36,10 @@ def chaos(
     workers: Annotated[
         int,
         typer.Option(
-            "--workers", min=1, metavar="N", help="Dask LocalCluster workers (1: in-process)."
+            "--workers",
+            parser=int_option(1, MAX_WORKERS),
+            metavar="N",
+            help="Dask LocalCluster workers (1: in-process).",
         ),
     ] = 1,
     scheduler: Annotated[
@@ -49,6 +55,7 @@ def chaos(
         typer.Option(
             "--out",
             metavar="DIR",
+            parser=out_path,
             help="Folder for chaos.json, seeds.jsonl and the replay files (default "
             "runs/chaos-NAME-HASH, HASH of the resolved scenario); a folder holding another "
             "scenario's chaos results is refused.",

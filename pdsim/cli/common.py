@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import contextlib
+import math
+import re
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -14,6 +16,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from engine.errors import InputError
+from engine.limits import show
 
 err_console = Console(stderr=True, highlight=False)
 console = Console(highlight=False, soft_wrap=True)
@@ -32,6 +35,77 @@ def user_errors() -> Iterator[None]:
             f"[bold red]error:[/] no such file: {escape(str(err.filename))}", soft_wrap=True
         )
         raise typer.Exit(code=2) from None
+
+
+#: most Dask workers of one command (``--workers``)
+MAX_WORKERS = 1024
+#: most bootstrap resamples (``ab --resamples``)
+MAX_RESAMPLES = 100_000
+#: most sequences of one priced iteration (``cost --batch``)
+MAX_BATCH = 65_536
+
+
+class OptionError(typer.BadParameter):
+    """A bad option value, shown as the CLI's one line (``error: Invalid value for '--x':
+    ...``) with exit status 2 instead of the usage block."""
+
+    def show(self, file: Any = None) -> None:
+        err_console.print(f"[bold red]error:[/] {escape(self.format_message())}", soft_wrap=True)
+
+
+#: the text of an integer option: an optional sign and at most 20 digits (converted without
+#: Python's limit on long digit strings, and no 400-digit number is echoed back)
+_INT_TEXT = re.compile(r"[+-]?[0-9]{1,20}")
+
+
+def int_option(lo: int, hi: int) -> Callable[[Any], int]:
+    """The ``parser`` of an integer option: a whole number in ``[lo, hi]`` (the ranges of
+    :mod:`engine.limits` or the option's own); anything else is an :class:`OptionError`
+    naming the option and the range (exit 2)."""
+
+    allowed = f"allowed: an integer >= {lo} and <= {hi}"
+
+    def parse(value: Any) -> int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            n = value
+        else:
+            text = str(value).strip()
+            if not _INT_TEXT.fullmatch(text):
+                raise OptionError(f"{show(text)} is not an integer; {allowed}")
+            n = int(text)
+        if not lo <= n <= hi:
+            raise OptionError(f"{show(n)} is out of range; {allowed}")
+        return n
+
+    return parse
+
+
+def float_option(lo: float, hi: float, open_lo: bool = False) -> Callable[[Any], float]:
+    """The ``parser`` of a number option: a finite float in ``[lo, hi]`` (``lo`` excluded
+    when ``open_lo``); ``inf``, ``nan`` and anything out of range are an
+    :class:`OptionError` (exit 2)."""
+    low = f"> {lo:g}" if open_lo else f">= {lo:g}"
+    allowed = f"allowed: a finite number {low} and <= {hi:g}"
+
+    def parse(value: Any) -> float:
+        try:
+            x = float(value)
+        except (TypeError, ValueError, OverflowError):
+            raise OptionError(f"{show(value)} is not a number; {allowed}") from None
+        below = x <= lo if open_lo else x < lo
+        if not math.isfinite(x) or below or x > hi:
+            raise OptionError(f"{show(value)} is out of range; {allowed}")
+        return x
+
+    return parse
+
+
+def out_path(value: Any) -> Path:
+    """The ``parser`` of every ``--out`` option: a path, not empty (``--out ''`` would
+    otherwise mean the working folder)."""
+    if isinstance(value, str) and not value.strip():
+        raise OptionError("an empty path; give a folder or file name")
+    return Path(value)
 
 
 def is_tty() -> bool:

@@ -237,7 +237,8 @@ def parse_seed_option(text: str, option: str = "--seeds") -> list[int]:
     digits = len(str(MAX_SEED))
     if text.isdigit():
         if len(text) > digits or not 1 <= int(text) <= MAX_SEEDS:
-            raise InputError(f"{option} {show(text)}: N must be 1..{MAX_SEEDS}; {allowed}")
+            cut = text if len(text) <= 40 else text[:37] + "..."
+            raise InputError(f"{option} {cut}: N must be >= 1 and <= {MAX_SEEDS}; {allowed}")
         return list(range(int(text)))
     ranges: list[tuple[int, int]] = []
     for part in text.split(","):

@@ -192,10 +192,14 @@ def run_or_report(sc: Any, seed: int, out: Path, **kwargs: Any) -> Any:
     from sim.control.raft import SafetyViolation
     from sim.control.runcheckers import CheckerViolation
     from sim.runner import run_scenario
+    from sim.simenv import SimulationStalled
     from sim.study.recording import violation_report
 
     try:
         return run_scenario(sc, seed, out, **kwargs)
     except (CheckerViolation, SafetyViolation) as exc:
         err_console.print(violation_report(sc, seed, exc, out), soft_wrap=True, markup=False)
+        raise typer.Exit(code=1) from None
+    except SimulationStalled as exc:  # a runtime guard (sim.simenv): exit 1, say why
+        err_console.print(f"error: {sc.name}, seed {seed}: {exc}", soft_wrap=True, markup=False)
         raise typer.Exit(code=1) from None

@@ -32,6 +32,7 @@ import numpy as np
 import pandas as pd
 
 from engine.errors import InputError
+from sim.feasible import check_runnable
 from sim.study.sweep.execute import Progress, Runner, results_frame, write_parquet
 from sim.study.sweep.flatten import direction, headline
 from sim.study.sweep.resultcache import RunCache, write_atomic
@@ -194,6 +195,8 @@ def ab_points(
     base = list(base or [])
     pa = build_points(scenario, {}, seeds, [*base, *a], variant, source=f"{scenario} (A)")
     pb = build_points(scenario, {}, seeds, [*base, *b], variant, source=f"{scenario} (B)")
+    for side in (pa, pb):  # the profile, models and shape of each side, before any run
+        check_runnable(side[0].scenario)
     if [p.config_hash for p in pa] == [p.config_hash for p in pb]:
         shown = " ".join(a) or "(none)", " ".join(b) or "(none)"
         raise InputError(

@@ -204,7 +204,8 @@ def blame_override(err: InputError, overrides: list[str], option: str = "--set")
     for text in reversed(overrides):
         key = text.split("=", 1)[0].strip()
         if where == key or where.startswith(key + "."):
-            return InputError(_bare(err), source=f"{option} {text}", where=err.where)
+            shown = text if len(text) <= 80 else text[:77] + "..."  # a 400-digit value
+            return InputError(_bare(err), source=f"{option} {shown}", where=err.where)
     return err
 
 

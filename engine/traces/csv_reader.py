@@ -105,7 +105,7 @@ def _rows(fh: Iterable[str], src: str) -> Iterator[tuple[int, list[str]]]:
             f"not a CSV record ({err}); allowed: fields of at most {MAX_FIELD:,} characters; "
             f"{_EXPECT}",
             source=src,
-            where=f"line {reader.line_num or lineno + 1}",
+            where=f"line {reader.line_num}",  # counts the line that failed
         ) from None
 
 

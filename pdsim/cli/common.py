@@ -198,14 +198,16 @@ def _bare(err: InputError) -> str:
 
 def blame_override(err: InputError, overrides: list[str], option: str = "--set") -> InputError:
     """``err`` (from validating a file with ``overrides`` applied) blamed on the override
-    whose key is the failing field or a parent of it, as ``--set KEY=VALUE: FIELD: ...``;
-    ``err`` itself when no override matches."""
+    whose key is the failing field or a parent of it -- or else, for an error of a whole
+    section (``rate x duration`` of ``workload``), the last override inside it -- as
+    ``--set KEY=VALUE: FIELD: ...``; ``err`` itself when no override matches."""
     where = (err.where or "").replace("[", ".").replace("]", "")
-    for text in reversed(overrides):
-        key = text.split("=", 1)[0].strip()
-        if where == key or where.startswith(key + "."):
-            shown = text if len(text) <= 80 else text[:77] + "..."  # a 400-digit value
-            return InputError(_bare(err), source=f"{option} {shown}", where=err.where)
+    keys = [(text, text.split("=", 1)[0].strip()) for text in reversed(overrides)]
+    hits = [t for t, k in keys if where == k or where.startswith(k + ".")]
+    hits += [t for t, k in keys if where and k.startswith(where + ".")]
+    for text in hits[:1]:
+        shown = text if len(text) <= 80 else text[:77] + "..."  # a 400-digit value
+        return InputError(_bare(err), source=f"{option} {shown}", where=err.where)
     return err
 
 

@@ -266,7 +266,9 @@ def read_request_csv(path: Path, limit: int) -> tuple[F64, I32, I32]:
                 outs.append(n_out)
         except csv.Error as err:
             raise InputError(
-                f"not a CSV record ({err})", source=str(path), where=f"line {reader.line_num}"
+                f"not a CSV record ({err})",
+                source=str(path),
+                where=f"line {reader.reader.line_num}",
             ) from None
     return np.asarray(ts), np.asarray(ins, dtype=np.int32), np.asarray(outs, dtype=np.int32)
 

@@ -83,7 +83,7 @@ def check_depth(data: Any, limit: int = MAX_DEPTH) -> bool:
     return True
 
 
-class _DuplicateKey(yaml.YAMLError):
+class _DuplicateKey(yaml.YAMLError):  # type: ignore[misc]
     """A mapping names the same key twice (``line`` and ``first`` are 1-based)."""
 
     def __init__(self, key: Any, line: int, first: int) -> None:
@@ -91,7 +91,7 @@ class _DuplicateKey(yaml.YAMLError):
         self.key, self.line, self.first = key, line, first
 
 
-class _TooLongNumber(yaml.YAMLError):
+class _TooLongNumber(yaml.YAMLError):  # type: ignore[misc]
     """An integer with more digits than Python converts (``line`` is 1-based)."""
 
     def __init__(self, digits: int, line: int) -> None:
@@ -99,7 +99,7 @@ class _TooLongNumber(yaml.YAMLError):
         self.digits, self.line = digits, line
 
 
-class _Loader(yaml.SafeLoader):
+class _Loader(yaml.SafeLoader):  # type: ignore[misc]
     """PyYAML's safe loader, but a key written twice in one mapping and an integer too long to
     convert are errors (with their line) instead of the last value winning or a
     ``ValueError`` from deep inside the parser."""
@@ -110,18 +110,18 @@ class _Loader(yaml.SafeLoader):
             for key_node, _ in node.value:
                 if key_node.tag == "tag:yaml.org,2002:merge":
                     continue  # `<<:` merges keys that the mapping's own keys may override
-                key = self.construct_object(key_node, deep=deep)  # type: ignore[no-untyped-call]
+                key = self.construct_object(key_node, deep=deep)
                 try:
                     first = seen.setdefault(key, key_node.start_mark.line + 1)
                 except TypeError:  # an unhashable key: PyYAML reports it
                     continue
                 if first != key_node.start_mark.line + 1:
                     raise _DuplicateKey(key, key_node.start_mark.line + 1, first)
-        return super().construct_mapping(node, deep)  # type: ignore[no-untyped-call,no-any-return]
+        return super().construct_mapping(node, deep)  # type: ignore[no-any-return]
 
     def construct_yaml_int(self, node: yaml.ScalarNode) -> int:
         try:
-            return super().construct_yaml_int(node)  # type: ignore[no-untyped-call,no-any-return]
+            return super().construct_yaml_int(node)  # type: ignore[no-any-return]
         except ValueError:  # Python's limit on the digits of an int converted from text
             raise _TooLongNumber(len(str(node.value)), node.start_mark.line + 1) from None
 
@@ -162,10 +162,18 @@ def parse_value(text: str, label: str) -> Any:
     by :func:`load_yaml`; ``InputError`` starting with ``label`` when it does not parse, names
     a key twice or holds an integer too long to convert."""
     try:
-        return load_yaml(text)
+        value = load_yaml(text)
     except yaml.YAMLError as err:
         msg, _ = yaml_problem(err)
         raise InputError(f"{label}: value: {msg}") from None
+    except RecursionError:
+        value = _TOO_DEEP
+    if value is _TOO_DEEP or not check_depth(value):
+        raise InputError(f"{label}: value nested more than {MAX_DEPTH} levels deep")
+    return value
+
+
+_TOO_DEEP = object()
 
 
 def _unique_pairs(pairs: list[tuple[str, Any]]) -> dict[str, Any]:

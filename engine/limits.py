@@ -107,8 +107,13 @@ def check_number(value: Any) -> str | None:
 def _first_bad_number(value: Any) -> tuple[tuple[str | int, ...], str] | None:
     """``(path inside value, why)`` of the first number :func:`check_number` refuses."""
     stack: list[tuple[tuple[str | int, ...], Any]] = [((), value)]
+    seen: set[int] = set()  # containers walked (YAML anchors can make a cycle)
     while stack:
         path, x = stack.pop()
+        if isinstance(x, dict | list | tuple):
+            if id(x) in seen:
+                continue
+            seen.add(id(x))
         if isinstance(x, bool):
             continue
         if isinstance(x, int):

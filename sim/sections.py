@@ -75,10 +75,10 @@ class ServerCfg(_M):
 class ReplicaCfg(_M):
     """How a replica (one model copy on `tp` x `pp` GPUs) runs its iterations, vLLM-style."""
 
-    max_num_seqs: int = Field(default=256, ge=1)
-    """Most sequences (prefilling or decoding) in one replica's running batch (>= 1)."""
-    max_num_batched_tokens: int = Field(default=8192, ge=1)
-    """Token budget of one iteration: one per decoding sequence plus prefill chunks (>= 1)."""
+    max_num_seqs: int = Field(default=256, ge=1, le=MAX_REQUESTS)
+    """Most sequences (prefilling or decoding) in one replica's running batch, 1..1e7."""
+    max_num_batched_tokens: int = Field(default=8192, ge=1, le=MAX_TOKENS)
+    """Token budget of one iteration: one per decoding sequence plus prefill chunks, 1..1e9."""
     chunked_prefill: bool = True
     """Split long prompts into chunks that fill the token budget next to the decodes (vLLM v1);
     false: a prompt is prefilled whole in one iteration (the first prompt always fits)."""
@@ -189,8 +189,8 @@ class RingCfg(_M):
     """Consistent-hash placement; ``placement``: ring key per ``chunk`` (default) or per
     ``shard`` (layer / head group, following ``chunks.sharding``)."""
 
-    vnodes: int = Field(default=128, ge=1)
-    """Virtual nodes per parameter server on the consistent-hash ring (R1), >= 1."""
+    vnodes: int = Field(default=128, ge=1, le=65536)
+    """Virtual nodes per parameter server on the consistent-hash ring (R1), 1..65536."""
     replication: int = Field(default=1, ge=1)
     """Initial replicas of each chunk (capped at the number of parameter servers), >= 1."""
     load_factor: float | None = Field(default=None, gt=1)
@@ -269,8 +269,8 @@ class KvCfg(_M):
     """`engine`: block tables in engine.kv.allocator.KVBlockAllocator; `count`: byte counts only."""
     attention: Literal["chunked", "unchunked"] = "chunked"
     """Attention memory model (R12): `chunked` (O(chunk) scratch) or `unchunked` (O(context^2))."""
-    chunk_tokens: int = Field(default=512, ge=1)
-    """`chunked`: KV tokens attended per piece (R12: 512), >= 1."""
+    chunk_tokens: int = Field(default=512, ge=1, le=MAX_TOKENS)
+    """`chunked`: KV tokens attended per piece (R12: 512), 1..1e9."""
     storage: Literal["paged", "chunked", "contiguous"] = "paged"
     """KV storage layout that bounds the longest context (R12, engine.kv.footprint): `paged`
     (blocks), `chunked` (`chunk_tokens` pieces, never copied) or `contiguous` (one buffer per

@@ -131,11 +131,25 @@ def array_backend(backend: str) -> ModuleType:
 
 def check_out_dir(path: Path, option: str = "--out") -> None:
     """Before any work: :class:`InputError` unless ``path`` is, or can become, a folder (it
-    is a file, or a file stands where one of its parent folders would be)."""
+    is a file, a file stands where one of its parent folders would be, or a name in it is
+    longer than the file system allows)."""
+    shown = str(path) if len(str(path)) <= 80 else str(path)[:77] + "..."
+    if any(len(part.encode("utf-8", "surrogateescape")) > _NAME_MAX for part in path.parts):
+        raise InputError(
+            f"{option} {shown}: a name longer than {_NAME_MAX} bytes; give a shorter one"
+        )
     for p in (path, *path.parents):
-        if p.exists() and not p.is_dir():
+        try:
+            exists = p.exists() and not p.is_dir()
+        except OSError as err:  # e.g. a path the file system cannot even look up
+            raise InputError(f"{option} {shown}: {err.strerror}; give another folder") from None
+        if exists:
             what = "is a file" if p == path else f"is under {p}, which is a file"
             raise InputError(f"{option} {path}: {what}; give a folder")
+
+
+#: the longest file or folder name most file systems take, bytes
+_NAME_MAX = 255
 
 
 def check_out_file(path: Path, option: str = "--out") -> None:

@@ -348,9 +348,15 @@ def _trace_requests(
     ids as CSR arrays for a Mooncake trace (else ``None``)."""
     if not cfg.trace:
         raise InputError("workload.trace: a trace workload needs a trace file path")
-    p = trace_path(cfg.trace, base_dir)
-    if not p.is_file():
-        raise InputError(f"no such trace file: {cfg.trace}", where="workload.trace")
+    try:
+        p = trace_path(cfg.trace, base_dir)
+        found = p.is_file()
+    except OSError as err:  # e.g. a name longer than the file system takes
+        raise InputError(
+            f"no such trace file ({err.strerror}): {show(cfg.trace)}", where="workload.trace"
+        ) from None
+    if not found:
+        raise InputError(f"no such trace file: {show(cfg.trace)}", where="workload.trace")
     bounded = cfg.duration > 0
     limit = MAX_REQUESTS + 1 if bounded else cfg.requests
     hash_flat: I64 | None = None

@@ -258,3 +258,22 @@ def test_an_empty_out_is_refused(tmp_path: Path, command: str) -> None:
     code, output, folder = _invoke(tmp_path, [*args, "--out", ""], False)
     _assert_refused(code, output, folder, "--out", "empty")
     assert not (Path.cwd() / "summary.json").exists()
+
+
+def test_an_out_name_longer_than_the_file_system_takes(tmp_path: Path) -> None:
+    long = tmp_path / ("x" * 300)
+    code, output, _ = _invoke(tmp_path, ["run", "quickstart", "--quiet", "--out", str(long)], False)
+    _assert_refused(code, output, tmp_path / "out", "--out", "longer than 255 bytes")
+
+
+def test_a_trace_name_longer_than_the_file_system_takes(tmp_path: Path) -> None:
+    args = [*RUN, "--set", "workload.kind=trace", "--set", f"workload.trace={'t' * 5000}.jsonl"]
+    code, output, folder = _invoke(tmp_path, args)
+    _assert_refused(code, output, folder, "workload.trace", "no such trace file")
+    assert len(output) < 400
+
+
+@pytest.mark.parametrize("value", ["&x [*x]", "[" * 5000 + "]" * 5000])
+def test_a_set_value_nested_too_deep_or_in_a_cycle(tmp_path: Path, value: str) -> None:
+    code, output, folder = _invoke(tmp_path, [*RUN, "--set", f"cache.params={value}"])
+    _assert_refused(code, output, folder, "--set", "nested")

@@ -311,10 +311,16 @@ class TokenDist(_M):
     """Mean tokens (> 0, at most 1e9); the value itself for `fixed`."""
     low: TokenCount = 1
     """Smallest count (clip; at least 1 is used), 0..1e9."""
-    high: TokenCount = Field(default=4096, ge=1)
-    """Largest count (clip), 1..1e9."""
+    high: Annotated[int, Field(ge=1, le=MAX_TOKENS)] = 4096
+    """Largest count (clip), 1..1e9, at least `low`."""
     sigma: float = Field(default=0.5, ge=0)
     """`lognormal`: sigma of the underlying normal, >= 0."""
+
+    @model_validator(mode="after")
+    def _low_not_above_high(self) -> TokenDist:
+        if self.low > self.high:
+            raise ValueError(f"low {self.low} is above high {self.high}; allowed: low <= high")
+        return self
 
 
 class ClassCfg(_M):

@@ -74,6 +74,12 @@ SETS = [
     ("diurnal period 1ns", ["workload.kind=diurnal", "workload.period=1ns"], "period"),
     ("metrics interval 1e-12", ["metrics.interval=1e-12"], "metrics.interval"),
     ("params .nan", ["cache.params={x: .nan}"], "cache.params.x"),
+    ("input high 0 (fuzz)", ["workload.input_tokens.high=0"], "input_tokens.high"),
+    (
+        "uniform low above high (fuzz)",
+        ["workload.input_tokens={dist: uniform, low: 100, high: 50}"],
+        "low 100 is above high 50",
+    ),
 ]
 
 

@@ -14,7 +14,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator
 
-from engine.configfile import no_bool_numbers
+from engine.limits import CheckedModel
 from engine.policy import policy_names
 from engine.units import parse_duration
 
@@ -23,12 +23,12 @@ __all__ = ["CacheCfg", "Duration", "PrefetchCfg", "StrictModel"]
 Duration = Annotated[float, BeforeValidator(parse_duration), Field(ge=0)]
 
 
-class StrictModel(BaseModel):
-    """A config section: unknown keys are errors, booleans are not numbers, and each field's
-    one-line attribute docstring is its description (``sim.docgen`` prints it)."""
+class StrictModel(CheckedModel, BaseModel):  # BaseModel named too, for linters
+    """A config section: unknown keys are errors, numbers are checked
+    (:class:`engine.limits.CheckedModel`), and each field's one-line attribute docstring is
+    its description (``sim.docgen`` prints it)."""
 
     model_config = ConfigDict(extra="forbid", validate_default=True, use_attribute_docstrings=True)
-    _no_bool = no_bool_numbers()
 
 
 class CacheCfg(StrictModel):

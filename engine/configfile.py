@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Annotated, Any, Literal, TypeVar, Union, get_args, get_origin
 
 import yaml
-from pydantic import BaseModel, ValidationError, ValidationInfo, field_validator
+from pydantic import BaseModel, ValidationError
 
 from engine.errors import InputError
 
@@ -43,36 +43,17 @@ __all__ = [
     "check_depth",
     "explain",
     "format_loc",
-    "no_bool_numbers",
+    "load_yaml",
+    "number_kind",
     "parse_mapping",
+    "parse_value",
     "read_mapping",
     "validate_model",
+    "yaml_problem",
 ]
 
 
-def no_bool_numbers() -> Any:
-    """A pydantic validator for every field of the model it is assigned in (``_no_bool =
-    no_bool_numbers()`` in the class body): int/float fields, and mappings of them, refuse
-    YAML booleans (pydantic would read ``true`` as 1, so ``replication: true`` would
-    silently mean 1)."""
-
-    def check(cls: type[BaseModel], value: Any, info: ValidationInfo) -> Any:
-        field = cls.model_fields.get(info.field_name or "")
-        if field is None:
-            return value
-        kind = _number_kind(field.annotation)
-        if kind == "number" and isinstance(value, bool):
-            raise ValueError(f"{value!r} is a boolean, not a number")
-        if kind == "mapping" and isinstance(value, dict):
-            for k, v in value.items():
-                if isinstance(v, bool):
-                    raise ValueError(f"{k}: {v!r} is a boolean, not a number")
-        return value
-
-    return field_validator("*", mode="before")(check)
-
-
-def _number_kind(annotation: Any) -> str | None:
+def number_kind(annotation: Any) -> str | None:
     """``"number"`` for an int/float field, ``"mapping"`` for a dict of them, else None."""
     tp = _unwrap(annotation)
     if tp in (int, float):
@@ -102,33 +83,142 @@ def check_depth(data: Any, limit: int = MAX_DEPTH) -> bool:
     return True
 
 
+class _DuplicateKey(yaml.YAMLError):  # type: ignore[misc]
+    """A mapping names the same key twice (``line`` and ``first`` are 1-based)."""
+
+    def __init__(self, key: Any, line: int, first: int) -> None:
+        super().__init__(f"duplicate key {key!r}")
+        self.key, self.line, self.first = key, line, first
+
+
+class _TooLongNumber(yaml.YAMLError):  # type: ignore[misc]
+    """An integer with more digits than Python converts (``line`` is 1-based)."""
+
+    def __init__(self, digits: int, line: int) -> None:
+        super().__init__(f"an integer with {digits} digits")
+        self.digits, self.line = digits, line
+
+
+class _Loader(yaml.SafeLoader):  # type: ignore[misc]
+    """PyYAML's safe loader, but a key written twice in one mapping and an integer too long to
+    convert are errors (with their line) instead of the last value winning or a
+    ``ValueError`` from deep inside the parser."""
+
+    def construct_mapping(self, node: yaml.Node, deep: bool = False) -> dict[Any, Any]:
+        if isinstance(node, yaml.MappingNode):
+            seen: dict[Any, int] = {}
+            for key_node, _ in node.value:
+                if key_node.tag == "tag:yaml.org,2002:merge":
+                    continue  # `<<:` merges keys that the mapping's own keys may override
+                key = self.construct_object(key_node, deep=deep)
+                try:
+                    first = seen.setdefault(key, key_node.start_mark.line + 1)
+                except TypeError:  # an unhashable key: PyYAML reports it
+                    continue
+                if first != key_node.start_mark.line + 1:
+                    raise _DuplicateKey(key, key_node.start_mark.line + 1, first)
+        return super().construct_mapping(node, deep)  # type: ignore[no-any-return]
+
+    def construct_yaml_int(self, node: yaml.ScalarNode) -> int:
+        try:
+            return super().construct_yaml_int(node)  # type: ignore[no-any-return]
+        except ValueError:  # Python's limit on the digits of an int converted from text
+            raise _TooLongNumber(len(str(node.value)), node.start_mark.line + 1) from None
+
+
+_Loader.add_constructor("tag:yaml.org,2002:int", _Loader.construct_yaml_int)
+
+
+def load_yaml(text: str) -> Any:
+    """``yaml.safe_load(text)``, but a duplicate key in a mapping and an integer too long to
+    convert raise :class:`yaml.YAMLError` (see :func:`parse_mapping` for the messages)."""
+    return yaml.load(text, Loader=_Loader)
+
+
+def yaml_problem(err: yaml.YAMLError) -> tuple[str, str | None]:
+    """``(message, "line N" or None)`` describing a YAML error from :func:`load_yaml`."""
+    if isinstance(err, _DuplicateKey):
+        return (
+            f"duplicate key {err.key!r} (first at line {err.first}); a key may appear once "
+            "in a mapping",
+            f"line {err.line}",
+        )
+    if isinstance(err, _TooLongNumber):
+        return (
+            f"{err.digits}-digit integer; allowed: integers of magnitude <= 2**63 - 1",
+            f"line {err.line}",
+        )
+    mark = getattr(err, "problem_mark", None)
+    where = f"line {mark.line + 1}" if mark is not None else None
+    return f"not valid YAML: {' '.join(str(err).split())}", where
+
+
+class _DuplicateJsonKey(ValueError):
+    """A JSON object names the same key twice."""
+
+
+def parse_value(text: str, label: str) -> Any:
+    """One value written on the command line (``--set k=VALUE``, a grid value), read as YAML
+    by :func:`load_yaml`; ``InputError`` starting with ``label`` when it does not parse, names
+    a key twice or holds an integer too long to convert."""
+    try:
+        value = load_yaml(text)
+    except yaml.YAMLError as err:
+        msg, _ = yaml_problem(err)
+        raise InputError(f"{label}: value: {msg}") from None
+    except RecursionError:
+        value = _TOO_DEEP
+    if value is _TOO_DEEP or not check_depth(value):
+        raise InputError(f"{label}: value nested more than {MAX_DEPTH} levels deep")
+    return value
+
+
+_TOO_DEEP = object()
+
+
+def _unique_pairs(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """A JSON object's pairs as a dict; :class:`_DuplicateJsonKey` for a key given twice."""
+    out: dict[str, Any] = {}
+    for k, v in pairs:
+        if k in out:
+            raise _DuplicateJsonKey(f"duplicate key {k!r}; a key may appear once in an object")
+        out[k] = v
+    return out
+
+
 def parse_mapping(
     text: str, source: str, kind: str, fmt: Literal["yaml", "json"] = "yaml"
 ) -> dict[str, Any]:
     """Parse ``text`` (from ``source``; ``kind`` names the file in messages, e.g. "plan") as
     YAML or JSON and return the top-level mapping.
 
-    ``InputError`` (naming ``source`` and the line) for text that does not parse, and for a
-    document whose top level is not a mapping (an empty file included).
+    ``InputError`` (naming ``source`` and the line) for text that does not parse, a key
+    written twice in one mapping, an integer too long to convert, and a document whose top
+    level is not a mapping (an empty file included).
     """
     deep = f"nested more than {MAX_DEPTH} levels deep; a {kind} file is a few levels of keys"
     if fmt == "json":
         try:
-            data = json.loads(text)
+            data = json.loads(text, object_pairs_hook=_unique_pairs)
         except json.JSONDecodeError as err:
             raise InputError(
                 f"not valid JSON: {err.msg}", source=source, where=f"line {err.lineno}"
             ) from None
         except RecursionError:
             raise InputError(deep, source=source) from None
+        except _DuplicateJsonKey as err:
+            raise InputError(str(err), source=source) from None
+        except ValueError:  # Python's limit on the digits of an int converted from text
+            raise InputError(
+                "an integer of more than 4300 digits; allowed: integers of magnitude <= 2**63 - 1",
+                source=source,
+            ) from None
     else:
         try:
-            data = yaml.safe_load(text)
+            data = load_yaml(text)
         except yaml.YAMLError as err:
-            mark = getattr(err, "problem_mark", None)
-            where = f"line {mark.line + 1}" if mark is not None else None
-            msg = " ".join(str(err).split())
-            raise InputError(f"not valid YAML: {msg}", source=source, where=where) from None
+            msg, where = yaml_problem(err)
+            raise InputError(msg, source=source, where=where) from None
         except RecursionError:
             raise InputError(deep, source=source) from None
     if not check_depth(data):

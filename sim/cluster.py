@@ -269,6 +269,9 @@ class Cluster:
         n = self.wl.n
         met = ctx.metrics
         seen, seen_at = -1, 0.0
+        # more events than this at one instant: simulated time cannot advance (a request's
+        # arrival makes a few events, and every request may arrive at one instant)
+        stall_events = 1_000_000 + 8 * n
         while met.n_final < n:
             if env.now >= cap:
                 return f"the scenario's duration ({cap:g} s) ended the run"
@@ -280,7 +283,7 @@ class Cluster:
                     f"no request arrived or finished for {stall:g} simulated seconds "
                     "(metrics.stall_timeout)"
                 )
-            env.run(until=min(env.now + step, cap))
+            env.run(until=min(env.now + step, cap), stall_events=stall_events)
             if max_waiting is not None and sum(nd.qlen for nd in ctx.nodes) > max_waiting:
                 return (
                     f"more than {max_waiting} requests waited (metrics.max_waiting): the "

@@ -30,8 +30,9 @@ from pydantic import BaseModel
 from pydantic.fields import FieldInfo
 from pydantic_core import PydanticUndefined
 
+from engine import limits
 from engine.policy import policy_class, policy_names
-from engine.units import parse_duration, parse_rate, parse_size
+from engine.units import MAX_DURATION, MAX_RATE, MAX_SIZE, parse_duration, parse_rate, parse_size
 from sim.control.faults import KINDS as FAULT_KINDS
 from sim.scenario import Scenario, WorkloadCfg
 from sim.serving import models as _models
@@ -338,6 +339,60 @@ def _registries() -> list[str]:
     return [*lines, ""]
 
 
+def _limits() -> list[str]:
+    """The numeric limits every file, option and trace obeys (:mod:`engine.limits`)."""
+    rows = [
+        ("any number", "finite: `.inf`, `.nan`, `1e999` are errors; booleans are not numbers"),
+        ("any integer", f"magnitude <= 2**63 - 1 ({limits.MAX_INT:,})"),
+        ("a key", "written once per mapping (a duplicate key is an error naming its line)"),
+        (
+            "token counts",
+            f"0..{limits.MAX_TOKENS:,} per prompt or output (`workload.*_tokens.low`, `high`, "
+            "`mean`; trace records), so a prompt plus its output fits a 32-bit integer",
+        ),
+        (
+            "requests of one run",
+            f"at most {limits.MAX_REQUESTS:,}: `workload.requests`, `clients`, the peak rate x "
+            "`workload.duration` of a generated workload, the records a trace workload uses",
+        ),
+        ("request rates", f"> 0 and <= {limits.MAX_REQUEST_RATE:g} requests/s"),
+        (
+            "intervals of periodic processes",
+            f">= {limits.MIN_INTERVAL:g} s (`degradation.max_wait`, `hot_shards.window`, "
+            "`metrics.interval`, `workload.period`, `faults.raft.heartbeat`, "
+            "`lease_interval`, `client_timeout`, `election_timeout`, "
+            "`disaggregation.retry`); 0 where the field says it turns the process off",
+        ),
+        ("sizes", f"0..{MAX_SIZE:,} bytes (1 EiB)"),
+        ("rates (bandwidths)", f"> 0 and <= {MAX_RATE:g} bytes/s"),
+        ("durations", f"0..{MAX_DURATION:g} s"),
+        (
+            "seeds",
+            f"0..2**63 - 1; `seeds: N` and `--seeds` give at most {limits.MAX_SEEDS:,} seeds",
+        ),
+        (
+            "command-line numbers",
+            "whole numbers of at most 20 digits in each option's range (`--help`); "
+            "`--qps` and `--until` finite and > 0; `--out` not empty",
+        ),
+    ]
+    lines = [
+        "## Limits",
+        "",
+        "Every number pdsim reads -- in any file above, on the command line, in a trace -- is "
+        "checked on load against these ranges (`engine/limits.py`); outside them the command "
+        "prints one line naming the file or option and the field, exits 2 and writes nothing. "
+        "A run whose simulated clock still stops advancing (more than a million events within "
+        f"{limits.MIN_INTERVAL:g} s of simulated time) stops with exit status 1 and names "
+        "the process.",
+        "",
+        "| what | allowed |",
+        "|---|---|",
+    ]
+    lines += [f"| {what} | {_cell(allowed)} |" for what, allowed in rows]
+    return [*lines, ""]
+
+
 def render() -> str:
     """The whole reference as Markdown (deterministic; see the module docstring)."""
     lines = [
@@ -355,11 +410,12 @@ def render() -> str:
     for fk in FILES:
         anchor = fk.title.lower().replace(" ", "-")
         lines.append(f"- [{fk.title}](#{anchor})")
-    lines += ["- [Allowed names](#allowed-names)", ""]
+    lines += ["- [Limits](#limits)", "- [Allowed names](#allowed-names)", ""]
     for fk in FILES:
         lines += [f"## {fk.title}", "", fk.intro, ""]
         for sec in sections(fk.model):
             lines += _table(sec, fk.title)
+    lines += _limits()
     lines += _registries()
     return "\n".join(lines).rstrip("\n") + "\n"
 

@@ -136,3 +136,32 @@ def check_feasible(sc: Scenario, catalogue: dict[str, Any], profile: Any) -> Non
         chunk_model("probe", [1], sc.chunks.size)
     except ValueError as err:
         raise InputError(str(err), source=src, where="chunks.size") from None
+
+
+def check_references(sc: Scenario) -> dict[str, Any]:
+    """The files and names ``sc`` refers to exist -- its model catalogue, its profile, and its
+    models, eviction policies and classes (:func:`_check_names`) -- or :class:`InputError`
+    naming the field. Unlike :func:`check_feasible` nothing here depends on the cluster's size,
+    so a plan checks it before its first probe. Returns the catalogue."""
+    from sim.serving.costmodel import load_profile
+    from sim.serving.models import load_catalogue
+
+    catalogue = load_catalogue(sc.catalogue)
+    try:
+        load_profile(sc.profile)
+    except InputError as err:
+        raise InputError(str(err), source=sc.source, where="profile") from None
+    _check_names(sc, catalogue)
+    return catalogue
+
+
+def check_runnable(sc: Scenario) -> None:
+    """:func:`check_references` and :func:`check_feasible` for ``sc`` and each of its variants,
+    as :func:`sim.runner.run_scenario` checks them (an A/B test's sides before any run)."""
+    from sim.scenario import variant
+    from sim.serving.costmodel import load_profile
+
+    catalogue = check_references(sc)
+    profile = load_profile(sc.profile)
+    for v in [variant(sc, v) for v in sc.variants] or [sc]:
+        check_feasible(v, catalogue, profile)

@@ -16,12 +16,12 @@ import json
 from pathlib import Path
 from typing import Any, Literal
 
-import yaml
 from pydantic import BaseModel, Field, model_validator
 
 from engine.config import CacheCfg, PrefetchCfg, StrictModel
-from engine.configfile import read_mapping, validate_model
+from engine.configfile import parse_value, read_mapping, validate_model
 from engine.errors import InputError
+from engine.limits import show
 from sim.control.faults import FaultsCfg
 from sim.disagg.poolconfig import DisaggCfg
 from sim.sections import (
@@ -243,12 +243,8 @@ def parse_override(text: str, label: str = "--set") -> tuple[list[str], Any]:
     key, raw = text.split("=", 1)
     path = [p for p in key.strip().split(".")]
     if not key.strip() or any(not p for p in path):
-        raise InputError(f"{label} {text!r}: empty key path")
-    try:
-        value = yaml.safe_load(raw) if raw.strip() else ""
-    except yaml.YAMLError as err:
-        raise InputError(f"{label} {text!r}: value is not valid YAML ({err})") from None
-    return path, value
+        raise InputError(f"{label} {show(text)}: empty key path")
+    return path, parse_value(raw, f"{label} {show(text)}") if raw.strip() else ""
 
 
 def apply_overrides(

@@ -11,6 +11,14 @@ from typing import Annotated, Literal
 from pydantic import BaseModel, BeforeValidator, Field, model_validator
 
 from engine.config import StrictModel
+from engine.limits import (
+    MAX_REQUEST_RATE,
+    MAX_REQUESTS,
+    MAX_TOKENS,
+    Interval,
+    IntervalOrOff,
+    TokenCount,
+)
 from engine.units import parse_duration, parse_rate, parse_size
 
 Size = Annotated[int, BeforeValidator(parse_size), Field(ge=0)]
@@ -67,10 +75,10 @@ class ServerCfg(_M):
 class ReplicaCfg(_M):
     """How a replica (one model copy on `tp` x `pp` GPUs) runs its iterations, vLLM-style."""
 
-    max_num_seqs: int = Field(default=256, ge=1)
-    """Most sequences (prefilling or decoding) in one replica's running batch (>= 1)."""
-    max_num_batched_tokens: int = Field(default=8192, ge=1)
-    """Token budget of one iteration: one per decoding sequence plus prefill chunks (>= 1)."""
+    max_num_seqs: int = Field(default=256, ge=1, le=MAX_REQUESTS)
+    """Most sequences (prefilling or decoding) in one replica's running batch, 1..1e7."""
+    max_num_batched_tokens: int = Field(default=8192, ge=1, le=MAX_TOKENS)
+    """Token budget of one iteration: one per decoding sequence plus prefill chunks, 1..1e9."""
     chunked_prefill: bool = True
     """Split long prompts into chunks that fill the token budget next to the decodes (vLLM v1);
     false: a prompt is prefilled whole in one iteration (the first prompt always fits)."""
@@ -181,8 +189,8 @@ class RingCfg(_M):
     """Consistent-hash placement; ``placement``: ring key per ``chunk`` (default) or per
     ``shard`` (layer / head group, following ``chunks.sharding``)."""
 
-    vnodes: int = Field(default=128, ge=1)
-    """Virtual nodes per parameter server on the consistent-hash ring (R1), >= 1."""
+    vnodes: int = Field(default=128, ge=1, le=65536)
+    """Virtual nodes per parameter server on the consistent-hash ring (R1), 1..65536."""
     replication: int = Field(default=1, ge=1)
     """Initial replicas of each chunk (capped at the number of parameter servers), >= 1."""
     load_factor: float | None = Field(default=None, gt=1)
@@ -217,8 +225,9 @@ class DegradationCfg(_M):
     """What happens to a non-protected request under overload: `shed` or `queue` (held)."""
     queue_per_node: int = Field(default=64, ge=1)
     """A node is overloaded when this many requests wait in its queue (>= 1)."""
-    max_wait: Duration = 1.0
-    """... or when its oldest queued request has waited this long, seconds or a duration."""
+    max_wait: Interval = 1.0
+    """... or when its oldest queued request has waited this long, seconds or a duration
+    (>= 1 us: an overloaded node is re-checked every `max_wait / 4`)."""
 
 
 class HotShardCfg(_M):
@@ -228,8 +237,8 @@ class HotShardCfg(_M):
 
     enabled: bool = False
     """Turn hot-shard detection and dynamic replication on."""
-    window: Duration = 1.0
-    """Length of one counting window, seconds or a duration."""
+    window: Interval = 1.0
+    """Length of one counting window, seconds or a duration (>= 1 us)."""
     factor: float = Field(default=3.0, gt=1)
     """A chunk is hot when its window count exceeds this x its baseline (> 1)."""
     min_count: int = Field(default=8, ge=1)
@@ -260,8 +269,8 @@ class KvCfg(_M):
     """`engine`: block tables in engine.kv.allocator.KVBlockAllocator; `count`: byte counts only."""
     attention: Literal["chunked", "unchunked"] = "chunked"
     """Attention memory model (R12): `chunked` (O(chunk) scratch) or `unchunked` (O(context^2))."""
-    chunk_tokens: int = Field(default=512, ge=1)
-    """`chunked`: KV tokens attended per piece (R12: 512), >= 1."""
+    chunk_tokens: int = Field(default=512, ge=1, le=MAX_TOKENS)
+    """`chunked`: KV tokens attended per piece (R12: 512), 1..1e9."""
     storage: Literal["paged", "chunked", "contiguous"] = "paged"
     """KV storage layout that bounds the longest context (R12, engine.kv.footprint): `paged`
     (blocks), `chunked` (`chunk_tokens` pieces, never copied) or `contiguous` (one buffer per
@@ -298,14 +307,20 @@ class TokenDist(_M):
     dist: Literal["fixed", "uniform", "lognormal", "geometric"] = "fixed"
     """`fixed` (always `mean`), `uniform` on [low, high], `lognormal` with mean `mean`, or
     `geometric` (memoryless, P(k) = (1-p)^(k-1) p, mean `mean` >= 1 before clipping)."""
-    mean: float = Field(default=256, gt=0)
-    """Mean tokens (> 0); the value itself for `fixed`."""
-    low: int = Field(default=1, ge=0)
-    """Smallest count (clip; at least 1 is used)."""
-    high: int = Field(default=4096, ge=1)
-    """Largest count (clip), >= 1."""
+    mean: float = Field(default=256, gt=0, le=MAX_TOKENS)
+    """Mean tokens (> 0, at most 1e9); the value itself for `fixed`."""
+    low: TokenCount = 1
+    """Smallest count (clip; at least 1 is used), 0..1e9."""
+    high: Annotated[int, Field(ge=1, le=MAX_TOKENS)] = 4096
+    """Largest count (clip), 1..1e9, at least `low`."""
     sigma: float = Field(default=0.5, ge=0)
     """`lognormal`: sigma of the underlying normal, >= 0."""
+
+    @model_validator(mode="after")
+    def _low_not_above_high(self) -> TokenDist:
+        if self.low > self.high:
+            raise ValueError(f"low {self.low} is above high {self.high}; allowed: low <= high")
+        return self
 
 
 class ClassCfg(_M):
@@ -329,8 +344,12 @@ class StepCfg(_M):
 
     at: Duration
     """Time the step starts, seconds or a duration (>= 0)."""
-    rate: float = Field(gt=0)
-    """Arrival rate from then on, requests/s (> 0)."""
+    rate: float = Field(gt=0, le=MAX_REQUEST_RATE)
+    """Arrival rate from then on, requests/s (> 0, at most 1e7)."""
+
+
+#: most periods of the diurnal rate one workload spans (its rate curve is tabulated per period)
+MAX_PERIODS = 20_000
 
 
 class WorkloadCfg(_M):
@@ -338,21 +357,23 @@ class WorkloadCfg(_M):
 
     kind: Literal["poisson", "step", "diurnal", "closed-loop", "trace"] = "poisson"
     """Arrival process; see the workload kinds below."""
-    requests: int = Field(default=1000, ge=1)
-    """Number of requests to generate (a trace: at most this many records), >= 1; ignored when
-    `duration` bounds the workload."""
+    requests: int = Field(default=1000, ge=1, le=MAX_REQUESTS)
+    """Number of requests to generate (a trace: at most this many records), 1..1e7; ignored
+    when `duration` bounds the workload."""
     duration: Duration = 0.0
     """Bound the workload by time instead: every arrival in `[0, duration)` seconds (open-loop
     kinds; a trace: its records in that span); 0: bounded by `requests`."""
-    rate: float = Field(default=10.0, gt=0)
-    """Mean arrival rate, requests/s (`poisson`, `diurnal`; `step` before its first step)."""
+    rate: float = Field(default=10.0, gt=0, le=MAX_REQUEST_RATE)
+    """Mean arrival rate, requests/s (`poisson`, `diurnal`; `step` before its first step),
+    at most 1e7; with `duration`, the peak rate x `duration` is at most 1e7 requests."""
     steps: list[StepCfg] = []
     """`step`: the rate changes, in time order (R11: 50 -> 1200 QPS)."""
-    period: Duration = 60.0
-    """`diurnal`: period of the sinusoidal rate, seconds or a duration."""
+    period: Interval = 60.0
+    """`diurnal`: period of the sinusoidal rate, seconds or a duration (>= 1 us; the run spans
+    at most 20,000 periods)."""
     amplitude: float = Field(default=0.5, ge=0, lt=1)
     """`diurnal`: rate = rate x (1 + amplitude x sin(2 pi t / period)), in [0, 1)."""
-    clients: int = Field(default=16, ge=1)
+    clients: int = Field(default=16, ge=1, le=MAX_REQUESTS)
     """`closed-loop`: concurrent clients, each waiting for its answer before the next request."""
     think_time: Duration = 0.5
     """`closed-loop`: mean exponential think time between a client's requests, seconds."""
@@ -370,6 +391,31 @@ class WorkloadCfg(_M):
     classes: list[ClassCfg] = [ClassCfg(name="normal")]
     """Workload classes, drawn by share per request."""
 
+    @model_validator(mode="after")
+    def _arrivals_bounded(self) -> WorkloadCfg:
+        """A generated open-loop workload stays within :data:`engine.limits.MAX_REQUESTS`
+        (rate x duration) and, when diurnal, within 20,000 periods."""
+        if self.kind in ("trace", "closed-loop"):
+            return self
+        peak = self.rate
+        if self.kind == "step":
+            peak = max([self.rate, *(st.rate for st in self.steps)])
+        elif self.kind == "diurnal":
+            peak = self.rate * (1 + self.amplitude)
+        if self.duration > 0 and peak * self.duration > MAX_REQUESTS:
+            raise ValueError(
+                f"rate x duration: {peak:g} requests/s for {self.duration:g} s is about "
+                f"{peak * self.duration:.3g} requests; allowed: at most {MAX_REQUESTS:.0e}"
+            )
+        if self.kind == "diurnal":
+            span = self.duration or self.requests / (self.rate * (1 - self.amplitude))
+            if span / self.period > MAX_PERIODS:
+                raise ValueError(
+                    f"period: {self.period:g} s is {span / self.period:.3g} periods of the "
+                    f"{span:.3g} s the workload spans; allowed: at most {MAX_PERIODS:,}"
+                )
+        return self
+
 
 class MetricsCfg(_M):
     """Time series sampling, the steady-state window, the stall limit and invariant checks.
@@ -378,8 +424,9 @@ class MetricsCfg(_M):
     utilisation) come from the *steady window*: requests that arrive in
     ``[warmup, last arrival - cooldown]``; see docs/metrics.md."""
 
-    interval: Duration = 0.0
-    """Time-series sampling interval, seconds or a duration; 0: about 200 samples per run."""
+    interval: IntervalOrOff = 0.0
+    """Time-series sampling interval, seconds or a duration (>= 1 us); 0: about 200 samples
+    per run."""
     check_invariants: bool = False
     """Check cache and allocator invariants during the run (slower; for tests)."""
     warmup: Duration | None = None

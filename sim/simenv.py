@@ -31,10 +31,23 @@ import simpy
 from simpy.core import EmptySchedule, SimTime, StopSimulation
 from simpy.events import NORMAL, URGENT, Event, EventPriority, Process, ProcessGenerator, Timeout
 
-__all__ = ["CountingEnvironment", "SimProcess", "SimTimeout"]
+from engine.limits import MIN_INTERVAL
+
+__all__ = ["STALL_EVENTS", "CountingEnvironment", "SimProcess", "SimTimeout", "SimulationStalled"]
+
+#: events at one instant after which a guarded run (``run(until, stall_events)``) counts the
+#: simulation as stalled, unless its caller knows more may come at once (many arrivals)
+STALL_EVENTS = 1_000_000
 
 #: SimPy re-queues the event a StopSimulation interrupted one priority ahead of URGENT
 _RESUME_FIRST = EventPriority(URGENT - 1)
+
+
+class SimulationStalled(RuntimeError):
+    """Simulated time stopped advancing: a whole slice of events (``stall_events`` of
+    :meth:`CountingEnvironment.run`) moved the clock by less than
+    :data:`engine.limits.MIN_INTERVAL`. The message says when and
+    which process kept scheduling events there."""
 
 
 class CountingEnvironment(simpy.Environment):
@@ -71,9 +84,15 @@ class CountingEnvironment(simpy.Environment):
         :class:`simpy.core.EmptySchedule` when none is left."""
         self._loop(1)
 
-    def run(self, until: Any = None) -> Any:
+    def run(self, until: Any = None, stall_events: int | None = None) -> Any:
         """SimPy's ``run``; a numeric ``until`` runs :meth:`_loop` directly (no call per
-        event), anything else goes through SimPy's ``run`` (and this ``step``)."""
+        event), anything else goes through SimPy's ``run`` (and this ``step``).
+
+        With a numeric ``until`` and ``stall_events``, the loop runs in slices of that many
+        events and raises :class:`SimulationStalled` when a slice moves the clock by less
+        than :data:`engine.limits.MIN_INTERVAL` (events that keep scheduling events at one
+        instant or a hair later, e.g. an interval too small to move a float clock); the
+        events, their order and the result are those of a run without it."""
         if until is None or isinstance(until, Event):
             return super().run(until)
         at = until if isinstance(until, int) else float(until)
@@ -85,7 +104,17 @@ class CountingEnvironment(simpy.Environment):
         self.schedule(stop, URGENT, at - self._now)
         stop.callbacks.append(StopSimulation.callback)
         try:
-            self._loop(-1)
+            if stall_events is None:
+                self._loop(-1)
+            while stall_events is not None:
+                start = self._now
+                self._loop(stall_events)
+                if self._now - start < MIN_INTERVAL:
+                    raise SimulationStalled(
+                        f"simulated time stopped advancing at t={start:.9g} s: "
+                        f"{stall_events:,} events in less than {MIN_INTERVAL:g} s of it"
+                        f"{self._culprit()}"
+                    )
         except StopSimulation as exc:
             return exc.args[0]
         except EmptySchedule:
@@ -93,6 +122,18 @@ class CountingEnvironment(simpy.Environment):
                 f'No scheduled events left but "until" event was not triggered: {stop}'
             ) from None
         raise AssertionError("unreachable: the loop ends by StopSimulation or EmptySchedule")
+
+    def _culprit(self) -> str:
+        """``" (next: NAME)"``: the process the next queued event resumes, if any."""
+        if not self._queue:
+            return ""
+        event = self._queue[0][3]
+        for cb in event.callbacks or []:
+            proc = getattr(cb, "__self__", None)
+            gen = getattr(proc, "_generator", None)
+            if gen is not None:
+                return f" (next: the process {getattr(gen, '__qualname__', gen)})"
+        return ""
 
     def _loop(self, limit: int) -> None:
         """Process ``limit`` events (a negative limit: until an exception ends the loop),

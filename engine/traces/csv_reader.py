@@ -19,6 +19,7 @@ from __future__ import annotations
 import csv
 import math
 import re
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 import numpy as np
@@ -30,6 +31,8 @@ from engine.traces.trace import NO_COLOR, Trace, first_decrease
 REQUIRED = ("time", "key", "size")
 ALLOWED = (*REQUIRED, "color")
 _DIGITS = re.compile(r"[0-9]+")
+#: the longest field the :mod:`csv` module reads (its default limit), characters
+MAX_FIELD = csv.field_size_limit()
 _EXPECT = "expected `time,key,size[,color]` (time in seconds, size a whole number of bytes)"
 
 
@@ -87,11 +90,30 @@ def read_csv(path: str | Path) -> Trace:
     )
 
 
+def _rows(fh: Iterable[str], src: str) -> Iterator[tuple[int, list[str]]]:
+    """``(1-based line, fields)`` of each CSV record in ``fh``; a field longer than the
+    :mod:`csv` module's limit (:data:`MAX_FIELD` characters) or malformed quoting is an
+    :class:`InputError` naming the line."""
+    reader = csv.reader(fh)
+    lineno = 0
+    try:
+        for row in reader:
+            lineno = reader.line_num
+            yield lineno, row
+    except csv.Error as err:
+        raise InputError(
+            f"not a CSV record ({err}); allowed: fields of at most {MAX_FIELD:,} characters; "
+            f"{_EXPECT}",
+            source=src,
+            where=f"line {reader.line_num}",  # counts the line that failed
+        ) from None
+
+
 def _layout(path: Path) -> tuple[int, tuple[str, ...]]:
     """``(lines to skip, column names)`` from the first non-empty line."""
     src = str(path)
     with path.open(newline="", encoding="utf-8", errors="replace") as fh:
-        for lineno, row in enumerate(csv.reader(fh), start=1):
+        for lineno, row in _rows(fh, src):
             if not row or all(not f.strip() for f in row):
                 continue
             if _is_number(row[0]):
@@ -121,7 +143,7 @@ def _diagnose(path: Path, header_line: int, columns: tuple[str, ...]) -> None:
     lineno = 0
     try:
         with path.open(newline="", encoding="utf-8") as fh:
-            for lineno, row in enumerate(csv.reader(fh), start=1):
+            for lineno, row in _rows(fh, src):
                 if lineno <= header_line or not row or all(not f.strip() for f in row):
                     continue
                 where = f"line {lineno}"

@@ -31,11 +31,15 @@ from typing import Any
 import numpy as np
 
 from engine.errors import InputError
+from engine.limits import MAX_TOKENS, show
 from engine.traces.trace import Trace, dense_ids
 
 #: K and V, 32 layers, 32 KV heads, head_dim 128, 2 bytes (fp16): LLaMA-2-7B.
 DEFAULT_KV_BYTES_PER_TOKEN = 2 * 32 * 32 * 128 * 2
 DEFAULT_BLOCK_TOKENS = 512
+
+#: the latest timestamp accepted, ms (1e12 ms: about 31 years, the longest duration)
+MAX_TIMESTAMP_MS = 1e12
 
 _EXPECT = (
     'expected one JSON object a line like {"timestamp": <ms>, "input_length": <tokens>, '
@@ -118,15 +122,21 @@ def _record(line: str, src: str, lineno: int) -> tuple[float, list[int]]:
         raise InputError(f"not valid JSON ({err.msg}); {_EXPECT}", source=src, where=where) from err
     except RecursionError:  # json's decoder recurses once per nested array/object
         raise InputError(f"JSON nested too deeply; {_EXPECT}", source=src, where=where) from None
+    except ValueError:  # Python's limit on the digits of an int converted from text
+        raise InputError(
+            f"an integer of more than 4300 digits; {_EXPECT}", source=src, where=where
+        ) from None
     if not isinstance(obj, dict):
         raise InputError(f"not a JSON object; {_EXPECT}", source=src, where=where)
     for field in ("timestamp", "hash_ids"):
         if field not in obj:
             raise InputError(f"missing field {field!r}; {_EXPECT}", source=src, where=where)
     ts = obj["timestamp"]
-    if not _is_number(ts) or not math.isfinite(ts) or ts < 0:
+    if not _is_number(ts) or not 0 <= ts <= MAX_TIMESTAMP_MS:
         raise InputError(
-            f"timestamp {ts!r} is not a number of milliseconds >= 0", source=src, where=where
+            f"timestamp {show(ts)} is not a number of milliseconds in [0, 1e12]",
+            source=src,
+            where=where,
         )
     hids = obj["hash_ids"]
     if not isinstance(hids, list) or not all(_is_id(h) for h in hids):
@@ -135,9 +145,11 @@ def _record(line: str, src: str, lineno: int) -> tuple[float, list[int]]:
         )
     for field in ("input_length", "output_length"):
         v = obj.get(field, 0)
-        if not _is_int(v) or v < 0:
+        if not _is_int(v) or not 0 <= v <= MAX_TOKENS:
             raise InputError(
-                f"{field} {v!r} is not a whole number of tokens >= 0", source=src, where=where
+                f"{field} {show(v)} is not a whole number of tokens in [0, {MAX_TOKENS:.0e}]",
+                source=src,
+                where=where,
             )
     return float(ts) / 1000.0, hids
 

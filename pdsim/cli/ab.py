@@ -10,13 +10,18 @@ from rich.console import Console
 from rich.table import Table
 
 from engine.errors import InputError
+from engine.limits import MAX_SEED
 from pdsim.cli.common import (
+    MAX_RESAMPLES,
+    MAX_WORKERS,
     blame_override,
     check_out_dir,
     check_out_kind,
     check_same_inputs,
     console,
     err_console,
+    int_option,
+    out_path,
     result_name,
     user_errors,
 )
@@ -55,7 +60,13 @@ def ab(
         ),
     ] = None,
     workers: Annotated[
-        int, typer.Option("--workers", min=1, metavar="N", help="Dask workers (1: local).")
+        int,
+        typer.Option(
+            "--workers",
+            parser=int_option(1, MAX_WORKERS),
+            metavar="N",
+            help="Dask workers (1: local).",
+        ),
     ] = 1,
     scheduler: Annotated[
         str | None,
@@ -64,16 +75,26 @@ def ab(
         ),
     ] = None,
     resamples: Annotated[
-        int, typer.Option("--resamples", metavar="N", help="Bootstrap resamples.")
+        int,
+        typer.Option(
+            "--resamples",
+            parser=int_option(100, MAX_RESAMPLES),
+            metavar="N",
+            help="Bootstrap resamples (100..100,000).",
+        ),
     ] = 2000,
     boot_seed: Annotated[
-        int, typer.Option("--boot-seed", metavar="N", help="Bootstrap RNG seed.")
+        int,
+        typer.Option(
+            "--boot-seed", parser=int_option(0, MAX_SEED), metavar="N", help="Bootstrap RNG seed."
+        ),
     ] = 0,
     out: Annotated[
         Path | None,
         typer.Option(
             "--out",
             metavar="DIR",
+            parser=out_path,
             help="Output folder (default runs/ab-NAME-HASH, HASH of the inputs); a folder "
             "holding another A/B's results is refused.",
         ),

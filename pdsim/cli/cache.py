@@ -28,7 +28,9 @@ import yaml
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 from rich.table import Table
 
+from engine.configfile import load_yaml
 from engine.errors import InputError
+from engine.limits import MAX_INT, MAX_TOKENS, check_number, show
 from engine.missratio import CLOCKS, replay
 from engine.policy import policy_class, policy_names
 from engine.traces import (
@@ -39,7 +41,7 @@ from engine.traces import (
     read_trace,
 )
 from engine.units import format_bytes, parse_size
-from pdsim.cli.common import console, err_console, user_errors
+from pdsim.cli.common import console, err_console, int_option, out_path, user_errors
 from sim.study.sweep.resultcache import as_umask
 
 app = typer.Typer(
@@ -97,7 +99,10 @@ def replay_cmd(
     block_tokens: Annotated[
         int,
         typer.Option(
-            "--block-tokens", help="Mooncake only: tokens per KV block (one hash id = one block)."
+            "--block-tokens",
+            parser=int_option(1, MAX_TOKENS),
+            metavar="N",
+            help="Mooncake only: tokens per KV block (one hash id = one block).",
         ),
     ] = DEFAULT_BLOCK_TOKENS,
     kv_bytes_per_token: Annotated[
@@ -129,7 +134,12 @@ def replay_cmd(
     ] = "time",
     precision: Annotated[
         int,
-        typer.Option("--precision", help="Decimals of the ratios in the printed tables (0-17)."),
+        typer.Option(
+            "--precision",
+            parser=int_option(0, 17),
+            metavar="N",
+            help="Decimals of the ratios in the printed tables (0-17).",
+        ),
     ] = 6,
     params: Annotated[
         list[str] | None,
@@ -144,6 +154,7 @@ def replay_cmd(
         typer.Option(
             "--out",
             "-o",
+            parser=out_path,
             help="Output folder for replay.csv, mrc.png and inputs.json. Default: "
             "runs/cache-replay-<hash of the trace content and these options>.",
             show_default=False,
@@ -151,7 +162,14 @@ def replay_cmd(
     ] = None,
     limit: Annotated[
         int | None,
-        typer.Option("--limit", "-n", help="Replay only the first N accesses.", show_default=False),
+        typer.Option(
+            "--limit",
+            "-n",
+            parser=int_option(1, MAX_INT),
+            metavar="N",
+            help="Replay only the first N accesses.",
+            show_default=False,
+        ),
     ] = None,
     quiet: Annotated[
         bool,
@@ -167,8 +185,6 @@ def replay_cmd(
         names = _policies(policy)
         if clock not in CLOCKS:
             raise InputError(f"--clock: {clock!r} is not a clock; allowed: {', '.join(CLOCKS)}")
-        if not 0 <= precision <= 17:
-            raise InputError(f"--precision: {precision} is not between 0 and 17 decimals")
         kv_bytes = _size_option("--kv-bytes-per-token", kv_bytes_per_token)
         pparams = _params(params or [])
         trace = read_trace(
@@ -285,9 +301,12 @@ def _params(items: list[str]) -> dict[str, dict[str, Any]]:
         if not eq or not dot or not name.strip() or not key.strip():
             raise InputError(f"--param {item!r}: expected POLICY.NAME=VALUE, e.g. lru-k.k=3")
         try:
-            parsed = yaml.safe_load(value)
+            parsed = load_yaml(value)
         except yaml.YAMLError:
             parsed = value
+        why = check_number(parsed)
+        if why is not None:
+            raise InputError(f"--param {show(item)}: {why}")
         out.setdefault(name.strip(), {})[key.strip()] = parsed
     return out
 

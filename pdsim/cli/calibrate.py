@@ -58,6 +58,7 @@ from pdsim.cli.common import (
     check_out_file,
     console,
     err_console,
+    out_path,
     user_errors,
 )
 
@@ -106,6 +107,7 @@ def calibrate(
             "--out",
             "-o",
             metavar="FILE",
+            parser=out_path,
             help="Profile JSON to write. Default: runs/profiles/<backend>-<host>.json.",
         ),
     ] = None,

@@ -10,12 +10,15 @@ import typer
 from rich.table import Table
 
 from pdsim.cli.common import (
+    MAX_WORKERS,
     check_out_dir,
     check_out_kind,
     check_same_inputs,
     console,
     err_console,
+    int_option,
     load_scenario_arg,
+    out_path,
     result_name,
     user_errors,
 )
@@ -34,7 +37,10 @@ def chaos(
     workers: Annotated[
         int,
         typer.Option(
-            "--workers", min=1, metavar="N", help="Dask LocalCluster workers (1: in-process)."
+            "--workers",
+            parser=int_option(1, MAX_WORKERS),
+            metavar="N",
+            help="Dask LocalCluster workers (1: in-process).",
         ),
     ] = 1,
     scheduler: Annotated[
@@ -50,6 +56,7 @@ def chaos(
         typer.Option(
             "--out",
             metavar="DIR",
+            parser=out_path,
             help="Folder for chaos.json, seeds.jsonl and the replay files (default "
             "runs/chaos-NAME-HASH, HASH of the resolved scenario); a folder holding another "
             "scenario's chaos results is refused.",
@@ -191,10 +198,14 @@ def run_or_report(sc: Any, seed: int, out: Path, **kwargs: Any) -> Any:
     from sim.control.raft import SafetyViolation
     from sim.control.runcheckers import CheckerViolation
     from sim.runner import run_scenario
+    from sim.simenv import SimulationStalled
     from sim.study.recording import violation_report
 
     try:
         return run_scenario(sc, seed, out, **kwargs)
     except (CheckerViolation, SafetyViolation) as exc:
         err_console.print(violation_report(sc, seed, exc, out), soft_wrap=True, markup=False)
+        raise typer.Exit(code=1) from None
+    except SimulationStalled as exc:  # a runtime guard (sim.simenv): exit 1, say why
+        err_console.print(f"error: {sc.name}, seed {seed}: {exc}", soft_wrap=True, markup=False)
         raise typer.Exit(code=1) from None

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import contextlib
+import math
+import re
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -14,6 +16,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from engine.errors import InputError
+from engine.limits import show
 
 err_console = Console(stderr=True, highlight=False)
 console = Console(highlight=False, soft_wrap=True)
@@ -32,6 +35,77 @@ def user_errors() -> Iterator[None]:
             f"[bold red]error:[/] no such file: {escape(str(err.filename))}", soft_wrap=True
         )
         raise typer.Exit(code=2) from None
+
+
+#: most Dask workers of one command (``--workers``)
+MAX_WORKERS = 1024
+#: most bootstrap resamples (``ab --resamples``)
+MAX_RESAMPLES = 100_000
+#: most sequences of one priced iteration (``cost --batch``)
+MAX_BATCH = 65_536
+
+
+class OptionError(typer.BadParameter):
+    """A bad option value, shown as the CLI's one line (``error: Invalid value for '--x':
+    ...``) with exit status 2 instead of the usage block."""
+
+    def show(self, file: Any = None) -> None:
+        err_console.print(f"[bold red]error:[/] {escape(self.format_message())}", soft_wrap=True)
+
+
+#: the text of an integer option: an optional sign and at most 20 digits (converted without
+#: Python's limit on long digit strings, and no 400-digit number is echoed back)
+_INT_TEXT = re.compile(r"[+-]?[0-9]{1,20}")
+
+
+def int_option(lo: int, hi: int) -> Callable[[Any], int]:
+    """The ``parser`` of an integer option: a whole number in ``[lo, hi]`` (the ranges of
+    :mod:`engine.limits` or the option's own); anything else is an :class:`OptionError`
+    naming the option and the range (exit 2)."""
+
+    allowed = f"allowed: an integer >= {lo} and <= {hi}"
+
+    def parse(value: Any) -> int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            n = value
+        else:
+            text = str(value).strip()
+            if not _INT_TEXT.fullmatch(text):
+                raise OptionError(f"{show(text)} is not an integer; {allowed}")
+            n = int(text)
+        if not lo <= n <= hi:
+            raise OptionError(f"{show(n)} is out of range; {allowed}")
+        return n
+
+    return parse
+
+
+def float_option(lo: float, hi: float, open_lo: bool = False) -> Callable[[Any], float]:
+    """The ``parser`` of a number option: a finite float in ``[lo, hi]`` (``lo`` excluded
+    when ``open_lo``); ``inf``, ``nan`` and anything out of range are an
+    :class:`OptionError` (exit 2)."""
+    low = f"> {lo:g}" if open_lo else f">= {lo:g}"
+    allowed = f"allowed: a finite number {low} and <= {hi:g}"
+
+    def parse(value: Any) -> float:
+        try:
+            x = float(value)
+        except (TypeError, ValueError, OverflowError):
+            raise OptionError(f"{show(value)} is not a number; {allowed}") from None
+        below = x <= lo if open_lo else x < lo
+        if not math.isfinite(x) or below or x > hi:
+            raise OptionError(f"{show(value)} is out of range; {allowed}")
+        return x
+
+    return parse
+
+
+def out_path(value: Any) -> Path:
+    """The ``parser`` of every ``--out`` option: a path, not empty (``--out ''`` would
+    otherwise mean the working folder)."""
+    if isinstance(value, str) and not value.strip():
+        raise OptionError("an empty path; give a folder or file name")
+    return Path(value)
 
 
 def is_tty() -> bool:
@@ -57,11 +131,25 @@ def array_backend(backend: str) -> ModuleType:
 
 def check_out_dir(path: Path, option: str = "--out") -> None:
     """Before any work: :class:`InputError` unless ``path`` is, or can become, a folder (it
-    is a file, or a file stands where one of its parent folders would be)."""
+    is a file, a file stands where one of its parent folders would be, or a name in it is
+    longer than the file system allows)."""
+    shown = str(path) if len(str(path)) <= 80 else str(path)[:77] + "..."
+    if any(len(part.encode("utf-8", "surrogateescape")) > _NAME_MAX for part in path.parts):
+        raise InputError(
+            f"{option} {shown}: a name longer than {_NAME_MAX} bytes; give a shorter one"
+        )
     for p in (path, *path.parents):
-        if p.exists() and not p.is_dir():
+        try:
+            exists = p.exists() and not p.is_dir()
+        except OSError as err:  # e.g. a path the file system cannot even look up
+            raise InputError(f"{option} {shown}: {err.strerror}; give another folder") from None
+        if exists:
             what = "is a file" if p == path else f"is under {p}, which is a file"
             raise InputError(f"{option} {path}: {what}; give a folder")
+
+
+#: the longest file or folder name most file systems take, bytes
+_NAME_MAX = 255
 
 
 def check_out_file(path: Path, option: str = "--out") -> None:
@@ -148,13 +236,16 @@ def _bare(err: InputError) -> str:
 
 def blame_override(err: InputError, overrides: list[str], option: str = "--set") -> InputError:
     """``err`` (from validating a file with ``overrides`` applied) blamed on the override
-    whose key is the failing field or a parent of it, as ``--set KEY=VALUE: FIELD: ...``;
-    ``err`` itself when no override matches."""
+    whose key is the failing field or a parent of it -- or else, for an error of a whole
+    section (``rate x duration`` of ``workload``), the last override inside it -- as
+    ``--set KEY=VALUE: FIELD: ...``; ``err`` itself when no override matches."""
     where = (err.where or "").replace("[", ".").replace("]", "")
-    for text in reversed(overrides):
-        key = text.split("=", 1)[0].strip()
-        if where == key or where.startswith(key + "."):
-            return InputError(_bare(err), source=f"{option} {text}", where=err.where)
+    keys = [(text, text.split("=", 1)[0].strip()) for text in reversed(overrides)]
+    hits = [t for t, k in keys if where == k or where.startswith(k + ".")]
+    hits += [t for t, k in keys if where and k.startswith(where + ".")]
+    for text in hits[:1]:
+        shown = text if len(text) <= 80 else text[:77] + "..."  # a 400-digit value
+        return InputError(_bare(err), source=f"{option} {shown}", where=err.where)
     return err
 
 

@@ -19,7 +19,8 @@ import typer
 from rich.table import Table
 
 from engine.errors import InputError
-from pdsim.cli.common import console, user_errors
+from engine.limits import MAX_TOKENS
+from pdsim.cli.common import MAX_BATCH, console, int_option, user_errors
 
 PHASES = ("prefill", "decode")
 
@@ -68,12 +69,35 @@ def cost(
         str,
         typer.Option("--profile", "-p", help="Profile name (e.g. h200-sxm-vllm) or JSON file."),
     ] = "h200-sxm-vllm",
-    tp: Annotated[int, typer.Option("--tp", help="Tensor-parallel GPUs of the replica.")] = 1,
+    tp: Annotated[
+        int,
+        typer.Option(
+            "--tp",
+            parser=int_option(1, 512),
+            metavar="N",
+            help="Tensor-parallel GPUs of the replica.",
+        ),
+    ] = 1,
     phase: Annotated[str, typer.Option("--phase", help="prefill or decode.")] = "decode",
-    batch: Annotated[int, typer.Option("--batch", "-b", help="Sequences in the step.")] = 1,
+    batch: Annotated[
+        int,
+        typer.Option(
+            "--batch",
+            "-b",
+            parser=int_option(1, MAX_BATCH),
+            metavar="N",
+            help="Sequences in the step.",
+        ),
+    ] = 1,
     context: Annotated[
         int,
-        typer.Option("--context", "-c", help="Tokens per sequence (prompt or KV context)."),
+        typer.Option(
+            "--context",
+            "-c",
+            parser=int_option(1, MAX_TOKENS),
+            metavar="N",
+            help="Tokens per sequence (prompt or KV context).",
+        ),
     ] = 2048,
     models: Annotated[
         Path | None,
@@ -91,8 +115,6 @@ def cost(
     with user_errors():
         if phase not in PHASES:
             raise InputError(f"--phase {phase!r} not allowed; allowed: {', '.join(PHASES)}")
-        if batch < 1 or context < 1 or tp < 1:
-            raise InputError("--batch, --context and --tp must be >= 1")
         catalogue = load_catalogue(models)
         if model not in catalogue:
             raise InputError(

@@ -11,13 +11,18 @@ from rich.console import Console
 from rich.table import Table
 
 from engine.errors import InputError
+from engine.limits import MAX_INT, MAX_REQUEST_RATE
 from pdsim.cli.common import (
+    MAX_WORKERS,
     blame_override,
     check_out_dir,
     check_out_kind,
     console,
     err_console,
+    float_option,
     inputs_digest,
+    int_option,
+    out_path,
     result_name,
     user_errors,
 )
@@ -41,11 +46,21 @@ def plan(
     ],
     qps: Annotated[
         list[float] | None,
-        typer.Option("--qps", metavar="QPS", help="Load to size for (repeatable; replaces qps)."),
+        typer.Option(
+            "--qps",
+            parser=float_option(0, MAX_REQUEST_RATE, open_lo=True),
+            metavar="QPS",
+            help="Load to size for (repeatable; replaces qps).",
+        ),
     ] = None,
     size: Annotated[
         list[int] | None,
-        typer.Option("--size", metavar="N", help="Size to find the max load of (repeatable)."),
+        typer.Option(
+            "--size",
+            parser=int_option(1, MAX_INT),
+            metavar="N",
+            help="Size to find the max load of (repeatable).",
+        ),
     ] = None,
     p99: Annotated[
         list[str] | None,
@@ -62,7 +77,13 @@ def plan(
         typer.Option("--set", metavar="KEY=VALUE", help="Scenario override (repeatable)."),
     ] = None,
     workers: Annotated[
-        int, typer.Option("--workers", min=1, metavar="N", help="Dask workers (1: local).")
+        int,
+        typer.Option(
+            "--workers",
+            parser=int_option(1, MAX_WORKERS),
+            metavar="N",
+            help="Dask workers (1: local).",
+        ),
     ] = 1,
     scheduler: Annotated[
         str | None,
@@ -75,6 +96,7 @@ def plan(
         typer.Option(
             "--out",
             metavar="DIR",
+            parser=out_path,
             help="Output folder (default runs/plan-NAME-HASH, HASH of the plan with the "
             "options); a folder holding another plan's results is refused.",
         ),

@@ -17,7 +17,7 @@ from typing import Annotated
 import typer
 
 from engine.errors import InputError
-from pdsim.cli.common import check_out_file, console, user_errors
+from pdsim.cli.common import check_out_file, console, out_path, user_errors
 
 app = typer.Typer(help="Import profiles with measured op tables.", no_args_is_help=True)
 
@@ -35,7 +35,12 @@ def import_profile(
     ] = "vllm",
     out: Annotated[
         Path | None,
-        typer.Option("--out", "-o", help="Profile JSON to write. Default: profiles/<name>.json."),
+        typer.Option(
+            "--out",
+            "-o",
+            parser=out_path,
+            help="Profile JSON to write. Default: profiles/<name>.json.",
+        ),
     ] = None,
     name: Annotated[
         str | None,

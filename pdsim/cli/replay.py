@@ -8,7 +8,8 @@ from typing import Annotated
 
 import typer
 
-from pdsim.cli.common import console, user_errors
+from engine.units import MAX_DURATION
+from pdsim.cli.common import console, float_option, user_errors
 
 
 def replay(
@@ -18,7 +19,10 @@ def replay(
     until: Annotated[
         float | None,
         typer.Option(
-            "--until", metavar="SECONDS", help="Stop at this simulated time (s) and dump the state."
+            "--until",
+            parser=float_option(0, MAX_DURATION, open_lo=True),
+            metavar="SECONDS",
+            help="Stop at this simulated time (s) and dump the state.",
         ),
     ] = None,
 ) -> None:

@@ -12,13 +12,16 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from engine.errors import InputError
+from engine.limits import MAX_SEED
 from pdsim.cli.common import (
     check_out_dir,
     check_out_kind,
     console,
     err_console,
+    int_option,
     is_run_folder,
     load_scenario_arg,
+    out_path,
     user_errors,
 )
 from pdsim.cli.format import summary_rows
@@ -41,7 +44,12 @@ def run(
             metavar="SCENARIO", help="Scenario YAML file, or a shipped scenario's name."
         ),
     ],
-    seed: Annotated[int, typer.Option("--seed", min=0, metavar="N", help="Root random seed.")] = 0,
+    seed: Annotated[
+        int,
+        typer.Option(
+            "--seed", parser=int_option(0, MAX_SEED), metavar="N", help="Root random seed."
+        ),
+    ] = 0,
     set_: Annotated[
         list[str] | None,
         typer.Option(
@@ -52,7 +60,9 @@ def run(
     ] = None,
     out: Annotated[
         Path,
-        typer.Option("--out", metavar="DIR", help="Folder that receives the run folder."),
+        typer.Option(
+            "--out", metavar="DIR", parser=out_path, help="Folder that receives the run folder."
+        ),
     ] = Path("runs"),
     quiet: Annotated[
         bool, typer.Option("--quiet", help="No progress bar or table; print the run folder.")

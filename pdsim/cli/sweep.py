@@ -12,12 +12,16 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from engine.errors import InputError
+from engine.limits import MAX_INT
 from pdsim.cli.common import (
+    MAX_WORKERS,
     check_out_dir,
     check_out_kind,
     console,
     err_console,
     inputs_digest,
+    int_option,
+    out_path,
     result_name,
     user_errors,
 )
@@ -125,7 +129,12 @@ def sweep(
     ] = None,
     workers: Annotated[
         int,
-        typer.Option("--workers", min=1, metavar="N", help="1: in-process; N: Dask LocalCluster."),
+        typer.Option(
+            "--workers",
+            parser=int_option(1, MAX_WORKERS),
+            metavar="N",
+            help="1: in-process; N: Dask LocalCluster.",
+        ),
     ] = 1,
     scheduler: Annotated[
         str | None,
@@ -138,6 +147,7 @@ def sweep(
         typer.Option(
             "--out",
             metavar="DIR",
+            parser=out_path,
             help="Sweep folder (default runs/sweep-NAME-HASH, HASH of the scenario and base "
             "overrides, so a rerun or a grown grid reuses its cached runs).",
         ),
@@ -145,7 +155,10 @@ def sweep(
     max_runs: Annotated[
         int | None,
         typer.Option(
-            "--max-runs", min=0, metavar="N", help="Start at most N new runs (rerun to resume)."
+            "--max-runs",
+            parser=int_option(0, MAX_INT),
+            metavar="N",
+            help="Start at most N new runs (rerun to resume).",
         ),
     ] = None,
     quiet: Annotated[bool, typer.Option("--quiet", help="No progress bar or tables.")] = False,

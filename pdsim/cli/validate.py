@@ -54,6 +54,8 @@ from pdsim.cli.common import (
     console,
     err_console,
     inputs_digest,
+    int_option,
+    out_path,
     result_name,
     user_errors,
 )
@@ -99,6 +101,7 @@ def validate(
             "--out",
             "-o",
             metavar="DIR",
+            parser=out_path,
             help="Folder for the CDF plot (and a fitted profile). Default: "
             "runs/validate-PROFILE-HASH (HASH of the options).",
         ),
@@ -108,7 +111,8 @@ def validate(
         typer.Option(
             "--repeats",
             "-r",
-            min=1,
+            parser=int_option(1, 1000),
+            metavar="N",
             help="Engine runs per workload (the same arrivals each time), interleaved across "
             "the workloads; the table takes each request's median latency over them, so a "
             "slow spell of the machine does not become the workload's P99 unless it hits the "

@@ -47,6 +47,7 @@ from sim.control.raft.liveness import LivenessChecker
 from sim.control.raft.nemesis import hunt_leaders
 from sim.control.runcheckers import CheckerViolation, RunCheckers
 from sim.control.versions import VersionTracker
+from sim.simenv import STALL_EVENTS, CountingEnvironment, SimulationStalled
 
 SETTLE_S = 1.0  # simulated seconds the healed cluster runs before the final checks
 
@@ -193,7 +194,15 @@ class Control(FaultActions):
             b = self.liveness.bound
             self.liveness.healed(self.meta.client_on(self.hosts[0], timeout=0.1, give_up=b))
             settle = max(settle, b + 0.02)
-        self.env.run(until=self.env.now + settle)
+        self._run_until(self.env.now + settle)
+
+    def _run_until(self, t: float) -> None:
+        """``env.run(until=t)``, guarded against a clock that stops advancing
+        (:class:`sim.simenv.SimulationStalled`) when the environment is the simulator's."""
+        if isinstance(self.env, CountingEnvironment):
+            self.env.run(until=t, stall_events=STALL_EVENTS)
+        else:
+            self.env.run(until=t)
 
     def _pass_fault_window(self) -> None:
         """Run until the last scheduled fault (and the leader hunt) is over, then once more
@@ -207,9 +216,16 @@ class Control(FaultActions):
         for t in (last, 0.0):
             t = max(t, self._faults_end)
             if env.now < t:
-                env.run(until=t)
-            while env.peek() <= t:
+                self._run_until(t)
+            for _ in range(STALL_EVENTS):
+                if env.peek() > t:
+                    break
                 env.step()
+            else:
+                raise SimulationStalled(
+                    f"simulated time stopped advancing at t={t:.9g} s: {STALL_EVENTS:,} events "
+                    "in a row at that instant"
+                )
 
     def _heal_all(self) -> None:
         """Undo every fault still in force, in a fixed order: network cuts, pauses,

@@ -41,7 +41,7 @@ from typing import Annotated, Any, Literal
 import numpy as np
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, model_validator
 
-from engine.configfile import no_bool_numbers
+from engine.limits import MIN_INTERVAL, CheckedModel, Interval, IntervalOrOff
 from engine.units import parse_duration
 from sim.control.raft.buggify import BuggifyConfig
 
@@ -57,11 +57,10 @@ SHAPES = ("isolate", "halves", "majority-minority", "majorities-ring", "bridge")
 _TARGET_KINDS = ("kill", "restart", "slow", "corrupt", "pause", "degrade")
 
 
-class _F(BaseModel):
+class _F(CheckedModel, BaseModel):  # BaseModel named too, for linters
     # Every field carries a one-line attribute docstring (its description in the generated
     # docs/scenario-reference.md, see sim.docgen).
     model_config = ConfigDict(extra="forbid", validate_default=True, use_attribute_docstrings=True)
-    _no_bool = no_bool_numbers()
 
 
 class FaultSpec(_F):
@@ -120,8 +119,8 @@ class RandomFaultsCfg(_F):
 
     enabled: bool = False
     """Draw random faults for this run (from the run's `faults` seed stream)."""
-    rate: float = Field(default=2.0, gt=0)
-    """Mean faults per simulated second (exponential gaps), > 0."""
+    rate: float = Field(default=2.0, gt=0, le=1 / MIN_INTERVAL)
+    """Mean faults per simulated second (exponential gaps), > 0 and at most 1e6."""
     start: Duration = 0.2
     """No random fault before this time, seconds or a duration."""
     until: Duration = 3.0
@@ -207,12 +206,14 @@ class RaftCfg(_F):
     """Raft replicas (1, 3 or 5), placed on parameter servers first, then compute nodes."""
     election_timeout: tuple[float, float] = (0.15, 0.30)
     """A follower without a heartbeat starts an election after U(lo, hi) seconds."""
-    heartbeat: Duration = 0.05
-    """Interval of the leader's heartbeats (AppendEntries), seconds or a duration."""
-    lease_interval: Duration = 0.25
-    """Background metadata load: each compute node renews its membership this often; 0: off."""
-    client_timeout: Duration = 0.3
-    """A metadata client retries (another replica) after this many seconds without an answer."""
+    heartbeat: Interval = 0.05
+    """Interval of the leader's heartbeats (AppendEntries), seconds or a duration (>= 1 us)."""
+    lease_interval: IntervalOrOff = 0.25
+    """Background metadata load: each compute node renews its membership this often (>= 1 us);
+    0: off."""
+    client_timeout: Interval = 0.3
+    """A metadata client retries (another replica) after this many seconds without an answer
+    (>= 1 us)."""
     rpc_latency: tuple[float, float] = (0.001, 0.004)
     """Delay of one metadata message: min + U(0, jitter) seconds, added to the NIC latencies."""
     loss: float = Field(default=0.0, ge=0, lt=1)
@@ -223,6 +224,21 @@ class RaftCfg(_F):
     """Most log entries in one AppendEntries; small values make a lagging follower catch up in many short batches."""
     unsafe_commit_old_terms: bool = False
     """TEST ONLY: plant a Raft bug (a leader commits old-term entries by counting)."""
+
+    @model_validator(mode="after")
+    def _timers(self) -> RaftCfg:
+        lo, hi = self.election_timeout
+        if not MIN_INTERVAL <= lo <= hi <= MAX_TIME:
+            raise ValueError(
+                f"election_timeout {self.election_timeout!r}: allowed "
+                f"{MIN_INTERVAL:g} <= lo <= hi <= {MAX_TIME:g} s"
+            )
+        base, jitter = self.rpc_latency
+        if not (0 <= base <= MAX_TIME and 0 <= jitter <= MAX_TIME):
+            raise ValueError(
+                f"rpc_latency {self.rpc_latency!r}: allowed min and jitter in [0, {MAX_TIME:g}] s"
+            )
+        return self
 
 
 class FaultsCfg(_F):

@@ -13,7 +13,7 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator
 
-from engine.configfile import no_bool_numbers
+from engine.limits import CheckedModel, Interval
 from engine.policy import policy_names
 from engine.units import parse_duration, parse_rate, parse_size
 
@@ -25,10 +25,9 @@ _Duration = Annotated[float, BeforeValidator(parse_duration), Field(gt=0)]
 ROUTING = Literal["least-loaded", "round-robin", "kv-aware"]
 
 
-class _D(BaseModel):
+class _D(CheckedModel, BaseModel):  # BaseModel named too, for linters
     # each field's attribute docstring is its description in docs/scenario-reference.md
     model_config = ConfigDict(extra="forbid", validate_default=True, use_attribute_docstrings=True)
-    _no_bool = no_bool_numbers()
 
 
 class PoolCfg(_D):
@@ -100,7 +99,8 @@ class DisaggCfg(_D):
     decode_routing: ROUTING = "kv-aware"
     """Decode hop: `least-loaded`, `round-robin`, or `kv-aware` (the replica already holding
     most of the prompt's prefix blocks, then least loaded; held blocks are not re-sent)."""
-    retry: _Duration = 0.005
-    """Wait before re-sending a KV transfer a dropped link failed, seconds or a duration."""
+    retry: Interval = 0.005
+    """Wait before re-sending a KV transfer a dropped link failed, seconds or a duration
+    (>= 1 us)."""
     store: StoreCfg = StoreCfg()
     """The KV store tier behind HBM."""

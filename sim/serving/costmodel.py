@@ -25,6 +25,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 
 from engine.configfile import parse_mapping, read_mapping, validate_model
+from engine.limits import CheckedModel
 from engine.units import parse_duration, parse_rate, parse_size
 from sim.serving.itercost import IterationCost, iteration_cost
 from sim.serving.models import ModelSpec
@@ -49,7 +50,7 @@ SHIPPED_PROFILES: tuple[str, ...] = (
 LINK_NAMES: tuple[str, ...] = ("pcie", "nvlink", "rdma", "nvme", "object_store")
 
 
-class _Strict(BaseModel):
+class _Strict(CheckedModel, BaseModel):  # BaseModel named too, for linters
     model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
 
 

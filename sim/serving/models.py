@@ -68,6 +68,7 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationEr
 
 from engine.configfile import parse_mapping, read_mapping, validate_model
 from engine.errors import InputError
+from engine.limits import CheckedModel
 from engine.units import parse_size
 
 
@@ -78,7 +79,7 @@ def _size(value: Any) -> int:
 Bytes = Annotated[int, BeforeValidator(_size), Field(ge=0)]
 
 
-class LayerSpec(BaseModel):
+class LayerSpec(CheckedModel, BaseModel):  # BaseModel named too, for linters
     """One execution layer: weights read together and computed together."""
 
     model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
@@ -99,7 +100,7 @@ class LayerSpec(BaseModel):
     """Mixture-of-experts layer: weight bytes of ONE routed expert (included in `param_bytes`)."""
 
 
-class ModelSpec(BaseModel):
+class ModelSpec(CheckedModel, BaseModel):  # BaseModel named too, for linters
     """A servable model: its layers in execution order and its attention dimensions."""
 
     model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
@@ -233,7 +234,7 @@ DECODER_FAMILIES = (
 )
 
 
-class LlamaShape(BaseModel):
+class LlamaShape(CheckedModel, BaseModel):  # BaseModel named too, for linters
     """A decoder block stack: RMSNorms, attention (GQA, or MLA when `kv_lora_rank` is set), a
     SwiGLU MLP (3 matrices) or a mixture of SwiGLU experts; biases only where stated."""
 
@@ -414,7 +415,7 @@ def kv_elements_per_token(s: LlamaShape) -> int:
 ModelSpec.model_rebuild()  # resolves the forward reference to LlamaShape
 
 
-class ResNetShape(BaseModel):
+class ResNetShape(CheckedModel, BaseModel):  # BaseModel named too, for linters
     """A torchvision-style ResNet (v1.5: stride on the 3x3 conv of a bottleneck)."""
 
     model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
@@ -435,7 +436,7 @@ class ResNetShape(BaseModel):
     """Blocks are grouped so the model has at most this many execution layers, >= 3."""
 
 
-class ModelEntry(BaseModel):
+class ModelEntry(CheckedModel, BaseModel):  # BaseModel named too, for linters
     """One ``models:`` item in a catalogue file: a shape to expand or explicit layers."""
 
     model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
@@ -470,7 +471,7 @@ class ModelEntry(BaseModel):
     """Free text: where the shape comes from."""
 
 
-class CatalogueFile(BaseModel):
+class CatalogueFile(CheckedModel, BaseModel):  # BaseModel named too, for linters
     """A catalogue YAML file."""
 
     model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)

@@ -24,6 +24,8 @@ import numpy as np
 import numpy.typing as npt
 
 from engine.errors import InputError
+from engine.limits import MAX_REQUESTS, MAX_TOKENS, show
+from engine.units import MAX_DURATION
 from sim.scenario import TokenDist, WorkloadCfg
 
 F64 = npt.NDArray[np.float64]
@@ -171,7 +173,7 @@ def read_mooncake_records(path: Path, limit: int) -> tuple[F64, I32, I32, I64, I
                 n_in = int(rec["input_length"])
                 n_out = int(rec["output_length"])
                 hids = rec.get("hash_ids", [])
-            except (ValueError, KeyError, TypeError, AttributeError) as err:
+            except (ValueError, KeyError, TypeError, AttributeError, OverflowError) as err:
                 raise InputError(
                     f"bad Mooncake record ({err}); need timestamp, input_length, output_length",
                     source=str(path),
@@ -193,6 +195,7 @@ def read_mooncake_records(path: Path, limit: int) -> tuple[F64, I32, I32, I64, I
                     source=str(path),
                     where=f"line {lineno}: hash_ids",
                 )
+            check_request(t, n_in, n_out, str(path), lineno)
             ts.append(t)
             ins.append(n_in)
             outs.append(n_out)
@@ -218,6 +221,21 @@ def _reorder_csr(flat: I64, start: I64, order: npt.NDArray[np.intp]) -> tuple[I6
     return flat[idx], new_start
 
 
+def check_request(t: float, n_in: int, n_out: int, source: str, lineno: int) -> None:
+    """One trace record's arrival ``t`` (s) and token counts, or :class:`InputError` naming
+    ``source`` and the line: ``t`` finite in ``[0, MAX_DURATION]``, counts ``0..MAX_TOKENS``."""
+    where = f"line {lineno}"
+    if not 0 <= t <= MAX_DURATION:
+        raise InputError(
+            f"time {show(t)} s is not in [0, {MAX_DURATION:g}] s", source=source, where=where
+        )
+    for name, n in (("input", n_in), ("output", n_out)):
+        if not 0 <= n <= MAX_TOKENS:
+            raise InputError(
+                f"{name} tokens {show(n)}: allowed: 0..{MAX_TOKENS:,}", source=source, where=where
+            )
+
+
 def read_request_csv(path: Path, limit: int) -> tuple[F64, I32, I32]:
     """(arrival s, input, output) from a CSV with columns ``time,input_tokens,output_tokens``."""
     ts: list[float] = []
@@ -226,21 +244,32 @@ def read_request_csv(path: Path, limit: int) -> tuple[F64, I32, I32]:
     with path.open(encoding="utf-8", newline="") as fh:
         reader = csv.DictReader(fh)
         need = {"time", "input_tokens", "output_tokens"}
-        if not need <= set(reader.fieldnames or []):
-            raise InputError(
-                f"CSV header must contain {sorted(need)}", source=str(path), where="line 1"
-            )
-        for lineno, row in enumerate(reader, 2):
-            if len(ts) >= limit:
-                break
-            try:
-                ts.append(float(row["time"]))
-                ins.append(int(row["input_tokens"]))
-                outs.append(int(row["output_tokens"]))
-            except (ValueError, TypeError) as err:
+        try:
+            if not need <= set(reader.fieldnames or []):
                 raise InputError(
-                    f"bad record ({err})", source=str(path), where=f"line {lineno}"
-                ) from None
+                    f"CSV header must contain {sorted(need)}", source=str(path), where="line 1"
+                )
+            for row in reader:
+                if len(ts) >= limit:
+                    break
+                lineno = reader.line_num
+                try:
+                    t = float(row["time"])
+                    n_in, n_out = int(row["input_tokens"]), int(row["output_tokens"])
+                except (ValueError, TypeError, OverflowError) as err:
+                    raise InputError(
+                        f"bad record ({show(str(err))})", source=str(path), where=f"line {lineno}"
+                    ) from None
+                check_request(t, n_in, n_out, str(path), lineno)
+                ts.append(t)
+                ins.append(n_in)
+                outs.append(n_out)
+        except csv.Error as err:
+            raise InputError(
+                f"not a CSV record ({err})",
+                source=str(path),
+                where=f"line {reader.reader.line_num}",
+            ) from None
     return np.asarray(ts), np.asarray(ins, dtype=np.int32), np.asarray(outs, dtype=np.int32)
 
 
@@ -319,11 +348,17 @@ def _trace_requests(
     ids as CSR arrays for a Mooncake trace (else ``None``)."""
     if not cfg.trace:
         raise InputError("workload.trace: a trace workload needs a trace file path")
-    p = trace_path(cfg.trace, base_dir)
-    if not p.is_file():
-        raise InputError(f"no such trace file: {cfg.trace}", where="workload.trace")
+    try:
+        p = trace_path(cfg.trace, base_dir)
+        found = p.is_file()
+    except OSError as err:  # e.g. a name longer than the file system takes
+        raise InputError(
+            f"no such trace file ({err.strerror}): {show(cfg.trace)}", where="workload.trace"
+        ) from None
+    if not found:
+        raise InputError(f"no such trace file: {show(cfg.trace)}", where="workload.trace")
     bounded = cfg.duration > 0
-    limit = (1 << 62) if bounded else cfg.requests
+    limit = MAX_REQUESTS + 1 if bounded else cfg.requests
     hash_flat: I64 | None = None
     hash_start: I64 | None = None
     if cfg.trace_format == "mooncake":
@@ -332,6 +367,12 @@ def _trace_requests(
         arrival, inp, out = read_request_csv(p, limit)
     if arrival.size == 0:
         raise InputError("trace has no records", source=str(p))
+    if arrival.size > MAX_REQUESTS:
+        raise InputError(
+            f"more than {MAX_REQUESTS:,} records; allowed: at most that many requests a run "
+            "(bound the trace by workload.requests instead of workload.duration)",
+            source=str(p),
+        )
     order = np.argsort(arrival, kind="stable")
     arrival = (arrival[order] - arrival[order][0]) * cfg.trace_time_scale
     inp, out = np.maximum(inp[order], 1), np.maximum(out[order], 1)

@@ -32,6 +32,7 @@ import numpy as np
 import pandas as pd
 
 from engine.errors import InputError
+from sim.feasible import check_runnable
 from sim.study.sweep.execute import Progress, Runner, results_frame, write_parquet
 from sim.study.sweep.flatten import direction, headline
 from sim.study.sweep.resultcache import RunCache, write_atomic
@@ -194,6 +195,11 @@ def ab_points(
     base = list(base or [])
     pa = _side_points(scenario, seeds, base, a, variant, "A")
     pb = _side_points(scenario, seeds, base, b, variant, "B")
+    for side, pts in (("A", pa), ("B", pb)):  # profile, models and shape, before any run
+        try:
+            check_runnable(pts[0].scenario)
+        except InputError as err:
+            raise SideError(err, side) from None
     if [p.config_hash for p in pa] == [p.config_hash for p in pb]:
         shown = " ".join(a) or "(none)", " ".join(b) or "(none)"
         raise InputError(

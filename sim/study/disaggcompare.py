@@ -36,28 +36,33 @@ import math
 from collections.abc import Callable, Generator
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 import pandas as pd
 from pydantic import BaseModel, ConfigDict, Field
 
+from engine.limits import CheckedModel
 from sim.study.disaggcandidates import Bounds, Candidate, aggregated, disaggregated
+
+#: a tensor-parallel degree a compare family may use (as `cluster.tp`)
+TpDegree = Annotated[int, Field(ge=1, le=512)]
+TpList = Annotated[list[TpDegree], Field(min_length=1)]
 
 FAMILIES: tuple[str, ...] = ("aggregated", "disaggregated")
 
 
-class CompareCfg(BaseModel):
+class CompareCfg(CheckedModel, BaseModel):  # BaseModel named too, for linters
     """The `compare` section of a plan file: what each family may use."""
 
     model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
     gpu_budget: int = Field(64, ge=1, le=4096)
     """Most GPUs any candidate may use (both families)."""
-    aggregated_tp: list[int] = [1, 2, 4, 8]
-    """Tensor-parallel degrees of aggregated replicas (whole servers of them)."""
-    prefill_tp: list[int] = [1, 2, 4, 8]
-    """Tensor-parallel degrees of prefill replicas."""
-    decode_tp: list[int] = [1, 2, 4, 8]
-    """Tensor-parallel degrees of decode replicas."""
+    aggregated_tp: TpList = [1, 2, 4, 8]
+    """Tensor-parallel degrees of aggregated replicas (whole servers of them), each 1..512."""
+    prefill_tp: TpList = [1, 2, 4, 8]
+    """Tensor-parallel degrees of prefill replicas, each 1..512."""
+    decode_tp: TpList = [1, 2, 4, 8]
+    """Tensor-parallel degrees of decode replicas, each 1..512."""
     max_replicas: int = Field(16, ge=1, le=256)
     """Most replicas in one pool of a disaggregated candidate (an aggregated one: twice this)."""
     placement: str = "packed"

@@ -31,6 +31,7 @@ from typing import Any
 import pandas as pd
 
 from engine.errors import InputError
+from sim.feasible import check_references
 from sim.study.planreport import (
     PlanResult,
     answer_sentence,
@@ -260,6 +261,7 @@ def check_plan(spec: PlanFile, planner: Planner, source: str) -> None:
     # every key path and every alternative is validated by building one probe's points
     for alt in alternatives(spec):
         sc = planner.points(alt, lo, spec.qps[0] if spec.qps else qlo)[0].scenario
+        check_references(sc)  # an unknown model or profile is an input error, not infeasible
         classes = [c.name for c in sc.workload.classes]
         for kind, pct, cls, _ in slo.limits():
             if cls != "all" and cls not in classes:

@@ -44,6 +44,7 @@ from typing import Annotated, Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from engine.configfile import read_mapping, validate_model
+from engine.limits import CheckedModel, RequestRate, Seeds
 from sim.scenario import Duration
 from sim.study.disaggcompare import CompareCfg
 from sim.study.sweep.spec import resolve_scenario_path
@@ -63,7 +64,7 @@ KINDS: tuple[str, ...] = ("e2e", "ttft", "tpot")
 Limits = dict[str, dict[str, Duration]]
 
 
-class SloCfg(BaseModel):
+class SloCfg(CheckedModel, BaseModel):  # BaseModel named too, for linters
     """Service-level objectives a run must meet (every one given)."""
 
     model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
@@ -93,7 +94,7 @@ class SloCfg(BaseModel):
         return out
 
 
-class PlanFile(BaseModel):
+class PlanFile(CheckedModel, BaseModel):  # BaseModel named too, for linters
     """The schema of a plan file (see the module docstring)."""
 
     model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
@@ -103,8 +104,9 @@ class PlanFile(BaseModel):
     """Base overrides `dotted.key: value` applied to the scenario, like `--set`."""
     variant: str | None = None
     """One of the scenario's variants as the base; null: the base scenario."""
-    seeds: int | list[int] = 3
-    """Seeds per probe: n -> 0..n-1, or an explicit list of distinct integers >= 0."""
+    seeds: Seeds = 3
+    """Seeds per probe: n -> 0..n-1 (n <= 100,000), or an explicit list of distinct seeds
+    0..2**63-1."""
     min_pass_fraction: float = Field(1.0, gt=0, le=1)
     """A probe passes when at least this share of its seeds pass, in (0, 1] (1.0: all)."""
     slo: SloCfg
@@ -115,12 +117,13 @@ class PlanFile(BaseModel):
     """Bounds [low, high] of the size search, 1 <= low <= high."""
     qps_key: str = "workload.rate"
     """Scenario key of the load knob (e.g. `workload.steps.0.rate` for step traffic)."""
-    qps: list[Annotated[float, Field(gt=0)]] = []
-    """Question 1: the smallest size meeting the SLOs at each of these loads (requests/s)."""
+    qps: list[RequestRate] = []
+    """Question 1: the smallest size meeting the SLOs at each of these loads (requests/s,
+    > 0, at most 1e7)."""
     sizes: list[Annotated[int, Field(ge=1)]] = []
-    """Question 2: the highest load each of these sizes (each >= 1) sustains."""
-    qps_range: tuple[float, float] = (1.0, 10000.0)
-    """Bounds [low, high] of the load search, requests/s, 0 < low < high."""
+    """Question 2: the highest load each of these sizes sustains (each >= 1)."""
+    qps_range: tuple[RequestRate, RequestRate] = (1.0, 10000.0)
+    """Bounds [low, high] of the load search, requests/s, 0 < low < high <= 1e7."""
     qps_tolerance: float = Field(0.02, gt=0, lt=1)
     """Load bisection stops when the bracket is narrower than this x its top, in (0, 1)."""
     alternatives: dict[str, list[Any]] = {}

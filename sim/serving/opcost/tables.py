@@ -24,8 +24,10 @@ from typing import Literal
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from engine.limits import CheckedModel
 
-class _Strict(BaseModel):
+
+class _Strict(CheckedModel, BaseModel):  # BaseModel named too, for linters
     model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
 
 

@@ -28,15 +28,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field
 
-from engine.configfile import read_mapping, validate_model
+from engine.configfile import parse_value, read_mapping, validate_model
 from engine.errors import InputError
+from engine.limits import MAX_SEED, MAX_SEEDS, CheckedModel, Seeds, show
 from sim.scenario import Scenario, apply_overrides, config_hash, load_raw, validate
 
 
-class SweepFile(BaseModel):
+class SweepFile(CheckedModel, BaseModel):  # BaseModel named too, for linters
     """The schema of a sweep file (see the module docstring)."""
 
     model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
@@ -49,8 +49,9 @@ class SweepFile(BaseModel):
     """One of the scenario's variants as the base; null: the base scenario."""
     grid: dict[str, list[Any]] = {}
     """Key path -> values; the sweep runs every combination (key order kept)."""
-    seeds: int | list[int] = Field(1)
-    """Seeds per grid point: n -> 0..n-1, or an explicit list of distinct integers >= 0."""
+    seeds: Seeds = Field(1)
+    """Seeds per grid point: n -> 0..n-1 (n <= 100,000), or an explicit list of distinct seeds
+    0..2**63-1."""
 
 
 @dataclass(frozen=True)
@@ -104,10 +105,7 @@ def parse_grid(text: str) -> tuple[str, list[Any]]:
     for item in _split_top_level(raw):
         if not item.strip():
             raise InputError(f"--grid {text!r}: empty value in the list")
-        try:
-            values.append(yaml.safe_load(item))
-        except yaml.YAMLError as err:
-            raise InputError(f"--grid {text!r}: {item!r} is not valid YAML ({err})") from None
+        values.append(parse_value(item, f"--grid {show(text)}: {show(item)}"))
     return key, values
 
 
@@ -228,22 +226,38 @@ SEEDS_HELP = "Seeds: N (seeds 0..N-1), A-B (A to B inclusive) or a list A,B,C (m
 
 def parse_seed_option(text: str, option: str = "--seeds") -> list[int]:
     """The seeds of a ``--seeds`` value: ``N`` -> ``0..N-1``; ``A-B`` -> ``A..B``; a comma
-    list (``3,7,10-12``) -> those seeds, sorted and distinct. :class:`InputError` otherwise."""
+    list (``3,7,10-12``) -> those seeds, sorted and distinct. Seeds are ``0..MAX_SEED`` and
+    at most ``MAX_SEEDS`` of them (:mod:`engine.limits`), checked before any list is built.
+    :class:`InputError` otherwise."""
     text = text.strip()
-    allowed = "allowed: N (>= 1), A-B (0 <= A <= B), or a comma list A,B,C"
+    allowed = (
+        f"allowed: N (1..{MAX_SEEDS}), A-B (0 <= A <= B <= 2**63-1), or a comma list A,B,C; "
+        f"at most {MAX_SEEDS:,} seeds"
+    )
+    digits = len(str(MAX_SEED))
     if text.isdigit():
-        n = int(text)
-        if n < 1:
-            raise InputError(f"{option} {text}: N must be >= 1; {allowed}")
-        return list(range(n))
-    out: set[int] = set()
+        if len(text) > digits or not 1 <= int(text) <= MAX_SEEDS:
+            cut = text if len(text) <= 40 else text[:37] + "..."
+            raise InputError(f"{option} {cut}: N must be >= 1 and <= {MAX_SEEDS}; {allowed}")
+        return list(range(int(text)))
+    ranges: list[tuple[int, int]] = []
     for part in text.split(","):
         part = part.strip()
         lo_s, sep, hi_s = part.partition("-")
         if not lo_s.isdigit() or (sep and not hi_s.isdigit()):
-            raise InputError(f"{option} {text!r}: {part!r} is not a seed or range; {allowed}")
+            raise InputError(
+                f"{option} {show(text)}: {show(part)} is not a seed or range; {allowed}"
+            )
+        if len(lo_s) > digits or len(hi_s) > digits:
+            raise InputError(f"{option} {show(text)}: {show(part)} is beyond 2**63-1; {allowed}")
         lo, hi = int(lo_s), int(hi_s) if sep else int(lo_s)
+        if hi > MAX_SEED:
+            raise InputError(f"{option} {show(text)}: {show(part)} is beyond 2**63-1; {allowed}")
         if hi < lo:
-            raise InputError(f"{option} {text!r}: {part!r} ends before it starts; {allowed}")
-        out.update(range(lo, hi + 1))
-    return sorted(out)
+            raise InputError(
+                f"{option} {show(text)}: {show(part)} ends before it starts; {allowed}"
+            )
+        ranges.append((lo, hi))
+    if sum(hi - lo + 1 for lo, hi in ranges) > MAX_SEEDS:
+        raise InputError(f"{option} {show(text)}: more than {MAX_SEEDS:,} seeds; {allowed}")
+    return sorted({s for lo, hi in ranges for s in range(lo, hi + 1)})

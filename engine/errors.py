@@ -40,3 +40,10 @@ class KVOutOfBlocks(RuntimeError):
         super().__init__(message)
         self.needed = needed
         self.available = available
+
+
+class SimulationStalled(RuntimeError):
+    """Simulated time stopped advancing: a whole slice of events (``stall_events`` of
+    :meth:`sim.simenv.CountingEnvironment.run`) moved the clock by less than
+    :data:`engine.limits.MIN_INTERVAL`. The message says when and
+    which process kept scheduling events there."""

@@ -31,6 +31,7 @@ import simpy
 from simpy.core import EmptySchedule, SimTime, StopSimulation
 from simpy.events import NORMAL, URGENT, Event, EventPriority, Process, ProcessGenerator, Timeout
 
+from engine.errors import SimulationStalled
 from engine.limits import MIN_INTERVAL
 
 __all__ = ["STALL_EVENTS", "CountingEnvironment", "SimProcess", "SimTimeout", "SimulationStalled"]
@@ -41,13 +42,6 @@ STALL_EVENTS = 1_000_000
 
 #: SimPy re-queues the event a StopSimulation interrupted one priority ahead of URGENT
 _RESUME_FIRST = EventPriority(URGENT - 1)
-
-
-class SimulationStalled(RuntimeError):
-    """Simulated time stopped advancing: a whole slice of events (``stall_events`` of
-    :meth:`CountingEnvironment.run`) moved the clock by less than
-    :data:`engine.limits.MIN_INTERVAL`. The message says when and
-    which process kept scheduling events there."""
 
 
 class CountingEnvironment(simpy.Environment):

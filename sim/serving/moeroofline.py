@@ -3,7 +3,7 @@
 A pass of ``T`` tokens multiplies each token by its ``top_k`` routed experts (the catalogue's
 ``flops_per_token`` already counts only those) and reads the weights of the distinct experts
 the batch touches, not all of them: per expert layer its non-expert weights plus
-:func:`sim.serving.models.expected_experts` ``(E, top_k, T)`` experts of ``expert_bytes`` each
+:func:`sim.serving.decoderblock.expected_experts` ``(E, top_k, T)`` experts of ``expert_bytes`` each
 (uniform routing). Every expert is sharded over the ``tp`` ranks like a dense MLP (tensor
 parallelism; no expert parallelism). Everything else -- attention, KV reads, lookups, the LM
 head, all-reduces, hand-offs -- is :class:`sim.serving.iterprice.RooflinePass`'s: a pass of
@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from sim.serving.models import expected_experts
+from sim.serving.decoderblock import expected_experts
 from sim.serving.roofline import roofline_pass
 
 if TYPE_CHECKING:

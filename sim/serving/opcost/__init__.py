@@ -6,7 +6,7 @@ Public surface: :class:`OpCostModel` (``iteration_time``, ``iteration_ops``,
 :class:`DecoderShape` (the shipped op-table profiles load with :func:`sim.serving.costmodel.load_profile`).
 """
 
-from sim.serving.opcost.iteration import COPY_LINKS, OP_NAMES, OpCost, OpCostModel
+from sim.serving.opcost.iteration import OP_NAMES, OpCost, OpCostModel
 from sim.serving.opcost.shapes import DecoderShape
 from sim.serving.opcost.tables import (
     AttentionTable,
@@ -22,7 +22,6 @@ from sim.serving.opcost.tables import (
 )
 
 __all__ = [
-    "COPY_LINKS",
     "OP_NAMES",
     "AttentionTable",
     "CollectiveTable",

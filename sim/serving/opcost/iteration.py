@@ -83,8 +83,6 @@ OP_NAMES: tuple[str, ...] = (
 #: ops the memoised part of :meth:`OpCostModel.iteration_time` leaves out (they depend on
 #: more than the token count)
 _NOT_MEMOISED = ("attention_prefill", "attention_decode", "prompt_overhead")
-#: links :meth:`OpCostModel.copy_time` accepts (the profile's links plus on-device memories)
-COPY_LINKS: tuple[str, ...] = ("pcie", "nvlink", "rdma", "nvme", "object_store", "hbm", "dram")
 
 
 @dataclass(frozen=True)
@@ -232,17 +230,6 @@ class OpCostModel:
         eff = self.ops.roofline.link_efficiency
         steps = 2 * (group - 1)
         return steps / group * nbytes / (link.bandwidth * eff) + steps * link.latency, "roofline"
-
-    def copy_time(self, nbytes: int, link: str) -> float:
-        """``latency + nbytes / bandwidth`` over ``link`` (one of :data:`COPY_LINKS`)."""
-        if link == "hbm":
-            return nbytes / self.hbm_bw
-        if link == "dram":
-            return nbytes / self.profile.host.dram_bandwidth
-        if link not in COPY_LINKS:
-            raise ValueError(f"unknown link {link!r}; allowed: {', '.join(COPY_LINKS)}")
-        lp = getattr(self.profile.links, link)
-        return float(lp.latency + nbytes / lp.bandwidth)
 
     def _attention_table(self, phase: str) -> tuple[AttentionTable, float] | None:
         """The table for this layout (scale 1), else one of the same head size, KV dtype and
@@ -405,11 +392,8 @@ class OpCostModel:
         decode_ctx: float,
     ) -> dict[str, float]:
         """``{op_name: seconds}`` of one fused iteration (every name of :data:`OP_NAMES`)."""
-        out: dict[str, float] = {}
-        for part in self._parts(prefill_tokens, prefill_sq, n_prompts, n_decode, decode_ctx):
-            for op in part:
-                out[op.name] = out.get(op.name, 0.0) + op.seconds
-        return out
+        ops = self.breakdown(prefill_tokens, prefill_sq, n_prompts, n_decode, decode_ctx)
+        return {name: secs for name, secs, _ in ops if name in OP_NAMES}
 
     def iteration_time(
         self,

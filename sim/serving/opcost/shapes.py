@@ -3,7 +3,7 @@
 A catalogue decoder (``sim.serving.models``) lists an ``embedding`` layer (no FLOPs), identical
 attention blocks and an ``lm_head``. A model expanded from a shape carries it
 (``ModelSpec.shape``): the dimensions are read from it, and its block bytes are checked
-against :func:`sim.serving.models.block_count` (the one count of a block's weights, q/k norms
+against :func:`sim.serving.decoderblock.block_count` (the one count of a block's weights, q/k norms
 and biases included). A model given as explicit layers has no shape: its block's weight bytes
 fix the MLP width,
 
@@ -19,7 +19,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from engine.errors import InputError
-from sim.serving.models import LlamaShape, ModelSpec, block_count
+from sim.serving.decoderblock import LlamaShape, block_count
+from sim.serving.models import ModelSpec
 
 
 @dataclass(frozen=True)

@@ -9,12 +9,11 @@ kill ``serving:budget-ignores-decodes``, ``serving:swap-ignores-capacity``,
 
 from __future__ import annotations
 
-from typing import Any
-
 import pytest
 
+from engine.sched.batch import Batch
+from engine.sched.scheduler import Scheduler
 from sim.runner import run_scenario
-from sim.serving import turn
 
 from .test_serving import _scenario
 
@@ -27,15 +26,15 @@ PRESSURE = {
 
 
 def test_an_iteration_never_exceeds_the_token_budget(monkeypatch: pytest.MonkeyPatch) -> None:
-    form_batch = turn.form_batch
+    schedule = Scheduler.schedule
     seen: list[tuple[int, int, int]] = []
 
-    def checked(node: Any, mr: Any, pf: Any, left: int) -> Any:
-        out = form_batch(node, mr, pf, left)
-        seen.append((out[0], node.b_n[0], node.max_tokens))
-        return out
+    def checked(self: Scheduler, m: int) -> Batch:
+        batch = schedule(self, m)
+        seen.append((batch.prefill_tokens, batch.num_decodes, self.max_num_batched_tokens))
+        return batch
 
-    monkeypatch.setattr(turn, "form_batch", checked)
+    monkeypatch.setattr(Scheduler, "schedule", checked)
     sc = _scenario(
         **{**PRESSURE, "workload__input_tokens": {"dist": "fixed", "mean": 1500}},
         cluster__replica={"max_num_batched_tokens": 512, "chunked_prefill": True},
@@ -55,19 +54,18 @@ def test_swap_keeps_the_written_kv_within_the_swap_space_and_frees_it(
     """After each preemption: swap use within ``kv.swap_space``, and every swapped-out
     sequence keeps the KV it wrote -- its prompt and every generated token but the newest
     (whose KV the next step writes). After the run every swap-in freed its space."""
-    preempt = turn.preempt
+    preempt = Scheduler._preempt
     seen: list[tuple[int, int]] = []
-    nodes: list[Any] = []
+    scheds: list[Scheduler] = []
 
-    def checked(node: Any, m: int, off: int) -> float:
-        cost = preempt(node, m, off)
-        seen.append((node.swap_used, node.swap_cap))
-        for rid, (kv_tok, gen) in node._swapped.items():
-            assert kv_tok == node._inp[rid] + gen - 1, (rid, kv_tok, gen)
-        nodes[:] = [node]
-        return cost
+    def checked(self: Scheduler, m: int, off: int, batch: Batch) -> None:
+        preempt(self, m, off, batch)
+        seen.append((self.swap_used, self.swap_capacity))
+        for rid, (kv_tok, gen) in self.swapped.items():
+            assert kv_tok == self.prompt_lens[rid] + gen - 1, (rid, kv_tok, gen)
+        scheds[:] = [self]
 
-    monkeypatch.setattr(turn, "preempt", checked)
+    monkeypatch.setattr(Scheduler, "_preempt", checked)
     sc = _scenario(
         **PRESSURE,
         kv={"preemption": "swap", "block_tokens": 16, "swap_space": "1GiB"},
@@ -79,5 +77,5 @@ def test_swap_keeps_the_written_kv_within_the_swap_space_and_frees_it(
     assert all(used <= cap for used, cap in seen), max(seen)
     # a 1 GiB swap space holds two of these sequences at most: later ones recompute
     assert any(used + 300 * 2**19 > cap for used, cap in seen)
-    (node,) = nodes
-    assert node.swap_moved > 0 and node._swapped == {} and node.swap_used == 0
+    (sched,) = scheds
+    assert sched.swap_moved > 0 and sched.swapped == {} and sched.swap_used == 0

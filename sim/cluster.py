@@ -16,7 +16,6 @@ from typing import Any
 import numpy as np
 import simpy
 
-from engine.errors import InputError
 from engine.kv.prefix import num_blocks
 from sim.feasible import check_feasible, gpu_host
 from sim.gcquiet import quiet_gc
@@ -29,9 +28,8 @@ from sim.serving.metrics import EV_REJECT, REJECTED, TIERS, Metrics, TraceRecord
 from sim.serving.modelrt import model_rt
 from sim.serving.network import Network
 from sim.serving.paramserver import MetadataDirectory, ParamServer
-from sim.serving.paramstore import WeightStore
 from sim.serving.placement import Scheduler
-from sim.serving.replica import ComputeNode
+from sim.serving.replicafactory import ReplicaFactory, ReplicaSpec
 from sim.serving.workload import Workload, make_workload
 from sim.simenv import CountingEnvironment
 
@@ -59,6 +57,9 @@ class Cluster:
         self.stop_reason: str | None = None
         #: work counters at the start (``w0``) and end (``w1``) of the steady window
         self.snaps: dict[str, dict[str, float]] = {}
+        #: the replica factory of each pool (``both``: aggregated; ``prefill``, ``decode``),
+        #: set by :func:`build`; the autoscaler makes its replicas with them
+        self.factories: dict[str, ReplicaFactory] = {}
 
     # -- arrivals ------------------------------------------------------------------------------
     def rejected_mask(self) -> np.ndarray:
@@ -353,8 +354,11 @@ def build(
         ctx.disagg = build_pools(
             ctx, sc, profile, wl, tokens, pool_models, pool_mems, host, base_dir
         )
+        factories = ctx.disagg.factories
     else:
-        _add_replicas(ctx, profile, wl, tokens, (weight_cap, host, kv_bytes), shares)
+        factory = replica_factory(ctx, profile, wl, tokens, (weight_cap, host, kv_bytes), shares)
+        factories = {"both": factory}
+        _add_replicas(ctx, factory)
     if sc.metrics.check_invariants:
         ctx.metrics.layer_log = []
     horizon = float(wl.arrival[-1]) if not wl.closed_loop and wl.n else 1.0
@@ -366,7 +370,9 @@ def build(
         sched: Scheduler = DisaggScheduler(ctx, rngs.get("scheduler"), ctx.disagg)
     else:
         sched = Scheduler(ctx, rngs.get("scheduler"))
-    return Cluster(ctx, wl, sched, max(horizon, 1e-3))
+    cl = Cluster(ctx, wl, sched, max(horizon, 1e-3))
+    cl.factories = factories
+    return cl
 
 
 def _context(
@@ -411,47 +417,35 @@ def _add_param_servers(ctx: SimContext, profile: Any, shares: list[float]) -> No
         ctx.directory.warm_up(shares, sc.warmup.ps_fraction, 0.0)
 
 
-def _add_replicas(
+def replica_factory(
     ctx: SimContext,
     profile: Any,
     wl: Workload,
     tokens: tuple[list[int], list[int], list[int]],
     memory: tuple[int, int, int],
     shares: list[float],
-) -> None:
-    """Add the aggregated replicas: each with its PCIe, NIC, NVMe and object-store links, a
-    weight store (``memory`` = HBM weight cache per replica, host memory per server, KV
-    bytes per replica), preloaded in coupled mode or with ``warmup.node_hbm``."""
-    sc, net = ctx.sc, ctx.network
-    c, L = sc.cluster, profile.links
+) -> ReplicaFactory:
+    """The aggregated pool's :class:`sim.serving.replicafactory.ReplicaFactory` (``memory`` =
+    HBM weight cache per replica, host memory per server, KV bytes per replica)."""
+    c = ctx.sc.cluster
     weight_cap, host, kv_bytes = memory
-    g = c.gpus_per_replica
-    share = replica_share(sc)
-    rdma_bw, _, obj_bw, obj_lat = _network_terms(sc, profile)
-    host_r = int(host * share)
-    nvme_r = int(c.server.nvme * share)
-    swap_r = sc.kv.swap_space * g
-    # profile hook (sim.serving.opcost.EngineTerms.copy_contention): a calibrated engine's weight
-    # copies run 1 + copy_contention times slower than its idle link while it computes (by
-    # the replica's weight cache when the profile has knots)
-    eng = profile.ops.engine if profile.ops is not None else None
-    contention = eng.copy_contention_at(weight_cap) if eng is not None else 0.0
-    pcie_bw = L.pcie.bandwidth * g / (1.0 + contention)
-    n_models = len(ctx.models)
-    for i in range(c.replicas):
-        name = f"node{i}"
-        links = {
-            "pcie": net.add_link(f"{name}.pcie", pcie_bw, L.pcie.latency),
-            "nic": net.add_link(f"{name}.nic", rdma_bw, 0.0),
-            "nvme": net.add_link(f"{name}.nvme", L.nvme.bandwidth * share, L.nvme.latency),
-            "object": net.add_link(f"{name}.object", obj_bw * share, obj_lat),
-        }
-        ws = WeightStore(ctx, i, name, weight_cap, host_r, nvme_r, links)
-        if sc.mode == "coupled" or sc.warmup.node_hbm:
-            for m in sorted(range(n_models), key=lambda j: (-shares[j], j)):
-                if not ws.preload(m, 0.0) and sc.mode == "coupled":
-                    raise InputError(
-                        "coupled mode: weights do not fit HBM", source=sc.source, where="mode"
-                    )
-        ws.fetches_after_warmup = 0
-        ctx.nodes.append(ComputeNode(ctx, i, name, ws, kv_bytes, wl, tokens, swap_r))
+    spec = ReplicaSpec(
+        ctx=ctx,
+        profile=profile,
+        gpus=c.gpus_per_replica,
+        share=replica_share(ctx.sc),
+        weight_cache=weight_cap,
+        kv=kv_bytes,
+        host=host,
+        tp=c.tp,
+        shares=tuple(shares),
+    )
+    return ReplicaFactory(spec, wl, tokens)
+
+
+def _add_replicas(ctx: SimContext, factory: ReplicaFactory) -> None:
+    """Add the aggregated replicas (``cluster.replicas`` of them), made by ``factory``:
+    preloaded in coupled mode or with ``warmup.node_hbm``."""
+    preload = factory.preloads()
+    for i in range(ctx.sc.cluster.replicas):
+        ctx.nodes.append(factory.make(i, preload))

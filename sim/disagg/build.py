@@ -119,45 +119,33 @@ def build_pools(
 ) -> Disagg:
     """Make every replica of both pools (appended to ``ctx.nodes``, in slot order) and the
     coordinator that links them."""
-    from sim.serving.paramstore import WeightStore
-    from sim.serving.replica import ComputeNode
+    from sim.serving.replicafactory import ReplicaFactory, ReplicaSpec
 
     d = sc.disaggregation
     c = sc.cluster
     gps = c.gpus_per_server
     slots = _place(sc)
-    net = ctx.network
+    shares = tuple(dep.share for dep in sc.deployments)
+    factories: dict[str, ReplicaFactory] = {}
+    for role in POOLS:
+        tp = getattr(d, role).tp
+        mem = mems[role]
+        spec = ReplicaSpec(
+            ctx=PoolContext(ctx, models[role]),
+            profile=pool_profile(sc, role, profile),
+            gpus=tp,
+            share=tp / gps,
+            weight_cache=mem.weight_cache,
+            kv=mem.kv,
+            host=host,
+            tp=tp,
+            shares=shares,
+        )
+        factories[role] = ReplicaFactory(spec, wl, tokens)
     pools: dict[str, list[Any]] = {r: [] for r in POOLS}
     for i, slot in enumerate(slots):
-        prof = pool_profile(sc, slot.role, profile)
-        L = prof.links
-        g, share = slot.tp, slot.tp / gps
-        rdma_bw = (c.network.rdma or L.rdma.bandwidth) * g
-        obj_bw = c.network.object_store or L.object_store.bandwidth
-        obj_lat = c.network.object_store_latency
-        obj_lat = obj_lat if obj_lat is not None else L.object_store.latency
-        name = f"node{i}"
-        links = {
-            "pcie": net.add_link(f"{name}.pcie", L.pcie.bandwidth * g, L.pcie.latency),
-            "nic": net.add_link(f"{name}.nic", rdma_bw, 0.0),
-            "nvme": net.add_link(f"{name}.nvme", L.nvme.bandwidth * share, L.nvme.latency),
-            "object": net.add_link(f"{name}.object", obj_bw * share, obj_lat),
-            "nvlink": net.add_link(f"{name}.nvlink", L.nvlink.bandwidth * g, L.nvlink.latency),
-        }
-        pctx = PoolContext(ctx, models[slot.role])
-        mem = mems[slot.role]
-        host_r, nvme_r = int(host * share), int(c.server.nvme * share)
-        ws = WeightStore(pctx, i, name, mem.weight_cache, host_r, nvme_r, links)  # type: ignore[arg-type]
-        if sc.mode == "coupled" or sc.warmup.node_hbm:
-            for m in range(len(models[slot.role])):
-                if not ws.preload(m, 0.0) and sc.mode == "coupled":
-                    raise InputError(
-                        "coupled mode: weights do not fit HBM", source=sc.source, where="mode"
-                    )
-        ws.fetches_after_warmup = 0
-        node = ComputeNode(pctx, i, name, ws, mem.kv, wl, tokens, sc.kv.swap_space * g)  # type: ignore[arg-type]
-        node.server = slot.server
-        node.tp = slot.tp
+        f = factories[slot.role]
+        node = f.make(i, f.preloads(), server=slot.server)
         ctx.nodes.append(node)
         pools[slot.role].append(node)
     store = None
@@ -174,7 +162,9 @@ def build_pools(
         store = KvStore(caps, bws, d.store.block_tokens, d.store.policy)
     blocks = trace_blocks(sc.workload, wl.n, base_dir)
     gpus = d.prefill.replicas * d.prefill.tp + d.decode.replicas * d.decode.tp
-    return Disagg(ctx, d, pools["prefill"], pools["decode"], store, blocks, gpus)
+    out = Disagg(ctx, d, pools["prefill"], pools["decode"], store, blocks, gpus)
+    out.factories = factories
+    return out
 
 
 def _place(sc: Scenario) -> list[Slot]:

@@ -67,6 +67,8 @@ class Disagg:
         self.ctx, self.cfg, self.env = ctx, cfg, ctx.env
         self.prefill, self.decode, self.store, self.blocks = prefill, decode, store, blocks
         self.gpus = gpus
+        #: each pool's replica factory (set by :func:`sim.disagg.build.build_pools`)
+        self.factories: dict[str, Any] = {}
         self.n_layers = [max(m.n_layers, 1) for m in ctx.models]
         n = len(blocks)
         self.inp: list[int] = prefill[0].inp if prefill else []

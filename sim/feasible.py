@@ -16,6 +16,7 @@ from typing import Any
 from engine.chunks import chunk_model
 from engine.errors import InputError
 from engine.policy.registry import policy_class
+from sim.control.autoscale.config import check_autoscale
 from sim.scenario import Scenario
 from sim.serving.gpumemory import plan_memory
 
@@ -100,6 +101,7 @@ def _check_names(sc: Scenario, catalogue: dict[str, Any]) -> None:
 def check_feasible(sc: Scenario, catalogue: dict[str, Any], profile: Any) -> None:
     """Raise :class:`InputError` (naming the scenario file and field) for impossible configs."""
     _check_names(sc, catalogue)
+    check_autoscale(sc)
     src = sc.source
     hbm, host = gpu_host(sc, profile)
     c = sc.cluster

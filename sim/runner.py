@@ -44,6 +44,9 @@ class RunResult:
     claims: list[dict[str, Any]] = field(default_factory=list)
     #: the fault schedule actually applied, unrounded (one list per variant, in order)
     faults_applied: list[list[dict[str, Any]]] = field(default_factory=list)
+    #: the autoscaler's timeline (sim.control.autoscale.report.timeline; ``variant``
+    #: column), None when no variant autoscales
+    autoscale: pd.DataFrame | None = None
 
 
 def _timeseries(cl: Cluster) -> pd.DataFrame:
@@ -175,11 +178,16 @@ def _run_one(
     prof: Any,
     base: Path | None,
     progress: Callable[[float, float], None] | None,
-) -> tuple[dict[str, Any], pd.DataFrame, pd.DataFrame, str, list[dict[str, Any]]]:
+) -> tuple[
+    dict[str, Any], pd.DataFrame, pd.DataFrame, str, list[dict[str, Any]], pd.DataFrame | None
+]:
     cl = build(sc, seed, cat, prof, CostModel, base)
     from sim.control.faultinject import attach  # control plane + faults (issue 5); None when off
 
     ctl = attach(cl)
+    from sim.control.autoscale import attach as attach_autoscaler  # None when off
+
+    scaler = attach_autoscaler(cl, prof)
     end = cl.run(progress)
     ctx = cl.ctx
     names = [m.name for m in ctx.models]
@@ -195,11 +203,18 @@ def _run_one(
         extra.update(ctl.finish(end, h))
         h = extra["trace_hash"]
         extra["recovery_time_s"] = extra["faults"]["recovery_time_s"]
+    scaled = None
+    if scaler is not None:
+        from sim.control.autoscale import report
+
+        extra["autoscale"] = report.summary(scaler, end, df)
+        extra["gpus"] = extra["autoscale"]["peak_replicas"] * sc.cluster.gpus_per_replica
+        scaled = report.timeline(scaler, df, classes_slo(sc))
     summary = summarize(
         df, ctx.metrics, end, classes_slo(sc), extra, cl.window(), cl.wl.closed_loop
     )
     applied = list(ctl.applied) if ctl is not None else []
-    return summary, df, _timeseries(cl), h, applied
+    return summary, df, _timeseries(cl), h, applied, scaled
 
 
 def classes_slo(sc: Scenario) -> dict[str, dict[str, float | None]]:
@@ -293,7 +308,7 @@ def run_scenario(
     base = Path(scenario.source).parent if scenario.source != "<memory>" else None
     summaries: dict[str, dict[str, Any]] = {}
     applied_all: list[list[dict[str, Any]]] = []
-    reqs, series = [], []
+    reqs, series, scaled = [], [], []
     hashes = hashlib.blake2b(digest_size=16)
     for i, (name, sc) in enumerate(runs):
 
@@ -301,7 +316,10 @@ def run_scenario(
             if progress is not None:
                 progress((i + frac) / len(runs), f"{name or scenario.name} t={now:.2f}s")
 
-        s, df, ts, h, applied = _run_one(sc, seed, cat, prof, base, prog)
+        s, df, ts, h, applied, sc_ts = _run_one(sc, seed, cat, prof, base, prog)
+        if sc_ts is not None:
+            sc_ts.insert(0, "variant", name)
+            scaled.append(sc_ts)
         applied_all.append(applied)
         summaries[name] = s
         df.insert(0, "variant", name)
@@ -324,6 +342,7 @@ def run_scenario(
         config={"scenario": resolved_dict(scenario), "seed": seed},
         claims=claims,
         faults_applied=applied_all,
+        autoscale=pd.concat(scaled, ignore_index=True) if scaled else None,
     )
     if out_dir is not None:
         from sim.results import write_run

@@ -22,6 +22,7 @@ from engine.config import CacheCfg, PrefetchCfg, StrictModel
 from engine.configfile import parse_value, read_mapping, validate_model
 from engine.errors import InputError
 from engine.limits import show
+from sim.control.autoscale.config import AutoscaleCfg
 from sim.control.faults import FaultsCfg
 from sim.disagg.poolconfig import DisaggCfg
 from sim.sections import (
@@ -193,6 +194,9 @@ class Scenario(_M):
     """Control plane (Raft), integrity checks, checkers and fault injection (R4, R8, R17, R28)."""
     disaggregation: DisaggCfg = DisaggCfg()
     """Prefill/decode disaggregation: pools, KV transfer, routing, KV store (docs/disaggregation.md)."""
+    autoscale: AutoscaleCfg = AutoscaleCfg()
+    """Autoscaling: the control loop, its policy and a new replica's cold start (R22,
+    docs/design/autoscaling.md); off by default."""
     claims: list[Claim] = []
     """Article figures to measure and print next to the run's (see `Claim`)."""
     variants: list[Variant] = []

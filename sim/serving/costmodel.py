@@ -108,6 +108,21 @@ class LinksProfile(_Strict):
     """Object store (cold tier, R23), per server."""
 
 
+class ColdStartProfile(_Strict):
+    """What a new replica pays before its weights move (:mod:`sim.serving.coldstart`).
+
+    Defaults are assumptions, not measurements: a server already allocated to the pool with
+    the serving image cached starts its container and the engine's process in ~2 s; the
+    engine's warm-up (CUDA-graph capture of the decode batch sizes, allocator set-up) takes
+    ~1 s (vLLM reports graph capture of a few seconds for large models, 0 with eager mode)."""
+
+    provision_s: Seconds = 2.0
+    """Seconds from a scale-out decision to a process that can receive weights (server or
+    container start)."""
+    warmup_s: Seconds = 1.0
+    """Seconds of engine warm-up (graph capture) before a replica serves."""
+
+
 class Profile(_Strict):
     """A calibration profile (datasheet or measured). ``hostname`` names the machine measured;
     ``host`` is its DRAM. ``fitted`` holds optional fitted tables (rows of numbers by table
@@ -133,6 +148,8 @@ class Profile(_Strict):
     """Optional fitted tables: rows of numbers by table name (e.g. `matmul`)."""
     ops: OpsProfile | None = None
     """Op tables (measured kernel times) and roofline terms for `sim.serving.opcost`; null: none."""
+    coldstart: ColdStartProfile = ColdStartProfile()
+    """A new replica's provisioning delay and engine warm-up (autoscaling)."""
 
 
 def parse_profile(text: str, source: str) -> Profile:

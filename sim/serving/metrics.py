@@ -30,6 +30,9 @@ PENDING, DONE, SHED, REJECTED, DEGRADED = 0, 1, 2, 3, 4
 # event kinds written to the trace hash
 EV_ARRIVE, EV_ADMIT, EV_FIRST, EV_DONE, EV_SHED, EV_FETCH, EV_REPLICA, EV_REJECT = range(8)
 EV_PREEMPT = 8
+#: autoscaling (sim.control.autoscale): a decision (signed count, size after) and a replica's
+#: state change (replica index, state code)
+EV_SCALE, EV_REPLICA_STATE = 9, 10
 
 _PACK = struct.Struct("<dBqq").pack
 

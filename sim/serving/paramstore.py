@@ -291,6 +291,42 @@ class WeightStore:
                 arrived_at[base | cid] = now
         done.succeed(True)
 
+    # -- streaming in (a cold start's load, sim.serving.coldstart) -----------------------------
+    def begin_stream(self, m: int, layer: int) -> tuple[list[int], int, simpy.Event] | None:
+        """Claim the chunks of ``layer`` neither resident nor in flight for a transfer the
+        caller runs over its own path. Until :meth:`end_stream` they are in flight: a demand
+        fetch of the layer waits for the returned event instead of fetching them again.
+        Returns ``(chunk ids, bytes, done event)``, or None when nothing is missing."""
+        cids = self.missing(m, layer)
+        if not cids:
+            return None
+        base, sizes = self._base[m], self._size[m]
+        for cid in cids:
+            self.inflight_keys.add(base | cid)
+        done = self.env.event()
+        self.inflight.setdefault((m, layer), []).append(done)
+        return cids, sum(sizes[c] for c in cids), done
+
+    def end_stream(self, m: int, layer: int, cids: list[int], done: simpy.Event, ok: bool) -> None:
+        """The transfer of a :meth:`begin_stream` claim ended; ``ok``: its bytes landed, and
+        every chunk is promoted into every level (as read from the backing store). ``done``
+        fires with ``ok`` (False: the caller or a demand fetch moves them again)."""
+        base = self._base[m]
+        for cid in cids:
+            self.inflight_keys.discard(base | cid)
+        pending = self.inflight.get((m, layer))
+        if pending is not None and done in pending:
+            pending.remove(done)
+            if not pending:
+                del self.inflight[(m, layer)]
+        if ok:
+            now = self.env.now
+            self.touches.replay(self.hbm)
+            sizes, backing = self._size[m], self.chain.backing
+            for cid in cids:
+                self._promote(m, cid, sizes[cid], backing, now)
+        done.succeed(ok)
+
     def pin_resident(self, m: int, layer: int, held: list[int]) -> None:
         """Pin each chunk of ``layer`` resident in HBM and not yet in ``held`` (keys), in
         chunk order, and append it to ``held``."""

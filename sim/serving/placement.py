@@ -174,6 +174,12 @@ class Scheduler:
         for n in ctx.nodes:  # a node going down or up drops the cached live list
             n.watch_up(self._forget_live)
 
+    def add_node(self, node: ComputeNode) -> None:
+        """Follow a replica added while the run goes (the autoscaler appends it to
+        ``ctx.nodes`` first): its ``up`` changes now reset the live list too."""
+        node.watch_up(self._forget_live)
+        self._live = None
+
     def _forget_live(self) -> None:
         self._live = None
 

@@ -94,6 +94,13 @@ class ReplicaFactory:
             "nvlink": (L.nvlink.bandwidth * g, L.nvlink.latency),
         }
 
+    def rdma_latency(self) -> float:
+        """First-byte seconds of a transfer over the GPU network (RDMA): the scenario's
+        ``cluster.network.rdma_latency`` where given, else the profile's."""
+        net = self.spec.ctx.sc.cluster.network
+        lat = net.rdma_latency
+        return float(lat if lat is not None else self.spec.profile.links.rdma.latency)
+
     def make(self, idx: int, preload: bool, server: int | None = None) -> ComputeNode:
         """A new replica ``node{idx}`` (not started, not in ``ctx.nodes``): its links, its
         weight store (preloaded when ``preload``) and its node on ``server`` (default

@@ -219,5 +219,3 @@ def kv_elements_per_token(s: LlamaShape) -> int:
     if s.kv_lora_rank:
         return s.n_layers * (s.kv_lora_rank + s.qk_rope_head_dim)
     return 2 * s.n_layers * (s.kv_heads or s.heads) * head_dim_of(s)
-
-

@@ -104,7 +104,7 @@ class Autoscaler:
         self.state: dict[int, str] = {n.idx: "serving" for n in ctx.nodes}
         self.acquired: dict[int, float] = {n.idx: 0.0 for n in ctx.nodes}
         self.released: dict[int, float] = {}
-        #: scale decisions: ``{t, action: out|in, replicas, size_after, desired}``
+        #: scale decisions: ``{t, action: out|in, replicas, nodes, size_after, desired}``
         self.events: list[dict[str, Any]] = []
         self.timeline: list[tuple[float, ...]] = []
         self.cold_starts: list[ColdStart] = []
@@ -214,11 +214,18 @@ class Autoscaler:
         self.state[node.idx] = state
         self.ctx.trace.rec(self.env.now, EV_REPLICA_STATE, node.idx, STATES.index(state))
 
-    def _record(self, action: str, k: int, desired: int) -> None:
+    def _record(self, action: str, nodes: list[int], desired: int) -> None:
         size = self.count("serving") + self.count("provisioning") + self.count("loading")
-        now = float(self.env.now)
+        now, k = float(self.env.now), len(nodes)
         self.events.append(
-            {"t": now, "action": action, "replicas": k, "size_after": size, "desired": desired}
+            {
+                "t": now,
+                "action": action,
+                "replicas": k,
+                "nodes": nodes,
+                "size_after": size,
+                "desired": desired,
+            }
         )
         self.ctx.trace.rec(now, EV_SCALE, k if action == "out" else -k, size)
 
@@ -247,7 +254,7 @@ class Autoscaler:
             self.factory.rdma_latency(),
         )
         self.cold_starts.append(cs)
-        self._record("out", k, desired)
+        self._record("out", [n.idx for n in new], desired)
         cs.start()
         return cs
 
@@ -268,7 +275,7 @@ class Autoscaler:
             node.stop()  # placement stops sending it requests
             self.env.process(self._drain(node))
         if picked:
-            self._record("in", len(picked), desired)
+            self._record("in", [n.idx for n in picked], desired)
         return [n.idx for n in picked]
 
     def _drain(self, node: ComputeNode) -> Generator[simpy.Event, Any, None]:

@@ -44,6 +44,9 @@ def write_run(root: Path, sc: Scenario, seed: int, result: Any) -> Path:
         )
         result.requests.to_parquet(tmp / "requests.parquet", index=False)
         result.timeseries.to_parquet(tmp / "timeseries.parquet", index=False)
+        scaled = getattr(result, "autoscale", None)
+        if scaled is not None:
+            scaled.to_parquet(tmp / "autoscale.parquet", index=False)
         write_plots(tmp, result)
         # every run can be replayed bit for bit (pdsim replay): the run, or each variant
         from sim.study.recording import run_replay_record, variant_replay_records, write_replay

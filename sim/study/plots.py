@@ -1,6 +1,6 @@
 """PNG plots of a run, a sweep, an A/B test and a capacity plan (matplotlib, no pyplot).
 
-A run: ``latency_cdf.png`` (CDF per model/class, each class's SLO as a dashed line, a dot at
+A run: ``autoscale.png`` when it autoscales (:mod:`sim.study.autoscaleplot`), ``latency_cdf.png`` (CDF per model/class, each class's SLO as a dashed line, a dot at
 each curve's P99), ``timeseries.png`` (arrivals and completions per second, queue and
 running requests with the share of the iterations' token budget in use, latency P50/P99 of the requests
 finishing in each bin, HBM hit rate) and ``bytes_by_tier.png`` (parameter bytes per source
@@ -74,7 +74,13 @@ def _name(result: Any) -> str:
 
 def write_plots(folder: Path, result: Any) -> list[Path]:
     """Write the run's plots into ``folder``; returns their paths."""
-    return [_latency_cdf(folder, result), _timeseries(folder, result), _bytes(folder, result)]
+    out = [_latency_cdf(folder, result), _timeseries(folder, result), _bytes(folder, result)]
+    scaled = getattr(result, "autoscale", None)
+    if scaled is not None:
+        from sim.study.autoscaleplot import autoscale_plots
+
+        out.extend(autoscale_plots(folder, result, scaled))
+    return out
 
 
 def _latency_cdf(folder: Path, result: Any) -> Path:

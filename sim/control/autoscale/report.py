@@ -9,6 +9,9 @@ the per-tick frame written as ``autoscale.parquet`` and drawn as ``autoscale.png
   ``gpu_hour_cost``;
 * **static peak GPU-hours**: the most replicas held at once, for the whole run (the
   static provisioning that serves the same peak); **reclaim** = 1 - GPU-hours / that;
+  **reclaim_vs_max** = 1 - GPU-hours / (``max_replicas`` held all run): the share of the
+  budget the autoscaler gave back, a denominator two configurations with the same
+  ``max_replicas`` share;
 * **scale-out latency** of a new replica: from the decision that added it to the first
   token it produced (``decision_to_first_token_s``; None if it produced none), and to the
   moment it entered service (``decision_to_serving_s``);
@@ -80,6 +83,7 @@ def summary(a: Autoscaler, end: float, requests: pd.DataFrame) -> dict[str, Any]
     gpu_h = sum((t1 - t0) * g for _, t0, t1 in held) / 3600.0
     peak = peak_held(a, end)
     static_h = peak * g * end / 3600.0
+    budget_h = a.cfg.max_replicas * g * end / 3600.0
     node_of = requests["node"].to_numpy()
     first = requests["first_token"].to_numpy()
     starts: list[dict[str, Any]] = []
@@ -118,6 +122,7 @@ def summary(a: Autoscaler, end: float, requests: pd.DataFrame) -> dict[str, Any]
         "gpu_hours": gpu_h,
         "static_peak_gpu_hours": static_h,
         "reclaim": 1.0 - gpu_h / static_h if static_h > 0 else 0.0,
+        "reclaim_vs_max": 1.0 - gpu_h / budget_h if budget_h > 0 else 0.0,
         "cost": gpu_h * a.cfg.gpu_hour_cost,
         "cold_starts": starts,
         "scale_out_s": _stats(lat),

@@ -130,7 +130,7 @@ def test_readme_table_is_between_markers_and_names_every_claim() -> None:
     i, j = text.index(README_BEGIN), text.index(README_END)
     block = text[i:j]
     ids = {c.id for p in claim_scenarios() for c in load_scenario(p).claims}
-    assert ids == {"R3", "R11", "R12", "R13", "R19", "R20", "R21"}
+    assert ids == {"R3", "R11", "R12", "R13", "R19", "R20", "R21", "R22"}
     for cid in ids:
         assert f"| {cid} |" in block
 

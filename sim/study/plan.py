@@ -238,10 +238,11 @@ def _infeasible(sc: Any) -> str | None:
 
 def check_plan(spec: PlanFile, planner: Planner, source: str) -> None:
     """Reject a plan that cannot be answered before running anything."""
-    if not spec.qps and not spec.sizes:
+    day = spec.day is not None  # a day plan asks neither question; it judges attainment
+    if not day and not spec.qps and not spec.sizes:
         raise InputError("give qps (smallest size) and/or sizes (highest qps)", source=source)
     slo = spec.slo
-    if not slo.limits() and slo.availability is None and slo.degraded_rate is None:
+    if not day and not slo.limits() and slo.availability is None and slo.degraded_rate is None:
         raise InputError(
             "slo: give at least one of e2e, ttft, tpot, p99, availability, degraded_rate",
             source=source,
@@ -308,6 +309,8 @@ def run_plan(
     resolved = first[0].scenario.model_dump(mode="json")
     if spec.compare is not None:
         return _run_compare(spec, pl, runner, folder, seeds, source)
+    if spec.day is not None:
+        return _run_day(spec, pl, runner, folder, seeds)
     with runner:
         alts = alternatives(spec)
         found = {q: pl.min_sizes(alts, q) for q in spec.qps}
@@ -352,6 +355,24 @@ def _run_compare(
     write_parquet(df, folder / "frontier.parquet")
     write_atomic(folder / "frontier.csv", df.to_csv(index=False))
     frontier_png(df, folder / "frontier.png", answer.get("tpot_limit_s"))
+    result = PlanResult(df, folder, sentences, answer)
+    report = {"spec": spec.model_dump(mode="json"), "seeds": seeds, **plan_json(result)}
+    write_atomic(folder / "plan.json", json.dumps(report, indent=1) + "\n")
+    return result
+
+
+def _run_day(
+    spec: PlanFile, pl: Planner, runner: Runner, folder: Path, seeds: list[int]
+) -> PlanResult:
+    """A day plan (:mod:`sim.study.dayplan`): ``frontier.csv``/``.parquet``, ``plan.json``."""
+    from sim.study.dayplan import DayPlanner, run_day
+
+    day = DayPlanner(spec, pl.scenario, runner, RunCache(folder), seeds, pl.base)
+    with runner:
+        df, answer, sentences = run_day(spec, day)
+    folder.mkdir(parents=True, exist_ok=True)
+    write_parquet(df, folder / "frontier.parquet")
+    write_atomic(folder / "frontier.csv", df.to_csv(index=False))
     result = PlanResult(df, folder, sentences, answer)
     report = {"spec": spec.model_dump(mode="json"), "seeds": seeds, **plan_json(result)}
     write_atomic(folder / "plan.json", json.dumps(report, indent=1) + "\n")

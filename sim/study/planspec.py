@@ -46,6 +46,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from engine.configfile import read_mapping, validate_model
 from engine.limits import CheckedModel, RequestRate, Seeds
 from sim.scenario import Duration
+from sim.study.dayplan import DayCfg
 from sim.study.disaggcompare import CompareCfg
 from sim.study.sweep.spec import resolve_scenario_path
 
@@ -136,6 +137,10 @@ class PlanFile(CheckedModel, BaseModel):  # BaseModel named too, for linters
     compare: CompareCfg | None = None
     """Compare aggregated and disaggregated deployments at the first `qps` instead of the
     size search (sim.study.disaggcompare); null: the size / load searches above."""
+    day: DayCfg | None = None
+    """Plan a day instead of the size search: the autoscaler settings with the fewest
+    GPU-hours keeping the day's SLO attainment, against static peak provisioning
+    (sim.study.dayplan); null: the searches above."""
 
 
 def load_plan_file(path: str | Path) -> PlanFile:

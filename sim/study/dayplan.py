@@ -1,0 +1,235 @@
+"""A plan for a day (``day:`` in a plan file): the autoscaler settings with the fewest
+GPU-hours that keep the day's SLO attainment, against static provisioning for the peak.
+
+The plan's scenario carries the day (its workload) and an ``autoscale`` section. Two
+searches, every run through the sweep machinery (cached by config hash under ``OUT/runs``):
+
+* **autoscaled**: every combination of ``min_replicas`` x ``max_replicas`` x ``target``
+  (min <= max), the cluster starting at ``min_replicas`` replicas; one run per seed;
+* **static**: autoscaling off, the smallest replica count in ``static_range`` that passes,
+  by bisection (more replicas never lower attainment: the search assumes it, and the
+  frontier shows every probe so a violation is visible).
+
+A run **passes** when its SLO attainment (requests meeting their class's objectives over
+the steady window's arrivals; ``metrics.warmup: 0`` makes that the whole day) is at least
+``attainment``, no request is rejected or unfinished, and the plan's ``slo`` holds; a
+setting passes when every seed passes. GPU-hours: the autoscaler's (per replica, GPUs x
+time held) and, static, replicas x GPUs x the run's simulated time; means over seeds.
+
+The answer is the passing autoscaled setting with the fewest GPU-hours (ties: smaller
+``max_replicas``, then ``min_replicas``, then ``target``), with the GPU-hours it saves
+against the smallest passing static count; ``choice: none`` when no setting passes.
+Speed: each candidate is one simulated day per seed; the plan does not compress the day
+(a shorter day, e.g. a time-compressed trace, is the way to keep it fast).
+"""
+
+from __future__ import annotations
+
+import itertools
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import pandas as pd
+from pydantic import BaseModel, ConfigDict, Field
+
+from engine.errors import InputError
+from engine.limits import CheckedModel
+from sim.study.sweep.resultcache import RunCache
+from sim.study.sweep.spec import Point, build_points
+
+if TYPE_CHECKING:
+    from sim.study.planspec import PlanFile
+    from sim.study.sweep.execute import Runner
+
+
+class DayCfg(CheckedModel, BaseModel):  # BaseModel named too, for linters
+    """A plan for a day (sim/study/dayplan.py): the autoscaler settings tried, the static
+    range, and the attainment both must keep."""
+
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
+    attainment: float = Field(0.99, gt=0, le=1)
+    """Least SLO attainment of the day (share of requests meeting their class objectives)."""
+    min_replicas: list[int] = Field([1], min_length=1)
+    """`autoscale.min_replicas` values tried (each >= 1)."""
+    max_replicas: list[int] = Field([8], min_length=1)
+    """`autoscale.max_replicas` values tried (each >= 1)."""
+    target: list[float] = Field([0.7], min_length=1)
+    """`autoscale.target` values tried (each in (0, 1])."""
+    static_range: tuple[int, int] = (1, 16)
+    """Bounds [low, high] of the static replica count searched (1 <= low <= high)."""
+
+
+def _servers(base: Any, replicas: int) -> int:
+    """``cluster.servers`` that gives ``replicas`` replicas of the scenario's shape."""
+    c = base.cluster
+    g, gps = int(c.gpus_per_replica), int(c.gpus_per_server)
+    if g <= gps:
+        return -(-replicas // (gps // g))
+    return replicas * int(c.servers_per_replica)
+
+
+class DayPlanner:
+    """Runs the two searches of one day plan (see the module docstring)."""
+
+    def __init__(
+        self,
+        spec: PlanFile,
+        scenario: Path,
+        runner: Runner,
+        cache: RunCache,
+        seeds: list[int],
+        base: list[str],
+    ) -> None:
+        if spec.day is None:
+            raise ValueError("DayPlanner needs a plan with a day section")
+        self.spec, self.day = spec, spec.day
+        self.scenario, self.runner, self.cache = scenario, runner, cache
+        self.seeds, self.base = seeds, base
+
+    def _points(self, grid: dict[str, list[Any]]) -> list[Point]:
+        return build_points(
+            self.scenario, grid, self.seeds, self.base, self.spec.variant, source="plan"
+        )
+
+    def _judge(self, pts: list[Point]) -> dict[str, Any]:
+        """Run ``pts`` (one setting, every seed): passes, mean GPU-hours and attainment."""
+        from sim.study.planspec import run_passes  # planspec imports this module
+
+        batch = self.runner.run(pts, self.cache)
+        ok, gpu_h, att, why = True, [], [], []
+        for p in pts:
+            rec = batch.records.get(p.config_hash)
+            m = rec["metrics"] if rec is not None and rec.get("status") == "ok" else None
+            if m is None:
+                ok = False
+                why.append(f"seed {p.seed}: run failed")
+                continue
+            a = m.get("slo_attainment")
+            att.append(float(a) if a is not None else 0.0)
+            lost = int(m.get("requests.rejected") or 0) + int(m.get("requests.unfinished") or 0)
+            h = m.get("autoscale.gpu_hours")
+            if h is None:
+                sc = p.scenario
+                h = sc.cluster.replicas * sc.cluster.gpus_per_replica * m["sim_time_s"] / 3600
+            gpu_h.append(float(h))
+            reasons = run_passes(m, self.spec.slo)[1]
+            if att[-1] < self.day.attainment:
+                reasons.append(f"attainment {att[-1]:.4f} < {self.day.attainment}")
+            if lost:
+                reasons.append(f"{lost} requests rejected or unfinished")
+            if reasons:
+                ok = False
+                why.append(f"seed {p.seed}: {'; '.join(reasons)}")
+        n = max(len(gpu_h), 1)
+        return {
+            "meets_slo": ok,
+            "gpu_hours": sum(gpu_h) / n if gpu_h else None,
+            "attainment": sum(att) / max(len(att), 1) if att else None,
+            "reason": " | ".join(why),
+        }
+
+    def autoscaled(self) -> list[dict[str, Any]]:
+        """One row per autoscaler setting tried."""
+        rows = []
+        base = self._points({})[0].scenario
+        for lo, hi, tgt in itertools.product(
+            self.day.min_replicas, self.day.max_replicas, self.day.target
+        ):
+            if lo > hi:
+                continue
+            grid: dict[str, list[Any]] = {
+                "autoscale.enabled": [True],
+                "autoscale.min_replicas": [lo],
+                "autoscale.max_replicas": [hi],
+                "autoscale.target": [tgt],
+                "cluster.servers": [_servers(base, lo)],
+            }
+            res = self._judge(self._points(grid))
+            rows.append(
+                {
+                    "kind": "autoscaled",
+                    "min_replicas": lo,
+                    "max_replicas": hi,
+                    "target": tgt,
+                    "replicas": None,
+                    **res,
+                }
+            )
+        return rows
+
+    def static(self) -> tuple[int | None, list[dict[str, Any]]]:
+        """The smallest passing static replica count (None: none in range) and every probe."""
+        base = self._points({})[0].scenario
+        lo, hi = self.day.static_range
+        rows: dict[int, dict[str, Any]] = {}
+
+        def probe(n: int) -> bool:
+            if n not in rows:
+                grid: dict[str, list[Any]] = {
+                    "autoscale.enabled": [False],
+                    "cluster.servers": [_servers(base, n)],
+                }
+                rows[n] = {
+                    "kind": "static",
+                    "min_replicas": None,
+                    "max_replicas": None,
+                    "target": None,
+                    "replicas": n,
+                    **self._judge(self._points(grid)),
+                }
+            return bool(rows[n]["meets_slo"])
+
+        if not probe(hi):
+            return None, [rows[k] for k in sorted(rows)]
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if probe(mid):
+                hi = mid
+            else:
+                lo = mid + 1
+        return hi, [rows[k] for k in sorted(rows)]
+
+
+def run_day(spec: PlanFile, planner: DayPlanner) -> tuple[pd.DataFrame, dict[str, Any], list[str]]:
+    """Both searches: the frontier, the answer (``choice``: the best autoscaled setting or
+    ``none``; ``static_replicas``; GPU-hours of both; ``saved``) and answer sentences."""
+    day = spec.day
+    if day is None or any(v < 1 for v in day.min_replicas + day.max_replicas):
+        raise InputError("day: min_replicas and max_replicas need values >= 1", source="plan")
+    auto = planner.autoscaled()
+    n_static, static_rows = planner.static()
+    df = pd.DataFrame(auto + static_rows)
+    passing = [r for r in auto if r["meets_slo"]]
+    best = min(
+        passing,
+        key=lambda r: (r["gpu_hours"], r["max_replicas"], r["min_replicas"], r["target"]),
+        default=None,
+    )
+    static_h = next((r["gpu_hours"] for r in static_rows if r["replicas"] == n_static), None)
+    answer: dict[str, Any] = {
+        "choice": "none" if best is None else "autoscaled",
+        "autoscale": None
+        if best is None
+        else {k: best[k] for k in ("min_replicas", "max_replicas", "target")},
+        "gpu_hours": None if best is None else best["gpu_hours"],
+        "attainment": None if best is None else best["attainment"],
+        "static_replicas": n_static,
+        "static_gpu_hours": static_h,
+        "saved": None if best is None or static_h is None else 1.0 - best["gpu_hours"] / static_h,
+    }
+    lines = []
+    if best is None:
+        lines.append(f"no autoscaler setting keeps attainment >= {day.attainment}")
+    else:
+        lines.append(
+            f"autoscale min {best['min_replicas']} max {best['max_replicas']} target "
+            f"{best['target']:g}: {best['gpu_hours']:.4g} GPU-hours at attainment "
+            f"{best['attainment']:.4f}"
+        )
+    if n_static is None:
+        lines.append(f"static: no count in {list(day.static_range)} keeps the attainment")
+    else:
+        lines.append(f"static peak provisioning: {n_static} replicas, {static_h:.4g} GPU-hours")
+    if answer["saved"] is not None:
+        lines.append(f"GPU-hours saved by autoscaling: {answer['saved'] * 100:.1f}%")
+    return df, answer, lines

@@ -23,6 +23,7 @@ REDUCED = {
     "multi-model-coloring": ["workload.duration=6s"],
     "lruk-vs-lru": ["workload.duration=6s"],
     "pd-vs-coupled": ["workload.duration=6s"],
+    "elastic-scaling": ["workload.duration=40s"],  # the burst starts at 20 s
 }
 
 

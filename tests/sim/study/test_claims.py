@@ -141,6 +141,7 @@ REDUCED = {
     "burst-traffic": ["workload.duration=3s"],
     "lruk-vs-lru": ["workload.duration=12s"],
     "pd-vs-coupled": ["workload.duration=15s"],
+    "elastic-scaling": ["workload.duration=16s"],  # before the burst (at 20 s): 2 req/s
 }
 
 

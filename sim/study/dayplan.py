@@ -233,3 +233,39 @@ def run_day(spec: PlanFile, planner: DayPlanner) -> tuple[pd.DataFrame, dict[str
     if answer["saved"] is not None:
         lines.append(f"GPU-hours saved by autoscaling: {answer['saved'] * 100:.1f}%")
     return df, answer, lines
+
+
+def day_png(df: pd.DataFrame, answer: dict[str, Any], path: Path) -> Path:
+    """``frontier.png`` of a day plan: GPU-hours of every setting tried (autoscaled and
+    static), passing ones solid, failing ones hatched, the answer and the static count
+    outlined."""
+    from sim.study.plots import _save, figure_with_axes
+
+    fig, ax = figure_with_axes(figsize=(max(6.0, 0.5 * len(df) + 2), 4))
+    labels, colours = [], []
+    for r in df.to_dict("records"):
+        if r["kind"] == "autoscaled":
+            labels.append(f"{r['min_replicas']:.0f}-{r['max_replicas']:.0f} @{r['target']:g}")
+            colours.append("tab:green")
+        else:
+            labels.append(f"static {r['replicas']:.0f}")
+            colours.append("tab:gray")
+    bars = ax.bar(range(len(df)), df["gpu_hours"].fillna(0.0), color=colours)
+    best = answer.get("autoscale") or {}
+    for bar, r in zip(bars, df.to_dict("records"), strict=True):
+        if not r["meets_slo"]:
+            bar.set_hatch("//")
+            bar.set_alpha(0.5)
+        chosen = r["kind"] == "autoscaled" and all(r[k] == v for k, v in best.items()) and best
+        if chosen or (r["kind"] == "static" and r["replicas"] == answer.get("static_replicas")):
+            bar.set_edgecolor("black")
+            bar.set_linewidth(2)
+    ax.set_xticks(range(len(df)))
+    ax.set_xticklabels(labels, rotation=60, ha="right", fontsize=7)
+    ax.set_ylabel("GPU-hours over the day")
+    saved = answer.get("saved")
+    tail = f": autoscaling saves {saved * 100:.1f}%" if saved is not None else ""
+    ax.set_title(f"Day plan (min-max @target; hatched: misses the attainment){tail}")
+    ax.grid(alpha=0.3, axis="y")
+    fig.tight_layout()
+    return _save(fig, path)

@@ -365,7 +365,7 @@ def _run_day(
     spec: PlanFile, pl: Planner, runner: Runner, folder: Path, seeds: list[int]
 ) -> PlanResult:
     """A day plan (:mod:`sim.study.dayplan`): ``frontier.csv``/``.parquet``, ``plan.json``."""
-    from sim.study.dayplan import DayPlanner, run_day
+    from sim.study.dayplan import DayPlanner, day_png, run_day
 
     day = DayPlanner(spec, pl.scenario, runner, RunCache(folder), seeds, pl.base)
     with runner:
@@ -373,6 +373,7 @@ def _run_day(
     folder.mkdir(parents=True, exist_ok=True)
     write_parquet(df, folder / "frontier.parquet")
     write_atomic(folder / "frontier.csv", df.to_csv(index=False))
+    day_png(df, answer, folder / "frontier.png")
     result = PlanResult(df, folder, sentences, answer)
     report = {"spec": spec.model_dump(mode="json"), "seeds": seeds, **plan_json(result)}
     write_atomic(folder / "plan.json", json.dumps(report, indent=1) + "\n")

@@ -31,6 +31,7 @@ import numpy as np
 from engine.configfile import read_mapping
 from engine.errors import InputError
 from sim.cluster import build, check_feasible
+from sim.control.autoscale import attach as attach_autoscaler
 from sim.control.faultinject import attach
 from sim.control.faults import check_faults
 from sim.control.raft import SafetyViolation
@@ -96,6 +97,7 @@ def run_checked(
     base = Path(sc.source).parent if Path(sc.source).is_file() else None
     cl = build(sc, seed, cat, prof, CostModel, base)
     ctl = attach(cl)
+    attach_autoscaler(cl, prof)  # as sim.runner does, in the same order: the same trace
     env = cl.env
     if until is not None:
 

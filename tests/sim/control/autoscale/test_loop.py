@@ -3,6 +3,8 @@ without losing a request, the size stays in bounds, runs replay, bad sections ar
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -105,3 +107,13 @@ def test_bad_sections_name_the_field(sets: tuple[str, ...], field: str) -> None:
     with pytest.raises(InputError) as err:
         run_scenario(scenario(*sets), seed=1)
     assert field in str(err.value)
+
+
+def test_an_autoscaling_run_replays_to_its_hash(tmp_path: Path) -> None:
+    from sim.study.recording import replay
+
+    sc = scenario()
+    res = run_scenario(sc, seed=2, out_dir=tmp_path)
+    assert res.out_dir is not None
+    rep = replay(res.out_dir / "replay.json")
+    assert rep.matches, rep

@@ -82,7 +82,9 @@ def _timeseries(cl: Cluster) -> pd.DataFrame:
     return df
 
 
-def utilisation(cl: Cluster) -> dict[str, float]:
+def utilisation(
+    cl: Cluster, held: Callable[[float, float], float] | None = None
+) -> dict[str, float]:
     """Each resource's used share of its capacity over the steady window (work counters at
     its two ends, :meth:`sim.cluster.Cluster.snapshot`): ``busy`` (a replica computing; at
     most 1),
@@ -90,12 +92,16 @@ def utilisation(cl: Cluster) -> dict[str, float]:
     ``mfu`` (model FLOPs / peak FLOP/s of every GPU), ``mbu`` (HBM bytes read / HBM bandwidth
     of every GPU), and bytes carried / bandwidth x time of the replicas' ``pcie``, ``nic`` and
     ``nvme`` links and the parameter servers' ``ps_nic`` and ``ps_ssd``; ``kv`` is the mean
-    share of the KV blocks reserved (time-series samples in the window)."""
+    share of the KV blocks reserved (time-series samples in the window). ``held(t0, t1)``:
+    replica-seconds held in ``[t0, t1]`` when the replica count changes (autoscaling); the
+    replica and GPU shares then divide by it instead of every replica x the window."""
     a, b = cl.snaps["w0"], cl.snaps["w1"]
     dt = max(b["t"] - a["t"], 1e-12)
     sc = cl.ctx.sc
     c = sc.cluster
-    r = len(cl.ctx.nodes)
+    r: float = len(cl.ctx.nodes)
+    if held is not None:
+        r = max(held(a["t"], b["t"]) / dt, 1e-12)  # mean replicas held over the window
     gpus = cl.ctx.disagg.gpus if cl.ctx.disagg is not None else r * c.gpus_per_replica
     gpu = cl.ctx.models[0].cost.profile.gpu
     peak = gpu.flops_fp16 if cl.ctx.models[0].cost.model.dtype_bytes <= 2 else gpu.flops_fp32
@@ -114,7 +120,9 @@ def utilisation(cl: Cluster) -> dict[str, float]:
     for kind in ("pcie", "nic", "nvme", "ps_nic", "ps_ssd"):
         bw = b[f"{kind}_bw"]
         out[kind] = d(f"{kind}_bytes") / (bw * dt) if bw > 0 else 0.0
-    cap = sum(n.kv.capacity for n in cl.ctx.nodes)
+    cap: float = sum(n.kv.capacity for n in cl.ctx.nodes)
+    if held is not None:  # autoscaled replicas are alike: one's capacity x the mean held
+        cap = cl.ctx.nodes[0].kv.capacity * r
     kv = [row[16] for row in cl.ctx.metrics.samples if a["t"] <= row[0] <= b["t"]]
     out["kv"] = float(np.mean(kv)) / cap if kv and cap else 0.0
     return out
@@ -140,12 +148,14 @@ def _hit_rate(cl: Cluster) -> dict[str, float | None]:
     return out
 
 
-def _extra(cl: Cluster, end: float) -> dict[str, Any]:
+def _extra(
+    cl: Cluster, end: float, held: Callable[[float, float], float] | None = None
+) -> dict[str, Any]:
     ctx, env = cl.ctx, cl.env
     nodes = ctx.nodes
     frag = [s[17] for s in ctx.metrics.samples] or [0.0]
     met = ctx.metrics
-    util = utilisation(cl)
+    util = utilisation(cl, held)
     nic = [n.ws.links["nic"].utilisation(env.now) for n in nodes]
     ps_nic = [s.links["nic"].utilisation(env.now) for s in ctx.servers]
     return {
@@ -194,7 +204,7 @@ def _run_one(
     classes = [c.name for c in sc.workload.classes]
     df = requests_frame(ctx.metrics, cl.wl, names, classes)
     h = ctx.trace.hexdigest()
-    extra = _extra(cl, end)
+    extra = _extra(cl, end, scaler.replica_seconds if scaler is not None else None)
     extra["trace_hash"] = h
     if ctx.disagg is not None:
         extra["gpus"] = ctx.disagg.gpus

@@ -114,6 +114,15 @@ class Autoscaler:
         """Start the control loop (first decision one ``interval`` in)."""
         return self.env.process(self._loop())
 
+    def replica_seconds(self, t0: float, t1: float) -> float:
+        """Replica-seconds held (from the decision that added a replica, or 0, to its
+        release) within ``[t0, t1]``."""
+        total = 0.0
+        for i, a in self.acquired.items():
+            b = self.released.get(i, t1)
+            total += max(min(b, t1) - max(a, t0), 0.0)
+        return total
+
     # -- signals ------------------------------------------------------------------------------
     def count(self, state: str) -> int:
         """Replicas in ``state``."""

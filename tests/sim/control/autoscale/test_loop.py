@@ -117,3 +117,17 @@ def test_an_autoscaling_run_replays_to_its_hash(tmp_path: Path) -> None:
     assert res.out_dir is not None
     rep = replay(res.out_dir / "replay.json")
     assert rep.matches, rep
+
+
+
+def test_replica_seconds_held_is_the_overlap_of_each_replica_with_the_window() -> None:
+    from sim.control.autoscale.loop import Autoscaler
+    from tests.sim.control.autoscale.conftest import built
+
+    sc = scenario()
+    cl, prof = built(sc)
+    a = Autoscaler(cl, prof.coldstart)
+    a.acquired.update({1: 10.0, 2: 20.0, 3: 50.0})
+    a.released.update({1: 30.0})
+    # window [5, 40]: replica 0 35 s, 1 20 s (10..30), 2 20 s (20..40), 3 none (from 50)
+    assert a.replica_seconds(5.0, 40.0) == 75.0

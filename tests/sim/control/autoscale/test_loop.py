@@ -119,7 +119,6 @@ def test_an_autoscaling_run_replays_to_its_hash(tmp_path: Path) -> None:
     assert rep.matches, rep
 
 
-
 def test_replica_seconds_held_is_the_overlap_of_each_replica_with_the_window() -> None:
     from sim.control.autoscale.loop import Autoscaler
     from tests.sim.control.autoscale.conftest import built

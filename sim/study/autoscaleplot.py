@@ -76,7 +76,7 @@ def _one(path: Path, g: pd.DataFrame, a: dict[str, Any], title: str) -> Path:
             label="decision -> first token (s)",
         )
         lat.set_ylabel("seconds")
-        lat.set_ylim(bottom=0)
+        lat.set_ylim(0, 1.2 * max(c["decision_to_first_token_s"] for c in starts))
         lat.legend(fontsize=7, loc="upper left")
     for e in a.get("events", []):
         for ax in axes:

@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 import pytest
 
 from engine.errors import InputError
@@ -117,6 +118,10 @@ def test_an_autoscaling_run_replays_to_its_hash(tmp_path: Path) -> None:
     assert res.out_dir is not None
     rep = replay(res.out_dir / "replay.json")
     assert rep.matches, rep
+    # the run folder carries the timeline and its plot
+    tl = pd.read_parquet(res.out_dir / "autoscale.parquet")
+    assert {"serving", "provisioning", "gpus", "slo_attainment"} <= set(tl.columns)
+    assert (res.out_dir / "autoscale.png").stat().st_size > 0
 
 
 def test_replica_seconds_held_is_the_overlap_of_each_replica_with_the_window() -> None:

@@ -350,12 +350,103 @@ class StepCfg(_M):
 
 #: most periods of the diurnal rate one workload spans (its rate curve is tabulated per period)
 MAX_PERIODS = 20_000
+#: seconds of one uncompressed day: the clock of a `profile` workload's shape, noise and surges
+DAY = 86_400.0
+#: most piecewise-constant pieces of a `profile` workload's tabulated rate (all its days)
+MAX_PROFILE_PIECES = 5_000_000
+#: largest rate multiplier of a surge or a random burst
+MAX_MULTIPLIER = 1e4
+
+
+class SurgeCfg(_M):
+    """A planned surge of a ``profile`` workload's rate: the rate is multiplied by a factor
+    that ramps linearly from 1 to `multiplier` over `rise`, stays there for `hold`, and falls
+    linearly back to 1 over `decay`. A step burst has `rise` and `decay` 0; a flash crowd a
+    short `rise` and a longer `decay`. Times are on the profile's day clock (see
+    `workload.profile.day`)."""
+
+    at: Duration
+    """When the rise starts, on the day clock (e.g. `13h`; later days continue the clock:
+    `30h` is 06:00 of the second day), seconds or a duration."""
+    multiplier: float = Field(gt=1, le=MAX_MULTIPLIER)
+    """Rate multiplier at the top of the surge, in (1, 1e4]."""
+    rise: Duration = 0.0
+    """Linear ramp from 1 to `multiplier`, day clock; 0: a step up."""
+    hold: Duration = Field(default=600.0, gt=0)
+    """Time at `multiplier`, day clock (> 0)."""
+    decay: Duration = 0.0
+    """Linear ramp back to 1, day clock; 0: a step down."""
+
+
+class RandomBurstsCfg(_M):
+    """Random step bursts of a ``profile`` workload: per day a Poisson number of bursts (mean
+    `per_day`), each starting at a uniformly drawn time of the day and multiplying the rate by
+    `multiplier` for `length` (day clock); drawn from the run's `workload` random stream."""
+
+    per_day: float = Field(default=0.0, ge=0, le=1000)
+    """Mean number of bursts a day, 0..1000; 0: none."""
+    multiplier: float = Field(default=2.0, gt=1, le=MAX_MULTIPLIER)
+    """Rate multiplier during a burst, in (1, 1e4]."""
+    length: Duration = Field(default=600.0, gt=0)
+    """Length of each burst on the day clock (> 0), seconds or a duration."""
+
+
+class ProfileCfg(_M):
+    """The rate over a day of a ``profile`` workload (non-homogeneous Poisson arrivals).
+
+    rate(t) = `workload.rate` x shape(c) x noise(c) x bursts(c) x surges(c), with c the day clock
+    ``t x 86400 / day``. The shape has mean 1 over a day: a cosine with its maximum at
+    `peak_hour` and min / max = `trough_ratio`, or the 24 `hourly` values (linear between the
+    hours' midpoints, scaled to mean 1). The noise is lognormal with mean 1, one factor per
+    `noise_interval`; bursts and surges multiply on top. The rate is tabulated as a
+    piecewise-constant function: pieces of `resolution`, split at every noise, burst and surge
+    edge, each at the rate of its midpoint; arrivals invert its cumulative (time rescaling of a
+    unit-rate Poisson process), so the same seed gives the same arrivals."""
+
+    day: Duration = Field(default=DAY, gt=0)
+    """Simulated seconds one day of the profile lasts: 24h plays it in real time, 10min
+    compresses a day into ten minutes (rates stay requests per simulated second)."""
+    peak_hour: float = Field(default=14.0, ge=0, lt=24)
+    """Hour of the day (0..24) where the cosine shape peaks; its trough is 12 hours away."""
+    trough_ratio: float = Field(default=0.3, gt=0, le=1)
+    """Lowest / highest rate of the cosine shape, in (0, 1]; 1: flat."""
+    hourly: list[Annotated[float, Field(gt=0, le=MAX_REQUEST_RATE)]] = []
+    """24 relative rates for hours 0..23 (> 0) replacing the cosine shape; empty: the cosine."""
+    noise: float = Field(default=0.0, ge=0, le=3)
+    """Sigma of the lognormal multiplicative noise (mean 1), 0..3; 0: none."""
+    noise_interval: Duration = Field(default=900.0, gt=0)
+    """Each noise factor holds this long on the day clock (> 0)."""
+    resolution: Duration = Field(default=60.0, ge=1)
+    """Piece length of the tabulated rate on the day clock (>= 1 s)."""
+    bursts: RandomBurstsCfg = RandomBurstsCfg()
+    """Random step bursts (none by default)."""
+    surges: list[SurgeCfg] = []
+    """Planned surges: step bursts and flash crowds."""
+
+    @model_validator(mode="after")
+    def _hourly_has_24_hours(self) -> ProfileCfg:
+        if self.hourly and len(self.hourly) != 24:
+            raise ValueError(
+                f"hourly has {len(self.hourly)} values; allowed: 24 (hours 0..23) or none"
+            )
+        return self
+
+    def pieces_per_day(self) -> float:
+        """Upper bound of the pieces one day of the tabulated rate has, without surges."""
+        return DAY / self.resolution + DAY / self.noise_interval + 2 * self.bursts.per_day * 4 + 4
+
+    def peak_shape(self) -> float:
+        """Largest value of the shape (its mean is 1)."""
+        if self.hourly:
+            return max(self.hourly) * 24 / sum(self.hourly)
+        amp = (1 - self.trough_ratio) / (1 + self.trough_ratio)
+        return 1 + amp
 
 
 class WorkloadCfg(_M):
     """The requests: arrival process, token counts and classes."""
 
-    kind: Literal["poisson", "step", "diurnal", "closed-loop", "trace"] = "poisson"
+    kind: Literal["poisson", "step", "diurnal", "profile", "closed-loop", "trace"] = "poisson"
     """Arrival process; see the workload kinds below."""
     requests: int = Field(default=1000, ge=1, le=MAX_REQUESTS)
     """Number of requests to generate (a trace: at most this many records), 1..1e7; ignored
@@ -364,8 +455,8 @@ class WorkloadCfg(_M):
     """Bound the workload by time instead: every arrival in `[0, duration)` seconds (open-loop
     kinds; a trace: its records in that span); 0: bounded by `requests`."""
     rate: float = Field(default=10.0, gt=0, le=MAX_REQUEST_RATE)
-    """Mean arrival rate, requests/s (`poisson`, `diurnal`; `step` before its first step),
-    at most 1e7; with `duration`, the peak rate x `duration` is at most 1e7 requests."""
+    """Mean arrival rate, requests/s (`poisson`, `diurnal`; `step` before its first step;
+    `profile`: the mean of its daily shape, before noise, bursts and surges), at most 1e7; with `duration`, the peak rate x `duration` is at most 1e7 requests."""
     steps: list[StepCfg] = []
     """`step`: the rate changes, in time order (R11: 50 -> 1200 QPS)."""
     period: Interval = 60.0
@@ -373,6 +464,8 @@ class WorkloadCfg(_M):
     at most 20,000 periods)."""
     amplitude: float = Field(default=0.5, ge=0, lt=1)
     """`diurnal`: rate = rate x (1 + amplitude x sin(2 pi t / period)), in [0, 1)."""
+    profile: ProfileCfg = ProfileCfg()
+    """`profile`: the rate over a day (shape, noise, bursts, surges, time compression)."""
     clients: int = Field(default=16, ge=1, le=MAX_REQUESTS)
     """`closed-loop`: concurrent clients, each waiting for its answer before the next request."""
     think_time: Duration = 0.5
@@ -380,10 +473,20 @@ class WorkloadCfg(_M):
     trace: str | None = None
     """`trace`: path of the trace file (relative to the scenario file); `shipped:NAME`: a trace
     shipped in the package, e.g. `shipped:mooncake_slice.jsonl`."""
-    trace_format: Literal["mooncake", "csv"] = "mooncake"
-    """`trace`: `mooncake` JSONL (timestamp ms, input_length, output_length) or `csv`."""
-    trace_time_scale: float = Field(default=1.0, gt=0)
-    """`trace`: multiply trace inter-arrival times by this (< 1 replays faster), > 0."""
+    trace_format: Literal["auto", "mooncake", "csv", "azure"] = "auto"
+    """`trace`: `mooncake` JSONL (timestamp ms, input_length, output_length), `csv`
+    (`time,input_tokens,output_tokens`, seconds), `azure` (the Azure LLM inference trace's
+    `TIMESTAMP,ContextTokens,GeneratedTokens`, a date and time) or `auto`: `.jsonl`/`.json` or
+    a first line starting with `{` is Mooncake, a CSV header naming the Azure columns is
+    Azure, any other CSV is `csv`."""
+    trace_time_scale: float = Field(default=1.0, gt=0, le=1e6)
+    """`trace`: multiply trace inter-arrival times by this (< 1 replays faster), in (0, 1e6]."""
+    trace_peak_rate: float | None = Field(default=None, gt=0, le=MAX_REQUEST_RATE)
+    """`trace`: scale the trace's time so that its busiest `trace_peak_window` averages this
+    many requests/s (replaces `trace_time_scale`, which must then stay 1); null: off."""
+    trace_peak_window: Duration = Field(default=60.0, gt=0)
+    """`trace`: the window `trace_peak_rate` is measured over, on the trace's own clock
+    (before scaling; 60 s: the busiest minute), > 0."""
     input_tokens: TokenDist = TokenDist()
     """Prompt length distribution (not for `trace`)."""
     output_tokens: TokenDist = TokenDist(mean=64)
@@ -395,6 +498,14 @@ class WorkloadCfg(_M):
     def _arrivals_bounded(self) -> WorkloadCfg:
         """A generated open-loop workload stays within :data:`engine.limits.MAX_REQUESTS`
         (rate x duration) and, when diurnal, within 20,000 periods."""
+        if (
+            self.kind == "trace"
+            and self.trace_peak_rate is not None
+            and (self.trace_time_scale != 1.0)
+        ):
+            raise ValueError(
+                "trace_peak_rate sets the time scale; allowed: trace_time_scale 1 (unset) with it"
+            )
         if self.kind in ("trace", "closed-loop"):
             return self
         peak = self.rate
@@ -402,6 +513,16 @@ class WorkloadCfg(_M):
             peak = max([self.rate, *(st.rate for st in self.steps)])
         elif self.kind == "diurnal":
             peak = self.rate * (1 + self.amplitude)
+        elif self.kind == "profile":
+            peak = self.rate * self.profile.peak_shape()  # noise, bursts: checked when drawn
+            days = (self.duration or 0.0) / self.profile.day
+            if days * self.profile.pieces_per_day() > MAX_PROFILE_PIECES:
+                raise ValueError(
+                    f"profile: {days:.3g} days at resolution {self.profile.resolution:g} s "
+                    f"tabulate about {days * self.profile.pieces_per_day():.3g} rate pieces; "
+                    f"allowed: at most {MAX_PROFILE_PIECES:.0e} (a coarser resolution or "
+                    "noise_interval, or a shorter duration)"
+                )
         if self.duration > 0 and peak * self.duration > MAX_REQUESTS:
             raise ValueError(
                 f"rate x duration: {peak:g} requests/s for {self.duration:g} s is about "

@@ -70,9 +70,11 @@ def shape(cfg: ProfileCfg, clock: F64) -> F64:
         vals = np.asarray(cfg.hourly, dtype=np.float64)
         xs = np.arange(-0.5, 25.0, 1.0)  # midpoints of hours -1..24 (cyclic neighbours)
         ys = np.concatenate([[vals[-1]], vals, [vals[0]]])
-        return np.interp(hour, xs, ys) / float(vals.mean())
+        out: F64 = np.interp(hour, xs, ys) / float(vals.mean())
+        return out
     amp = (1 - cfg.trough_ratio) / (1 + cfg.trough_ratio)
-    return 1 + amp * np.cos(2 * np.pi * (hour - cfg.peak_hour) / 24.0)
+    cosine: F64 = 1 + amp * np.cos(2 * np.pi * (hour - cfg.peak_hour) / 24.0)
+    return cosine
 
 
 def surge_factor(surges: list[SurgeCfg], clock: F64) -> F64:

@@ -363,7 +363,7 @@ class SurgeCfg(_M):
     that ramps linearly from 1 to `multiplier` over `rise`, stays there for `hold`, and falls
     linearly back to 1 over `decay`. A step burst has `rise` and `decay` 0; a flash crowd a
     short `rise` and a longer `decay`. Times are on the profile's day clock (see
-    `workload.profile.day`)."""
+    `workload.rate_profile.day`)."""
 
     at: Duration
     """When the rise starts, on the day clock (e.g. `13h`; later days continue the clock:
@@ -391,7 +391,7 @@ class RandomBurstsCfg(_M):
     """Length of each burst on the day clock (> 0), seconds or a duration."""
 
 
-class ProfileCfg(_M):
+class RateProfileCfg(_M):
     """The rate over a day of a ``profile`` workload (non-homogeneous Poisson arrivals).
 
     rate(t) = `workload.rate` x shape(c) x noise(c) x bursts(c) x surges(c), with c the day clock
@@ -424,7 +424,7 @@ class ProfileCfg(_M):
     """Planned surges: step bursts and flash crowds."""
 
     @model_validator(mode="after")
-    def _hourly_has_24_hours(self) -> ProfileCfg:
+    def _hourly_has_24_hours(self) -> RateProfileCfg:
         if self.hourly and len(self.hourly) != 24:
             raise ValueError(
                 f"hourly has {len(self.hourly)} values; allowed: 24 (hours 0..23) or none"
@@ -456,7 +456,8 @@ class WorkloadCfg(_M):
     kinds; a trace: its records in that span); 0: bounded by `requests`."""
     rate: float = Field(default=10.0, gt=0, le=MAX_REQUEST_RATE)
     """Mean arrival rate, requests/s (`poisson`, `diurnal`; `step` before its first step;
-    `profile`: the mean of its daily shape, before noise, bursts and surges), at most 1e7; with `duration`, the peak rate x `duration` is at most 1e7 requests."""
+    `profile`: the mean of its daily shape, before noise, bursts and surges), at most 1e7;
+    with `duration`, the peak rate x `duration` is at most 1e7 requests."""
     steps: list[StepCfg] = []
     """`step`: the rate changes, in time order (R11: 50 -> 1200 QPS)."""
     period: Interval = 60.0
@@ -464,7 +465,7 @@ class WorkloadCfg(_M):
     at most 20,000 periods)."""
     amplitude: float = Field(default=0.5, ge=0, lt=1)
     """`diurnal`: rate = rate x (1 + amplitude x sin(2 pi t / period)), in [0, 1)."""
-    profile: ProfileCfg = ProfileCfg()
+    rate_profile: RateProfileCfg = RateProfileCfg()
     """`profile`: the rate over a day (shape, noise, bursts, surges, time compression)."""
     clients: int = Field(default=16, ge=1, le=MAX_REQUESTS)
     """`closed-loop`: concurrent clients, each waiting for its answer before the next request."""
@@ -514,12 +515,12 @@ class WorkloadCfg(_M):
         elif self.kind == "diurnal":
             peak = self.rate * (1 + self.amplitude)
         elif self.kind == "profile":
-            peak = self.rate * self.profile.peak_shape()  # noise, bursts: checked when drawn
-            days = (self.duration or 0.0) / self.profile.day
-            if days * self.profile.pieces_per_day() > MAX_PROFILE_PIECES:
+            peak = self.rate * self.rate_profile.peak_shape()  # noise, bursts: checked when drawn
+            days = (self.duration or 0.0) / self.rate_profile.day
+            if days * self.rate_profile.pieces_per_day() > MAX_PROFILE_PIECES:
                 raise ValueError(
-                    f"profile: {days:.3g} days at resolution {self.profile.resolution:g} s "
-                    f"tabulate about {days * self.profile.pieces_per_day():.3g} rate pieces; "
+                    f"rate_profile: {days:.3g} days at resolution {self.rate_profile.resolution:g} s "
+                    f"tabulate about {days * self.rate_profile.pieces_per_day():.3g} rate pieces; "
                     f"allowed: at most {MAX_PROFILE_PIECES:.0e} (a coarser resolution or "
                     "noise_interval, or a shorter duration)"
                 )

@@ -1,6 +1,6 @@
 """The rate of a ``profile`` workload over its days, and its non-homogeneous Poisson arrivals.
 
-The rate (see :class:`sim.sections.ProfileCfg`) is tabulated as a piecewise-constant function
+The rate (see :class:`sim.sections.RateProfileCfg`) is tabulated as a piecewise-constant function
 of simulated time, a :class:`RateTable`: pieces of ``resolution`` on the day clock, split at
 every noise, burst and surge edge, each at the rate of its midpoint (so a piece inside a
 linear surge ramp carries the ramp's exact mean). Its cumulative intensity
@@ -25,7 +25,7 @@ import numpy.typing as npt
 
 from engine.errors import InputError
 from engine.limits import MAX_REQUESTS
-from sim.sections import DAY, MAX_PROFILE_PIECES, ProfileCfg, SurgeCfg, WorkloadCfg
+from sim.sections import DAY, MAX_PROFILE_PIECES, RateProfileCfg, SurgeCfg, WorkloadCfg
 
 F64 = npt.NDArray[np.float64]
 
@@ -61,7 +61,7 @@ class RateTable:
         return float(np.interp(t1, self.edges, cum) - np.interp(t0, self.edges, cum))
 
 
-def shape(cfg: ProfileCfg, clock: F64) -> F64:
+def shape(cfg: RateProfileCfg, clock: F64) -> F64:
     """The daily shape at day-clock seconds ``clock`` (periodic in :data:`DAY`, mean 1 over a
     day): the cosine peaking at ``peak_hour``, or ``hourly`` interpolated linearly between
     the hours' midpoints (cyclically) and scaled to mean 1."""
@@ -103,7 +103,7 @@ class _Days:
 
     def __init__(self, cfg: WorkloadCfg, seed: int) -> None:
         self.cfg = cfg
-        self.p = cfg.profile
+        self.p = cfg.rate_profile
         self.gen = np.random.default_rng(seed)
         self.bursts: list[tuple[float, float]] = []  # (start, end) on the day clock
         self.days = 0
@@ -140,7 +140,7 @@ class _Days:
                 f"{self.days + 1} days of the rate profile tabulate more than "
                 f"{MAX_PROFILE_PIECES:.0e} pieces; allowed: fewer (a coarser resolution or "
                 "noise_interval, or fewer requests)",
-                where="workload.profile",
+                where="workload.rate_profile",
             )
         self.edges.append(edges if d == 0 else edges[1:])
         self.rates.append(self.cfg.rate * value)
@@ -163,7 +163,7 @@ def profile_arrivals(cfg: WorkloadCfg, rng: np.random.Generator) -> tuple[F64, R
     docstring)."""
     days = _Days(cfg, int(rng.integers(0, 2**63 - 1)))
     if cfg.duration > 0:
-        for _ in range(max(1, math.ceil(cfg.duration / cfg.profile.day))):
+        for _ in range(max(1, math.ceil(cfg.duration / cfg.rate_profile.day))):
             days.add_day()
         table = days.table()
         cum = table.cumulative()
@@ -172,7 +172,7 @@ def profile_arrivals(cfg: WorkloadCfg, rng: np.random.Generator) -> tuple[F64, R
             raise InputError(
                 f"the rate profile expects {total:.3g} requests in {cfg.duration:g} s; allowed: "
                 f"at most {MAX_REQUESTS:.0e} (a lower rate or a shorter duration)",
-                where="workload.profile",
+                where="workload.rate_profile",
             )
         block = int(total * 1.1) + 64
         n = block

@@ -57,9 +57,9 @@ def test_an_azure_trace_runs_with_its_format_detected(tmp_path: Path) -> None:
     ("sets", "needle"),
     [
         (["workload.trace_peak_rate=5", "workload.trace_time_scale=0.5"], "trace_time_scale 1"),
-        (["workload.profile.hourly=[1, 2]"], "hourly has 2 values"),
-        (["workload.profile.surges=[{at: 1h, multiplier: 0.5}]"], "multiplier"),
-        (["workload.profile.bogus=1"], "bogus"),
+        (["workload.rate_profile.hourly=[1, 2]"], "hourly has 2 values"),
+        (["workload.rate_profile.surges=[{at: 1h, multiplier: 0.5}]"], "multiplier"),
+        (["workload.rate_profile.bogus=1"], "bogus"),
     ],
 )
 def test_bad_workload_fields_exit_2_naming_the_field(

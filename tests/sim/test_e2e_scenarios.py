@@ -23,7 +23,7 @@ REDUCED = {
     "multi-model-coloring": ["workload.duration=6s"],
     "lruk-vs-lru": ["workload.duration=6s"],
     "pd-vs-coupled": ["workload.duration=6s"],
-    "diurnal-day": ["workload.duration=1min", "workload.profile.day=1min"],
+    "diurnal-day": ["workload.duration=1min", "workload.rate_profile.day=1min"],
     "azure-conv-replay": ["workload.duration=30s"],
 }
 #: shipped scenarios that demonstrate a workload or a setup rather than test a claim

@@ -51,7 +51,7 @@ def test_hourly_arrival_counts_match_the_integral_of_the_cosine_rate(
         kind="profile",
         rate=rate,
         duration=day,
-        profile={"day": day, "peak_hour": 15.5, "trough_ratio": 0.25},
+        rate_profile={"day": day, "peak_hour": 15.5, "trough_ratio": 0.25},
     )
     arrival, table = profile_arrivals(cfg, np.random.default_rng(7))
     hour = day / 24
@@ -69,7 +69,7 @@ def test_hourly_counts_follow_the_drawn_noise_bursts_and_surges() -> None:
         kind="profile",
         rate=15.0,
         duration=DAY,
-        profile={
+        rate_profile={
             "noise": 0.3,
             "noise_interval": "20min",
             "bursts": {"per_day": 6, "multiplier": 2.5, "length": "25min"},
@@ -94,7 +94,7 @@ def test_a_step_burst_and_a_flash_crowd_add_their_hand_computed_requests() -> No
     step = {"at": "10h", "multiplier": 4, "hold": "1h"}
     crowd = {"at": "20h", "multiplier": 3, "rise": "30min", "hold": "10min", "decay": "1h"}
     cfg = WorkloadCfg(
-        kind="profile", rate=5.0, duration=DAY, profile={**base, "surges": [step, crowd]}
+        kind="profile", rate=5.0, duration=DAY, rate_profile={**base, "surges": [step, crowd]}
     )
     _, table = profile_arrivals(cfg, np.random.default_rng(0))
     mid = (table.edges[:-1] + table.edges[1:]) / 2
@@ -106,22 +106,22 @@ def test_a_step_burst_and_a_flash_crowd_add_their_hand_computed_requests() -> No
     assert table.cumulative()[-1] == pytest.approx(5 * DAY + extra, rel=1e-12)
     clock = np.asarray([72_000.0, 72_900.0, 73_800.0, 74_400.0, 76_200.0, 78_000.0])
     # the rise starts at 20:00, tops at 20:30, holds to 20:40, falls to 1 at 21:40
-    assert surge_factor(cfg.profile.surges, clock).tolist() == [1.0, 2.0, 3.0, 3.0, 2.0, 1.0]
+    assert surge_factor(cfg.rate_profile.surges, clock).tolist() == [1.0, 2.0, 3.0, 3.0, 2.0, 1.0]
 
 
 def test_hourly_values_shape_the_day_with_mean_one() -> None:
     hourly = [1.0] * 6 + [2.0] * 6 + [4.0] * 6 + [3.0] * 6  # mean 2.5
-    cfg = WorkloadCfg(kind="profile", rate=2.0, duration=DAY, profile={"hourly": hourly})
+    cfg = WorkloadCfg(kind="profile", rate=2.0, duration=DAY, rate_profile={"hourly": hourly})
     mids = (np.arange(24) + 0.5) * 3600
-    assert np.allclose(shape(cfg.profile, mids), np.asarray(hourly) / 2.5, rtol=1e-12)
-    assert shape(cfg.profile, np.asarray([0.0]))[0] == pytest.approx((3.0 + 1.0) / 2 / 2.5)
+    assert np.allclose(shape(cfg.rate_profile, mids), np.asarray(hourly) / 2.5, rtol=1e-12)
+    assert shape(cfg.rate_profile, np.asarray([0.0]))[0] == pytest.approx((3.0 + 1.0) / 2 / 2.5)
     _, table = profile_arrivals(cfg, np.random.default_rng(0))
     assert table.cumulative()[-1] == pytest.approx(2.0 * DAY, rel=1e-12)  # linear pieces
 
 
 def test_the_same_seed_gives_the_same_arrivals_and_a_day_does_not_depend_on_the_horizon() -> None:
     prof = {"noise": 0.2, "bursts": {"per_day": 4}, "day": "1h"}
-    one = WorkloadCfg(kind="profile", rate=3.0, duration=3600, profile=prof)
+    one = WorkloadCfg(kind="profile", rate=3.0, duration=3600, rate_profile=prof)
     two = one.model_copy(update={"duration": 7200.0})
     a1, t1 = profile_arrivals(one, np.random.default_rng(5))
     b1, _ = profile_arrivals(one, np.random.default_rng(5))
@@ -137,7 +137,7 @@ def test_the_same_seed_gives_the_same_arrivals_and_a_day_does_not_depend_on_the_
 
 
 def test_a_request_bound_tabulates_as_many_days_as_it_needs() -> None:
-    cfg = WorkloadCfg(kind="profile", rate=2.0, requests=5000, profile={"day": "10min"})
+    cfg = WorkloadCfg(kind="profile", rate=2.0, requests=5000, rate_profile={"day": "10min"})
     arrival, table = profile_arrivals(cfg, np.random.default_rng(3))
     assert arrival.size == 5000 and bool(np.all(np.diff(arrival) >= 0))
     assert table.edges[-1] >= arrival[-1] and table.edges[-1] % 600 == 0
@@ -159,11 +159,11 @@ def test_a_request_bound_tabulates_as_many_days_as_it_needs() -> None:
 )
 def test_bad_profiles_are_refused(profile: dict, extra: dict, what: str) -> None:
     with pytest.raises(ValidationError, match=what):
-        WorkloadCfg(kind="profile", **{"duration": 60.0, **extra, "profile": profile})
+        WorkloadCfg(kind="profile", **{"duration": 60.0, **extra, "rate_profile": profile})
 
 
 def test_a_profile_expecting_too_many_requests_is_refused_before_drawing() -> None:
     surge = {"at": 0, "multiplier": 1e4, "hold": "23h"}
-    cfg = WorkloadCfg(kind="profile", rate=1.0, duration=DAY, profile={"surges": [surge]})
-    with pytest.raises(InputError, match=r"workload\.profile: the rate profile expects"):
+    cfg = WorkloadCfg(kind="profile", rate=1.0, duration=DAY, rate_profile={"surges": [surge]})
+    with pytest.raises(InputError, match=r"workload\.rate_profile: the rate profile expects"):
         profile_arrivals(cfg, np.random.default_rng(0))

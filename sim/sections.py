@@ -432,8 +432,9 @@ class RateProfileCfg(_M):
         return self
 
     def pieces_per_day(self) -> float:
-        """Upper bound of the pieces one day of the tabulated rate has, without surges."""
-        return DAY / self.resolution + DAY / self.noise_interval + 2 * self.bursts.per_day * 4 + 4
+        """About how many pieces one day of the tabulated rate has: one per `resolution`, one
+        per `noise_interval`, two per expected burst (surges aside: a few in all)."""
+        return DAY / self.resolution + DAY / self.noise_interval + 2 * self.bursts.per_day
 
     def peak_shape(self) -> float:
         """Largest value of the shape (its mean is 1)."""

@@ -108,6 +108,7 @@ class _Days:
         self.bursts: list[tuple[float, float]] = []  # (start, end) on the day clock
         self.days = 0
         self.pieces = 0
+        self.total = 0.0  # expected arrivals of the days tabulated (Lambda at their end)
         self.edges: list[F64] = []
         self.rates: list[F64] = []
 
@@ -119,6 +120,8 @@ class _Days:
         noise = self.gen.lognormal(-(p.noise**2) / 2, p.noise, size=n_noise)
         k = int(self.gen.poisson(p.bursts.per_day))
         starts = np.sort(self.gen.uniform(lo, hi, size=k))
+        # bursts that ended before this day cannot touch it (nor any later one)
+        self.bursts = [b for b in self.bursts if b[1] > lo]
         self.bursts += [(float(s), float(s) + p.bursts.length) for s in starts]
         cuts = [
             np.arange(lo, hi, p.resolution),
@@ -142,8 +145,10 @@ class _Days:
                 "noise_interval, or fewer requests)",
                 where="workload.rate_profile",
             )
+        rate = self.cfg.rate * value
+        self.total += float(np.sum(rate * np.diff(edges))) * (p.day / DAY)
         self.edges.append(edges if d == 0 else edges[1:])
-        self.rates.append(self.cfg.rate * value)
+        self.rates.append(rate)
         self.days += 1
 
     def table(self) -> RateTable:
@@ -185,7 +190,7 @@ def profile_arrivals(cfg: WorkloadCfg, rng: np.random.Generator) -> tuple[F64, R
     else:
         targets = np.cumsum(rng.exponential(1.0, size=cfg.requests))
         days.add_day()
-        while float(days.table().cumulative()[-1]) < targets[-1]:
+        while days.total < targets[-1]:
             days.add_day()
         table = days.table()
         cum = table.cumulative()

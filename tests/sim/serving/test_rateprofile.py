@@ -167,3 +167,19 @@ def test_a_profile_expecting_too_many_requests_is_refused_before_drawing() -> No
     cfg = WorkloadCfg(kind="profile", rate=1.0, duration=DAY, rate_profile={"surges": [surge]})
     with pytest.raises(InputError, match=r"workload\.rate_profile: the rate profile expects"):
         profile_arrivals(cfg, np.random.default_rng(0))
+
+
+def test_a_burst_runs_on_past_midnight() -> None:
+    # 50 bursts a day of 6 h each: 00:00-00:01 of day 2 is inside one of day 1's with
+    # probability 1 - exp(-50 x 6 / 24) (all but 4e-6); day 1 starts with none carried in
+    prof = {"trough_ratio": 1.0, "bursts": {"per_day": 50, "multiplier": 1.1, "length": "6h"}}
+    cfg = WorkloadCfg(kind="profile", rate=0.01, duration=2 * DAY, rate_profile=prof)
+    _, table = profile_arrivals(cfg, np.random.default_rng(4))
+    first = np.searchsorted(table.edges, [0.0, DAY], side="right") - 1
+    assert table.rate[first[1]] >= 0.011 and table.rate[first[0]] < table.rate[first[1]]
+
+
+def test_a_request_bound_too_sparse_for_the_table_is_refused() -> None:
+    cfg = WorkloadCfg(kind="profile", rate=1e-5, requests=1000, rate_profile={"day": "1s"})
+    with pytest.raises(InputError, match=r"days of the rate profile tabulate more than"):
+        profile_arrivals(cfg, np.random.default_rng(0))

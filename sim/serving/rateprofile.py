@@ -1,6 +1,6 @@
 """The rate of a ``profile`` workload over its days, and its non-homogeneous Poisson arrivals.
 
-The rate (see :class:`sim.sections.RateProfileCfg`) is tabulated as a piecewise-constant function
+The rate (see :class:`sim.daysections.RateProfileCfg`) is tabulated as a piecewise-constant function
 of simulated time, a :class:`RateTable`: pieces of ``resolution`` on the day clock, split at
 every noise, burst and surge edge, each at the rate of its midpoint (so a piece inside a
 linear surge ramp carries the ramp's exact mean). Its cumulative intensity
@@ -25,7 +25,8 @@ import numpy.typing as npt
 
 from engine.errors import InputError
 from engine.limits import MAX_REQUESTS
-from sim.sections import DAY, MAX_PROFILE_PIECES, RateProfileCfg, SurgeCfg, WorkloadCfg
+from sim.daysections import DAY, MAX_PROFILE_PIECES, RateProfileCfg, SurgeCfg
+from sim.sections import WorkloadCfg
 
 F64 = npt.NDArray[np.float64]
 

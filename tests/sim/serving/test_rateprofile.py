@@ -21,8 +21,8 @@ import pytest
 from pydantic import ValidationError
 
 from engine.errors import InputError
+from sim.daysections import DAY
 from sim.scenario import WorkloadCfg
-from sim.sections import DAY
 from sim.serving.rateprofile import profile_arrivals, shape, surge_factor
 from sim.serving.workload import make_workload
 

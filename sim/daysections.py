@@ -91,14 +91,14 @@ class RateProfileCfg(_M):
     """24 relative rates for hours 0..23 (> 0) replacing the cosine shape; empty: the cosine."""
     noise: float = Field(default=0.0, ge=0, le=3)
     """Sigma of the lognormal multiplicative noise (mean 1), 0..3; 0: none."""
-    noise_interval: Duration = Field(default=900.0, gt=0)
-    """Each noise factor holds this long on the day clock (> 0)."""
+    noise_interval: Duration = Field(default=900.0, ge=1)
+    """Each noise factor holds this long on the day clock (>= 1 s)."""
     resolution: Duration = Field(default=60.0, ge=1)
     """Piece length of the tabulated rate on the day clock (>= 1 s)."""
     bursts: RandomBurstsCfg = RandomBurstsCfg()
     """Random step bursts (none by default)."""
-    surges: list[SurgeCfg] = []
-    """Planned surges: step bursts and flash crowds."""
+    surges: list[SurgeCfg] = Field(default=[], max_length=1000)
+    """Planned surges: step bursts and flash crowds (at most 1,000)."""
 
     @model_validator(mode="after")
     def _hourly_has_24_hours(self) -> RateProfileCfg:

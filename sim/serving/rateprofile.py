@@ -137,7 +137,7 @@ class _Days:
         value = shape(p, mid) * noise[((mid - lo) // p.noise_interval).astype(np.int64)]
         for b0, b1 in self.bursts:
             value[(mid >= b0) & (mid < b1)] *= p.bursts.multiplier
-        value *= surge_factor(p.surges, mid)
+        value *= surge_factor([s for s in p.surges if _overlaps(s, lo, hi)], mid)
         self.pieces += len(mid)
         if self.pieces > MAX_PROFILE_PIECES:
             raise InputError(
@@ -161,6 +161,11 @@ class _Days:
 def _surge_edges(s: SurgeCfg) -> tuple[float, float, float, float]:
     up = s.at + s.rise
     return (s.at, up, up + s.hold, up + s.hold + s.decay)
+
+
+def _overlaps(s: SurgeCfg, lo: float, hi: float) -> bool:
+    """Whether surge ``s`` raises the rate anywhere in ``[lo, hi)`` (day clock)."""
+    return s.at < hi and _surge_edges(s)[3] > lo
 
 
 def profile_arrivals(cfg: WorkloadCfg, rng: np.random.Generator) -> tuple[F64, RateTable]:

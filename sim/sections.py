@@ -408,12 +408,10 @@ class WorkloadCfg(_M):
     @model_validator(mode="after")
     def _arrivals_bounded(self) -> WorkloadCfg:
         """A generated open-loop workload stays within :data:`engine.limits.MAX_REQUESTS`
-        (rate x duration) and, when diurnal, within 20,000 periods."""
-        if (
-            self.kind == "trace"
-            and self.trace_peak_rate is not None
-            and (self.trace_time_scale != 1.0)
-        ):
+        (rate x duration), when diurnal within 20,000 periods, when a profile within
+        :data:`sim.daysections.MAX_PROFILE_PIECES` pieces of rate table; a trace's
+        `trace_peak_rate` and `trace_time_scale` exclude each other."""
+        if self.kind == "trace" and self.trace_peak_rate and self.trace_time_scale != 1.0:
             raise ValueError(
                 "trace_peak_rate sets the time scale; allowed: trace_time_scale 1 (unset) with it"
             )
@@ -427,10 +425,11 @@ class WorkloadCfg(_M):
         elif self.kind == "profile":
             peak = self.rate * self.rate_profile.peak_shape()  # noise, bursts: checked when drawn
             days = (self.duration or 0.0) / self.rate_profile.day
-            if days * self.rate_profile.pieces_per_day() > MAX_PROFILE_PIECES:
+            pieces = days * self.rate_profile.pieces_per_day()
+            if pieces > MAX_PROFILE_PIECES:
                 raise ValueError(
-                    f"rate_profile: {days:.3g} days at resolution {self.rate_profile.resolution:g} s "
-                    f"tabulate about {days * self.rate_profile.pieces_per_day():.3g} rate pieces; "
+                    f"rate_profile: {days:.3g} days at resolution "
+                    f"{self.rate_profile.resolution:g} s tabulate about {pieces:.3g} rate pieces; "
                     f"allowed: at most {MAX_PROFILE_PIECES:.0e} (a coarser resolution or "
                     "noise_interval, or a shorter duration)"
                 )

@@ -3,8 +3,9 @@ the workload :func:`sim.serving.workload.make_workload` built from the same file
 
 The workload keeps the first ``workload.requests`` records (all of them when
 ``workload.duration`` bounds it), sorts them by timestamp (stable) and, when bounded, keeps the
-arrivals before ``duration`` (times scaled by :func:`sim.serving.tracescale.time_scale`); this module applies the same rule so request ``i`` gets the block
-list of the record that became request ``i``. A record without ``hash_ids`` has no blocks.
+arrivals before ``duration`` (times scaled by :func:`sim.serving.tracescale.time_scale`); this
+module applies the same rule so request ``i`` gets the block list of the record that became
+request ``i``. A record without ``hash_ids`` has no blocks.
 Other workloads (generated, CSV traces) have none: the store then never hits.
 """
 

@@ -4,9 +4,9 @@ A :class:`Workload` is a set of numpy arrays indexed by request id (ids are arri
 ``arrival`` (s), ``model`` (deployment index), ``cls`` (class index), ``inp``/``out`` (tokens),
 and, for traces that name their prompt blocks (Mooncake ``hash_ids``, one id per block of
 ``hash_block_tokens`` = 512 tokens), those ids in CSR form (:meth:`Workload.block_hash_ids`).
-Open-loop kinds (poisson, step, diurnal, profile, trace) fix every arrival up front; ``closed-loop``
-fixes only the attributes and the think times: the cluster issues request ``i + clients``
-when a client's previous request completes (see :mod:`sim.cluster`).
+Open-loop kinds (poisson, step, diurnal, profile, trace) fix every arrival up front;
+``closed-loop`` fixes only the attributes and the think times: the cluster issues request
+``i + clients`` when a client's previous request completes (see :mod:`sim.cluster`).
 
 Non-homogeneous arrivals (step, diurnal, profile: :mod:`sim.serving.rateprofile`) invert the
 cumulative intensity Lambda(t) of a unit-rate Poisson process: t_i = Lambda^-1(E_1 + ... + E_i),
@@ -326,9 +326,10 @@ def _trace_requests(
     cfg: WorkloadCfg, base_dir: Path | None
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, I64 | None, I64 | None]:
     """A trace workload's requests in arrival order, the first at time 0, times scaled by
-    :func:`sim.serving.tracescale.time_scale` (``trace_time_scale`` or ``trace_peak_rate``), token counts at least 1, cut to ``duration`` (or the first
-    ``requests`` records): ``(arrival, inp, out, hash_flat, hash_start)``, the block hash
-    ids as CSR arrays for a Mooncake trace (else ``None``)."""
+    :func:`sim.serving.tracescale.time_scale` (``trace_time_scale`` or ``trace_peak_rate``),
+    token counts at least 1, cut to ``duration`` (or the first ``requests`` records):
+    ``(arrival, inp, out, hash_flat, hash_start)``, the block hash ids as CSR arrays for a
+    Mooncake trace (else ``None``)."""
     if not cfg.trace:
         raise InputError("workload.trace: a trace workload needs a trace file path")
     try:

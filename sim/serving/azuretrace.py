@@ -2,7 +2,7 @@
 
 The Azure public LLM inference traces (Azure/AzurePublicDataset; Patel et al., "Splitwise",
 ISCA 2024; CC-BY 4.0) have one request a line after a header naming the three columns (any
-order, any case)::
+order, any case; a leading UTF-8 byte-order mark is skipped)::
 
     TIMESTAMP,ContextTokens,GeneratedTokens
     2023-11-16 18:15:46.6805900,374,44
@@ -65,7 +65,7 @@ def read_azure_csv(
     cols: dict[str, int] | None = None
     first_ns = 0
     prev_ns = 0
-    with path.open(encoding="utf-8", errors="strict", newline="") as fh:
+    with path.open(encoding="utf-8-sig", errors="strict", newline="") as fh:
         reader = csv.reader(fh)
         lineno = 0
         try:

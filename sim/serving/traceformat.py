@@ -50,6 +50,7 @@ def detect_request_format(path: Path) -> str:
                 "not UTF-8 text; allowed trace formats: " + ", ".join(FORMATS), source=str(path)
             ) from None
         text = head[: err.start].decode("utf-8")
+    text = text.removeprefix("\ufeff")  # a UTF-8 byte-order mark
     first = next((ln for ln in text.splitlines() if ln.strip()), None)
     if first is None:
         raise InputError("empty file: cannot tell its trace format", source=str(path))

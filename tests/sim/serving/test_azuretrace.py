@@ -137,6 +137,14 @@ def test_a_bad_header_or_an_empty_file_is_refused(tmp_path: Path, text: str, wha
         read_azure_csv(p, 100)
 
 
+def test_a_byte_order_mark_is_skipped_in_detection_and_reading(tmp_path: Path) -> None:
+    p = tmp_path / "bom.csv"
+    p.write_bytes(b"\xef\xbb\xbf" + HEADER.encode() + b"2023-11-16 18:15:46.0,3,4\n")
+    assert detect_request_format(p) == "azure"
+    t, inp, out = read_azure_csv(p, 10)
+    assert (t.tolist(), inp.tolist(), out.tolist()) == ([0.0], [3], [4])
+
+
 def test_bytes_that_are_not_utf8_are_refused(tmp_path: Path) -> None:
     p = tmp_path / "bad.csv"
     p.write_bytes(HEADER.encode() + b"2023-11-16 18:15:46.0,1,\xff\xfe\n")

@@ -105,8 +105,11 @@ WORKLOAD_HELP: dict[str, str] = {
     "poisson": "Poisson arrivals at `rate`",
     "step": "piecewise-constant rate: `rate`, then each of `steps` from its `at` on (R11)",
     "diurnal": "sinusoidal rate `rate * (1 + amplitude * sin(2 pi t / period))`",
+    "profile": "a day's rate (`rate_profile`: shape, noise, bursts, surges; a day compressed "
+    "to `rate_profile.day`), non-homogeneous Poisson arrivals",
     "closed-loop": "`clients` users, each sending its next request `think_time` after an answer",
-    "trace": "arrivals and token counts replayed from `trace` (Mooncake JSONL or CSV)",
+    "trace": "arrivals and token counts replayed from `trace` (Mooncake JSONL, CSV or the Azure "
+    "LLM inference CSV; `trace_time_scale` / `trace_peak_rate` compress it)",
 }
 FAULT_HELP: dict[str, str] = {
     "kill": "stop a parameter server, node or Raft replica (restarts after `duration` if set)",

@@ -20,6 +20,7 @@ from engine.limits import (
     TokenCount,
 )
 from engine.units import parse_duration, parse_rate, parse_size
+from sim.daysections import MAX_PROFILE_PIECES, RateProfileCfg
 
 Size = Annotated[int, BeforeValidator(parse_size), Field(ge=0)]
 Rate = Annotated[float, BeforeValidator(parse_rate), Field(gt=0)]
@@ -355,7 +356,7 @@ MAX_PERIODS = 20_000
 class WorkloadCfg(_M):
     """The requests: arrival process, token counts and classes."""
 
-    kind: Literal["poisson", "step", "diurnal", "closed-loop", "trace"] = "poisson"
+    kind: Literal["poisson", "step", "diurnal", "profile", "closed-loop", "trace"] = "poisson"
     """Arrival process; see the workload kinds below."""
     requests: int = Field(default=1000, ge=1, le=MAX_REQUESTS)
     """Number of requests to generate (a trace: at most this many records), 1..1e7; ignored
@@ -364,8 +365,9 @@ class WorkloadCfg(_M):
     """Bound the workload by time instead: every arrival in `[0, duration)` seconds (open-loop
     kinds; a trace: its records in that span); 0: bounded by `requests`."""
     rate: float = Field(default=10.0, gt=0, le=MAX_REQUEST_RATE)
-    """Mean arrival rate, requests/s (`poisson`, `diurnal`; `step` before its first step),
-    at most 1e7; with `duration`, the peak rate x `duration` is at most 1e7 requests."""
+    """Mean arrival rate, requests/s (`poisson`, `diurnal`; `step` before its first step;
+    `profile`: the mean of its daily shape, before noise, bursts and surges), at most 1e7;
+    with `duration`, the peak rate x `duration` is at most 1e7 requests."""
     steps: list[StepCfg] = []
     """`step`: the rate changes, in time order (R11: 50 -> 1200 QPS)."""
     period: Interval = 60.0
@@ -373,6 +375,8 @@ class WorkloadCfg(_M):
     at most 20,000 periods)."""
     amplitude: float = Field(default=0.5, ge=0, lt=1)
     """`diurnal`: rate = rate x (1 + amplitude x sin(2 pi t / period)), in [0, 1)."""
+    rate_profile: RateProfileCfg = RateProfileCfg()
+    """`profile`: the rate over a day (shape, noise, bursts, surges, time compression)."""
     clients: int = Field(default=16, ge=1, le=MAX_REQUESTS)
     """`closed-loop`: concurrent clients, each waiting for its answer before the next request."""
     think_time: Duration = 0.5
@@ -380,10 +384,20 @@ class WorkloadCfg(_M):
     trace: str | None = None
     """`trace`: path of the trace file (relative to the scenario file); `shipped:NAME`: a trace
     shipped in the package, e.g. `shipped:mooncake_slice.jsonl`."""
-    trace_format: Literal["mooncake", "csv"] = "mooncake"
-    """`trace`: `mooncake` JSONL (timestamp ms, input_length, output_length) or `csv`."""
-    trace_time_scale: float = Field(default=1.0, gt=0)
-    """`trace`: multiply trace inter-arrival times by this (< 1 replays faster), > 0."""
+    trace_format: Literal["auto", "mooncake", "csv", "azure"] = "auto"
+    """`trace`: `mooncake` JSONL (timestamp ms, input_length, output_length), `csv`
+    (`time,input_tokens,output_tokens`, seconds), `azure` (the Azure LLM inference trace's
+    `TIMESTAMP,ContextTokens,GeneratedTokens`, a date and time) or `auto`: `.jsonl`/`.json` or
+    a first line starting with `{` is Mooncake, a CSV header naming the Azure columns is
+    Azure, any other CSV is `csv`."""
+    trace_time_scale: float = Field(default=1.0, gt=0, le=1e6)
+    """`trace`: multiply trace inter-arrival times by this (< 1 replays faster), in (0, 1e6]."""
+    trace_peak_rate: float | None = Field(default=None, gt=0, le=MAX_REQUEST_RATE)
+    """`trace`: scale the trace's time so that its busiest `trace_peak_window` averages this
+    many requests/s (replaces `trace_time_scale`, which must then stay 1); null: off."""
+    trace_peak_window: Duration = Field(default=60.0, gt=0)
+    """`trace`: the window `trace_peak_rate` is measured over, on the trace's own clock
+    (before scaling; 60 s: the busiest minute), > 0."""
     input_tokens: TokenDist = TokenDist()
     """Prompt length distribution (not for `trace`)."""
     output_tokens: TokenDist = TokenDist(mean=64)
@@ -394,7 +408,13 @@ class WorkloadCfg(_M):
     @model_validator(mode="after")
     def _arrivals_bounded(self) -> WorkloadCfg:
         """A generated open-loop workload stays within :data:`engine.limits.MAX_REQUESTS`
-        (rate x duration) and, when diurnal, within 20,000 periods."""
+        (rate x duration), when diurnal within 20,000 periods, when a profile within
+        :data:`sim.daysections.MAX_PROFILE_PIECES` pieces of rate table; a trace's
+        `trace_peak_rate` and `trace_time_scale` exclude each other."""
+        if self.kind == "trace" and self.trace_peak_rate and self.trace_time_scale != 1.0:
+            raise ValueError(
+                "trace_peak_rate sets the time scale; allowed: trace_time_scale 1 (unset) with it"
+            )
         if self.kind in ("trace", "closed-loop"):
             return self
         peak = self.rate
@@ -402,6 +422,17 @@ class WorkloadCfg(_M):
             peak = max([self.rate, *(st.rate for st in self.steps)])
         elif self.kind == "diurnal":
             peak = self.rate * (1 + self.amplitude)
+        elif self.kind == "profile":
+            peak = self.rate * self.rate_profile.peak_shape()  # noise, bursts: checked when drawn
+            days = (self.duration or 0.0) / self.rate_profile.day
+            pieces = days * self.rate_profile.pieces_per_day()
+            if pieces > MAX_PROFILE_PIECES:
+                raise ValueError(
+                    f"rate_profile: {days:.3g} days at resolution "
+                    f"{self.rate_profile.resolution:g} s tabulate about {pieces:.3g} rate pieces; "
+                    f"allowed: at most {MAX_PROFILE_PIECES:.0e} (a coarser resolution or "
+                    "noise_interval, or a shorter duration)"
+                )
         if self.duration > 0 and peak * self.duration > MAX_REQUESTS:
             raise ValueError(
                 f"rate x duration: {peak:g} requests/s for {self.duration:g} s is about "

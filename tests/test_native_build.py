@@ -58,6 +58,8 @@ CASES: dict[str, Any] = {
     "multi-model-coloring": "scenarios/multi-model-coloring.yaml",
     "kv-recompute": KV_PRESSURE,
     "kv-swap": {**KV_PRESSURE, "kv": {"preemption": "swap", "block_tokens": 16}},
+    "diurnal-day": "scenarios/diurnal-day.yaml",
+    "azure-conv-replay": "scenarios/azure-conv-replay.yaml",
 }
 
 #: run in a subprocess: each case's trace hash and summary, and the build that ran them

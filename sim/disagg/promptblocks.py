@@ -3,8 +3,9 @@ the workload :func:`sim.serving.workload.make_workload` built from the same file
 
 The workload keeps the first ``workload.requests`` records (all of them when
 ``workload.duration`` bounds it), sorts them by timestamp (stable) and, when bounded, keeps the
-arrivals before ``duration``; this module applies the same rule so request ``i`` gets the block
-list of the record that became request ``i``. A record without ``hash_ids`` has no blocks.
+arrivals before ``duration`` (times scaled by :func:`sim.serving.tracescale.time_scale`); this
+module applies the same rule so request ``i`` gets the block list of the record that became
+request ``i``. A record without ``hash_ids`` has no blocks.
 Other workloads (generated, CSV traces) have none: the store then never hits.
 """
 
@@ -16,15 +17,19 @@ from pathlib import Path
 import numpy as np
 
 from sim.scenario import WorkloadCfg
+from sim.serving.traceformat import trace_format
+from sim.serving.tracescale import time_scale
 from sim.serving.workload import trace_path
 
 
 def trace_blocks(cfg: WorkloadCfg, n: int, base_dir: Path | None = None) -> list[list[int]]:
     """Per request (``n`` of them): its prompt's block ids, or ``[]`` (see the module
     docstring). The trace was read and validated by the workload already."""
-    if cfg.kind != "trace" or cfg.trace_format != "mooncake" or not cfg.trace:
+    if cfg.kind != "trace" or not cfg.trace:
         return [[] for _ in range(n)]
     p = trace_path(cfg.trace, base_dir)
+    if trace_format(cfg.trace_format, p) != "mooncake":
+        return [[] for _ in range(n)]
     bounded = cfg.duration > 0
     limit = (1 << 62) if bounded else cfg.requests
     ts: list[float] = []
@@ -42,7 +47,8 @@ def trace_blocks(cfg: WorkloadCfg, n: int, base_dir: Path | None = None) -> list
     order = np.argsort(arrival, kind="stable")
     out = [blocks[i] for i in order.tolist()]
     if bounded:
-        rel = (arrival[order] - arrival[order][0]) * cfg.trace_time_scale
+        rel = arrival[order] - arrival[order][0]
+        rel = rel * time_scale(cfg, rel)
         out = [b for b, t in zip(out, rel.tolist(), strict=True) if t < cfg.duration]
     if len(out) != n:
         raise ValueError(f"trace gave {len(out)} block lists for {n} requests")

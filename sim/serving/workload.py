@@ -4,12 +4,14 @@ A :class:`Workload` is a set of numpy arrays indexed by request id (ids are arri
 ``arrival`` (s), ``model`` (deployment index), ``cls`` (class index), ``inp``/``out`` (tokens),
 and, for traces that name their prompt blocks (Mooncake ``hash_ids``, one id per block of
 ``hash_block_tokens`` = 512 tokens), those ids in CSR form (:meth:`Workload.block_hash_ids`).
-Open-loop kinds (poisson, step, diurnal, trace) fix every arrival up front; ``closed-loop``
-fixes only the attributes and the think times: the cluster issues request ``i + clients``
-when a client's previous request completes (see :mod:`sim.cluster`).
+Open-loop kinds (poisson, step, diurnal, profile, trace) fix every arrival up front;
+``closed-loop`` fixes only the attributes and the think times: the cluster issues request
+``i + clients`` when a client's previous request completes (see :mod:`sim.cluster`).
 
-Non-homogeneous arrivals (step, diurnal) invert the cumulative intensity Lambda(t) of a unit-
-rate Poisson process: t_i = Lambda^-1(E_1 + ... + E_i), exact for piecewise-constant rates.
+Non-homogeneous arrivals (step, diurnal, profile: :mod:`sim.serving.rateprofile`) invert the
+cumulative intensity Lambda(t) of a unit-rate Poisson process: t_i = Lambda^-1(E_1 + ... + E_i),
+exact for piecewise-constant rates. Trace files: :mod:`sim.serving.traceformat` (formats),
+:mod:`sim.serving.azuretrace` (the Azure CSV), :mod:`sim.serving.tracescale` (time scaling).
 All draws come from the generator passed in (the runner gives the ``workload`` stream).
 """
 
@@ -24,9 +26,13 @@ import numpy as np
 import numpy.typing as npt
 
 from engine.errors import InputError
-from engine.limits import MAX_REQUESTS, MAX_TOKENS, show
+from engine.limits import MAX_REQUESTS, show
 from engine.units import MAX_DURATION
 from sim.scenario import TokenDist, WorkloadCfg
+from sim.serving.azuretrace import read_azure_csv
+from sim.serving.rateprofile import invert_cumulative, profile_arrivals
+from sim.serving.traceformat import check_request, trace_format
+from sim.serving.tracescale import time_scale
 
 F64 = npt.NDArray[np.float64]
 I32 = npt.NDArray[np.int32]
@@ -87,14 +93,6 @@ def draw_tokens(dist: TokenDist, n: int, rng: np.random.Generator) -> I32:
     return clipped.astype(np.int32)
 
 
-def _invert(breaks_t: F64, breaks_cum: F64, last_rate: float, targets: F64) -> F64:
-    """Invert a piecewise-linear cumulative intensity at ``targets``."""
-    out = np.interp(targets, breaks_cum, breaks_t)
-    beyond = targets > breaks_cum[-1]
-    out[beyond] = breaks_t[-1] + (targets[beyond] - breaks_cum[-1]) / last_rate
-    return out
-
-
 def step_arrivals(cfg: WorkloadCfg, n: int, rng: np.random.Generator) -> F64:
     """Arrivals of a piecewise-constant rate: ``cfg.rate`` until the first step, then each
     step's rate from its ``at`` time on."""
@@ -106,7 +104,7 @@ def step_arrivals(cfg: WorkloadCfg, n: int, rng: np.random.Generator) -> F64:
     t = np.asarray(ts, dtype=np.float64)
     cum = np.concatenate([[0.0], np.cumsum(np.diff(t) * np.asarray(rates[:-1]))])
     targets = np.cumsum(rng.exponential(1.0, size=n))
-    return _invert(t, cum, float(rates[-1]), targets)
+    return invert_cumulative(t, cum, float(rates[-1]), targets)
 
 
 def diurnal_arrivals(cfg: WorkloadCfg, n: int, rng: np.random.Generator) -> F64:
@@ -116,7 +114,7 @@ def diurnal_arrivals(cfg: WorkloadCfg, n: int, rng: np.random.Generator) -> F64:
     grid = np.linspace(0.0, horizon, max(4096, int(horizon / cfg.period * 512)))
     w = 2 * np.pi / cfg.period
     cum = cfg.rate * (grid + cfg.amplitude / w * (1 - np.cos(w * grid)))
-    return _invert(grid, cum, cfg.rate, targets)
+    return invert_cumulative(grid, cum, cfg.rate, targets)
 
 
 def bounded_arrivals(cfg: WorkloadCfg, rng: np.random.Generator) -> F64:
@@ -219,21 +217,6 @@ def _reorder_csr(flat: I64, start: I64, order: npt.NDArray[np.intp]) -> tuple[I6
         new_start[-1], dtype=np.int64
     )
     return flat[idx], new_start
-
-
-def check_request(t: float, n_in: int, n_out: int, source: str, lineno: int) -> None:
-    """One trace record's arrival ``t`` (s) and token counts, or :class:`InputError` naming
-    ``source`` and the line: ``t`` finite in ``[0, MAX_DURATION]``, counts ``0..MAX_TOKENS``."""
-    where = f"line {lineno}"
-    if not 0 <= t <= MAX_DURATION:
-        raise InputError(
-            f"time {show(t)} s is not in [0, {MAX_DURATION:g}] s", source=source, where=where
-        )
-    for name, n in (("input", n_in), ("output", n_out)):
-        if not 0 <= n <= MAX_TOKENS:
-            raise InputError(
-                f"{name} tokens {show(n)}: allowed: 0..{MAX_TOKENS:,}", source=source, where=where
-            )
 
 
 def read_request_csv(path: Path, limit: int) -> tuple[F64, I32, I32]:
@@ -343,9 +326,10 @@ def _trace_requests(
     cfg: WorkloadCfg, base_dir: Path | None
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, I64 | None, I64 | None]:
     """A trace workload's requests in arrival order, the first at time 0, times scaled by
-    ``trace_time_scale``, token counts at least 1, cut to ``duration`` (or the first
-    ``requests`` records): ``(arrival, inp, out, hash_flat, hash_start)``, the block hash
-    ids as CSR arrays for a Mooncake trace (else ``None``)."""
+    :func:`sim.serving.tracescale.time_scale` (``trace_time_scale`` or ``trace_peak_rate``),
+    token counts at least 1, cut to ``duration`` (or the first ``requests`` records):
+    ``(arrival, inp, out, hash_flat, hash_start)``, the block hash ids as CSR arrays for a
+    Mooncake trace (else ``None``)."""
     if not cfg.trace:
         raise InputError("workload.trace: a trace workload needs a trace file path")
     try:
@@ -361,8 +345,11 @@ def _trace_requests(
     limit = MAX_REQUESTS + 1 if bounded else cfg.requests
     hash_flat: I64 | None = None
     hash_start: I64 | None = None
-    if cfg.trace_format == "mooncake":
+    fmt = trace_format(cfg.trace_format, p)
+    if fmt == "mooncake":
         arrival, inp, out, hash_flat, hash_start = read_mooncake_records(p, limit)
+    elif fmt == "azure":
+        arrival, inp, out = read_azure_csv(p, limit)
     else:
         arrival, inp, out = read_request_csv(p, limit)
     if arrival.size == 0:
@@ -374,7 +361,14 @@ def _trace_requests(
             source=str(p),
         )
     order = np.argsort(arrival, kind="stable")
-    arrival = (arrival[order] - arrival[order][0]) * cfg.trace_time_scale
+    arrival = arrival[order] - arrival[order][0]
+    arrival = arrival * time_scale(cfg, arrival)
+    if not arrival[-1] <= MAX_DURATION:
+        raise InputError(
+            f"the scaled trace lasts {show(float(arrival[-1]))} s; allowed: at most "
+            f"{MAX_DURATION:g} s (a smaller trace_time_scale or a larger trace_peak_rate)",
+            source=str(p),
+        )
     inp, out = np.maximum(inp[order], 1), np.maximum(out[order], 1)
     if hash_flat is not None and hash_start is not None:
         hash_flat, hash_start = _reorder_csr(hash_flat, hash_start, order)
@@ -394,6 +388,8 @@ def _synthetic_arrivals(
     ``requests`` of them) and, for a closed loop, each request's think time: the first
     ``clients`` requests start at once, the rest on completion (arrivals all 0)."""
     n = cfg.requests
+    if cfg.kind == "profile":
+        return profile_arrivals(cfg, rng)[0], None
     if cfg.duration > 0:
         return bounded_arrivals(cfg, rng), None
     if cfg.kind == "poisson":

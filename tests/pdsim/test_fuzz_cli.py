@@ -75,8 +75,13 @@ EXTRA_PATHS = [
     "faults.raft.lease_interval", "faults.raft.heartbeat", "faults.raft.election_timeout",
     "faults.random.rate", "cluster.replica.max_num_seqs", "cluster.replica.max_num_batched_tokens",
     "kv.block_tokens", "kv.chunk_tokens", "chunks.size", "cache.params", "ring.vnodes",
+    "workload.rate_profile.day", "workload.rate_profile.noise_interval",
+    "workload.rate_profile.resolution", "workload.rate_profile.hourly",
+    "workload.rate_profile.surges", "workload.rate_profile.bursts.per_day",
+    "workload.rate_profile.bursts.length", "workload.trace_peak_rate",
+    "workload.trace_peak_window",
 ]  # fmt: skip
-KINDS = ["poisson", "step", "diurnal", "closed-loop"]
+KINDS = ["poisson", "step", "diurnal", "profile", "closed-loop"]
 HOSTILE: list[Any] = [
     None, True, 0, -1, 1, 2, 0.5, 1e-300, 1e-9, 1e300, -1e300, float("inf"), float("-inf"),
     float("nan"), 2**31, 2**63, 2**64, 10**400, 10_000_000, 10_000_001, 1_000_000_000,
@@ -214,12 +219,17 @@ MOONCAKE = (
     b'{"timestamp": 10, "input_length": 20, "output_length": 7, "hash_ids": [1]}\n'
 )
 REQUEST_CSV = b"time,input_tokens,output_tokens\n0,10,5\n0.1,20,7\n"
+AZURE = (
+    b"TIMESTAMP,ContextTokens,GeneratedTokens\n"
+    b"2023-11-16 18:15:46.6805900,374,44\n2023-11-16 18:15:50.9951690,396,109\n"
+)
 ORACLE = b"".join(struct.pack("<IQIq", t, k, 4096, -1) for t, k in ((0, 1), (1, 2), (2, 1)))
 FILES = {
     "csv": (CSV, "csv"),
     "mooncake": (MOONCAKE, "jsonl"),
     "oracle": (ORACLE, "oracleGeneral"),
     "request-csv": (REQUEST_CSV, "csv"),
+    "azure": (AZURE, "csv"),
 }
 FIELD = st.sampled_from([t.encode() for t in TOKENS] + [b"NaN", b"-0", b"[[[[", b'"x"', b"null"])
 
@@ -257,7 +267,7 @@ def test_trace_bytes(tmp_path: Path, fmt: str, op: str, at: int, field: bytes) -
     trace = tmp_path / f"t{time.perf_counter_ns()}.{ext}"
     trace.write_bytes(_mutate(raw, op, at, field))
     out = str(tmp_path / "out")
-    if fmt in ("mooncake", "request-csv"):  # a workload trace of `pdsim run`
+    if fmt in ("mooncake", "request-csv", "azure"):  # a workload trace of `pdsim run`
         scen = tmp_path / "s.yaml"
         data = copy.deepcopy(TINY)
         data["workload"].update(
@@ -265,7 +275,7 @@ def test_trace_bytes(tmp_path: Path, fmt: str, op: str, at: int, field: bytes) -
         )
         scen.write_text(yaml.safe_dump(data))
         _check("trace", ["run", str(scen), "--quiet", "--out", out])
-    if fmt != "request-csv":
+    if fmt not in ("request-csv", "azure"):
         _check("trace", ["cache", "replay", str(trace), "--sizes", "1KiB,1MiB", "--out", out])
 
 

@@ -24,7 +24,11 @@ REDUCED = {
     "lruk-vs-lru": ["workload.duration=6s"],
     "pd-vs-coupled": ["workload.duration=6s"],
     "elastic-scaling": ["workload.duration=40s"],  # the burst starts at 20 s
+    "diurnal-day": ["workload.duration=1min", "workload.rate_profile.day=1min"],
+    "azure-conv-replay": ["workload.duration=30s"],
 }
+#: shipped scenarios that demonstrate a workload or a setup rather than test a claim
+NO_CLAIMS = {"quickstart", "diurnal-day", "azure-conv-replay"}
 
 
 def test_every_shipped_scenario_is_covered() -> None:
@@ -41,9 +45,19 @@ def test_shipped_scenario_runs_reduced(name: str) -> None:
         r = v["requests"]
         assert r["completed"] + r["shed"] + r["rejected"] == r["total"]
         assert r["completed"] > 0 and r["unfinished"] == 0
-    if name != "quickstart":
+    if name not in NO_CLAIMS:
         assert sc.claims and len(res.claims) == len(sc.claims)
         assert all(c["measured"] is not None for c in res.claims if c["capacity"] is None)
+
+
+@pytest.mark.parametrize("name", ["diurnal-day", "azure-conv-replay"])
+def test_day_long_workload_scenarios_are_deterministic_per_seed(name: str) -> None:
+    sc = load_scenario(SCEN / f"{name}.yaml", REDUCED[name])
+    first, again = run_scenario(sc, seed=1), run_scenario(sc, seed=1)
+    assert first.trace_hash == again.trace_hash
+    assert first.summary["requests"]["total"] == again.summary["requests"]["total"] > 100
+    if name == "diurnal-day":  # its arrivals are drawn; the trace's are fixed
+        assert run_scenario(sc, seed=2).trace_hash != first.trace_hash
 
 
 def test_long_context_chunked_serves_longer_contexts() -> None:

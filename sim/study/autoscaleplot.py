@@ -91,7 +91,10 @@ def _one(path: Path, g: pd.DataFrame, a: dict[str, Any], title: str) -> Path:
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7, loc="upper right")
     gh, cost = a.get("gpu_hours"), a.get("cost")
-    sub = f"{gh:.3g} GPU-hours, cost {cost:.3g}" if gh is not None and cost is not None else ""
+    sub = ""
+    if gh is not None and cost is not None:
+        rate = cost / gh if gh else 0.0
+        sub = f"{gh:.3g} GPU-hours, cost {cost:.3g} (at {rate:.3g} per GPU-hour)"
     axes[0].set_title(f"Autoscaling: {title}  {sub}")
     fig.tight_layout()
     return _save(fig, path)

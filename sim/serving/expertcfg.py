@@ -36,8 +36,11 @@ class ExpertsCfg(StrictModel, BaseModel):  # BaseModel named too, so linters see
     """Routing trace (`routing: trace`): a CSV with header `step,layer,expert,tokens`, path
     relative to the scenario file; `layer` is the block number, steps repeat cyclically."""
     prefetch: bool = False
-    """While a layer computes, fetch the next expert layer's most popular experts (by the
-    replica's own routing counts), as many as the current layer activated."""
+    """While a layer computes, fetch the next expert layer's likely experts (by the replica's
+    own routing counts, `prefetch_share`) that are neither resident nor in flight."""
+    prefetch_share: float = Field(default=0.5, gt=0, le=1)
+    """An expert is likely when it was active in at least this share of the replica's
+    iterations so far, in (0, 1]."""
 
     @model_validator(mode="after")
     def _trace_given(self) -> ExpertsCfg:

@@ -1,12 +1,14 @@
 """The chunk layout of a model whose routed experts are parameter chunks, and the HBM weight
 cache an expert budget asks for.
 
-:func:`expert_layout` cuts a layer's dense weights (attention, norms, router, shared experts)
-with the engine's chunker (:func:`engine.chunks.chunk_model`), then appends ONE chunk per
-routed expert, in expert order, so a layer's chunks stay one contiguous id range (what the
-weight store's per-layer counters assume) and expert ``e`` of expert layer ``j`` is chunk
-``ExpertTable.first[j] + e``. An expert is one chunk whatever ``chunks.size`` says: the cache
-unit is the expert, as in expert-offloading servers.
+:func:`expert_layout` makes a layer's dense weights (attention, norms, router, shared experts;
+the embedding and the head) ONE chunk and appends ONE chunk per routed expert, in expert order,
+so a layer's chunks stay one contiguous id range (what the weight store's per-layer counters
+assume) and expert ``e`` of expert layer ``j`` is chunk ``ExpertTable.first[j] + e``. The
+cache unit is the expert, as in expert-offloading servers, whatever ``chunks.size`` says; the
+dense chunks stay pinned once loaded (:mod:`sim.serving.expertpath`), so how they are cut
+changes no decision, and one per layer keeps the pinned set small (an admission sums the pinned
+bytes and LRU skips pinned keys).
 
 :func:`expert_cache_bytes` sizes a replica's HBM weight cache from ``experts.hbm_budget``:
 the dense weights of every deployed model plus ``floor(budget x experts)`` whole experts.
@@ -19,7 +21,6 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from engine.chunks import Sharding, chunk_model
 from engine.errors import InputError
 from sim.scenario import Scenario
 from sim.serving.models import ModelSpec
@@ -62,16 +63,11 @@ def dense_bytes(spec: ModelSpec) -> int:
     return sum(ly.param_bytes - ly.experts * ly.expert_bytes for ly in spec.layers)
 
 
-def expert_layout(
-    spec: ModelSpec, chunk_bytes: int, version: int, sharding: Sharding, heads: int
-) -> tuple[np.ndarray, np.ndarray, np.ndarray, ExpertTable]:
-    """``(layer_start, chunk_size, chunk_head, table)`` of ``spec`` with one chunk per routed
-    expert (module docstring); ``chunk_head`` is -1 for expert chunks."""
-    dense = [ly.param_bytes - ly.experts * ly.expert_bytes for ly in spec.layers]
-    table = chunk_model(spec.name, dense, chunk_bytes, version, sharding, heads=heads)
+def expert_layout(spec: ModelSpec) -> tuple[np.ndarray, np.ndarray, np.ndarray, ExpertTable]:
+    """``(layer_start, chunk_size, chunk_head, table)`` of ``spec`` with one chunk per layer's
+    dense weights and one per routed expert (module docstring); ``chunk_head`` is all -1."""
     starts = [0]
     sizes: list[int] = []
-    head: list[int] = []
     layers: list[int] = []
     blocks: list[int] = []
     first: list[int] = []
@@ -81,9 +77,9 @@ def expert_layout(
     block = -1
     for li, ly in enumerate(spec.layers):
         block += int(ly.attention)
-        ids = table.layer_slice(li)
-        sizes.extend(int(s) for s in table.size[ids.start : ids.stop])
-        head.extend(int(h) for h in table.head[ids.start : ids.stop])
+        dense = ly.param_bytes - ly.experts * ly.expert_bytes
+        if dense > 0:
+            sizes.append(dense)
         if ly.experts:
             of_layer.append(len(layers))
             layers.append(li)
@@ -92,7 +88,6 @@ def expert_layout(
             n_exp.append(ly.experts)
             e_bytes.append(ly.expert_bytes)
             sizes.extend([ly.expert_bytes] * ly.experts)
-            head.extend([-1] * ly.experts)
         else:
             of_layer.append(-1)
         starts.append(len(sizes))
@@ -108,7 +103,7 @@ def expert_layout(
     return (
         np.asarray(starts, dtype=np.int64),
         np.asarray(sizes, dtype=np.int64),
-        np.asarray(head, dtype=np.int64),
+        np.full(len(sizes), -1, dtype=np.int64),
         et,
     )
 

@@ -11,9 +11,9 @@ the replica's turn (:mod:`sim.serving.turn`) sends every iteration of it here. A
    aggregated transfer per source (:meth:`sim.serving.paramstore.WeightStore.fetch`, pinned
    as they land) and the layer computes once all are in HBM -- the iteration waits for a
    routing miss on the link model before the layer's grouped GEMM;
-3. with ``experts.prefetch``, while a layer computes, the next expert layer's most popular
-   experts (the replica's routing counts, :class:`sim.serving.expertroute.Popularity`), as
-   many as this layer activated, start moving unless resident or in flight;
+3. with ``experts.prefetch``, while a layer computes, the next expert layer's likely experts
+   (active in at least ``experts.prefetch_share`` of the replica's iterations so far,
+   :class:`sim.serving.expertroute.Popularity`) start moving unless resident or in flight;
 4. after a layer computes its experts are unpinned; its dense chunks keep one pin for good
    (``ExpertState.sticky``): the HBM cache's evictable content is the experts, so the
    budget is an expert cache next to resident dense weights.
@@ -50,10 +50,13 @@ if TYPE_CHECKING:
 class ExpertState:
     """One replica's routing of one model and its expert counters."""
 
-    def __init__(self, table: ExpertTable, router: Router, prefetch: bool) -> None:
+    def __init__(
+        self, table: ExpertTable, router: Router, prefetch: bool, prefetch_share: float = 0.5
+    ) -> None:
         self.table = table
         self.router = router
         self.prefetch = prefetch
+        self.prefetch_share = prefetch_share
         self.popularity = Popularity(len(table.layers), max(table.n_experts))
         #: the model's iterations on this replica so far (the routing step)
         self.step = 0
@@ -130,7 +133,7 @@ def run_expert_layers(
             held: list[int] = []
             wait += yield from _demand(node, m, layer, needed, held, st, charge)
             if st.prefetch and j >= 0 and n_exp > 1:
-                _prefetch(node, m, st, (j + 1) % n_exp, len(experts), charge)
+                _prefetch(node, m, st, (j + 1) % n_exp, charge)
         if dt > 0:
             yield SimTimeout(env, dt)
         if lo < hi:
@@ -211,12 +214,12 @@ def _release(node: ComputeNode, st: ExpertState, held: list[int], first: int) ->
             hbm.unpin(key)
 
 
-def _prefetch(node: ComputeNode, m: int, st: ExpertState, j: int, n: int, charge: Any) -> None:
-    """Start moving the ``n`` most popular experts of expert layer ``j`` that are neither
-    resident nor in flight (one aggregated transfer per source, priority 1)."""
+def _prefetch(node: ComputeNode, m: int, st: ExpertState, j: int, charge: Any) -> None:
+    """Start moving the likely experts of expert layer ``j`` (``st.prefetch_share``) that
+    are neither resident nor in flight (one aggregated transfer per source, priority 1)."""
     ws, mr, tab = node.ws, node.ctx.models[m], st.table
     first = tab.first[j]
-    cids = ws.missing_of(m, [first + e for e in st.popularity.likely(j, n)])
+    cids = ws.missing_of(m, [first + e for e in st.popularity.likely(j, st.prefetch_share)])
     if not cids:
         return
     st.prefetched += len(cids)
@@ -249,4 +252,4 @@ def attach_experts(ctx: SimContext, base_dir: Path | None) -> None:
                 cfg.zipf,
                 ctx.rngs.get(f"experts.{node.idx}.{mr.idx}"),
             )
-            node.experts[mr.idx] = ExpertState(tab, router, cfg.prefetch)
+            node.experts[mr.idx] = ExpertState(tab, router, cfg.prefetch, cfg.prefetch_share)

@@ -181,21 +181,25 @@ def read_routing_trace(
 
 
 class Popularity:
-    """How often each expert of each expert layer was activated on one replica (the
+    """How often each expert of each expert layer was active in one replica's iterations (the
     estimate expert prefetch ranks by)."""
 
     def __init__(self, n_layers: int, n_experts: int) -> None:
         self.counts = np.zeros((n_layers, n_experts), dtype=np.int64)
+        self.iterations = np.zeros(n_layers, dtype=np.int64)
 
     def record(self, layer: int, experts: np.ndarray) -> None:
-        """Expert layer ``layer`` activated ``experts`` once more."""
+        """Expert layer ``layer`` ran one more iteration, with ``experts`` active."""
         self.counts[layer, experts] += 1
+        self.iterations[layer] += 1
 
-    def likely(self, layer: int, n: int) -> list[int]:
-        """The ``n`` experts of ``layer`` activated most often so far (ties: lower id first);
-        none before any activation was recorded."""
-        row = self.counts[layer]
-        if n <= 0 or not row.any():
+    def likely(self, layer: int, share: float) -> list[int]:
+        """The experts of ``layer`` active in at least ``share`` (> 0) of its iterations so
+        far, most often active first (ties: lower id first); none before any iteration."""
+        n = int(self.iterations[layer])
+        if n == 0:
             return []
+        row = self.counts[layer]
         order = np.lexsort((np.arange(row.shape[0]), -row))
-        return [int(e) for e in order[:n] if row[e] > 0]
+        need = share * n
+        return [int(e) for e in order if row[e] >= need and row[e] > 0]

@@ -33,9 +33,7 @@ def model_rt(
     cost = cost_cls(profile, spec, tp=c.tp, pp=c.pp, gpus_per_server=c.gpus_per_server)
     experts: ExpertTable | None = None
     if sc.mode == "pd" and sc.experts.enabled and spec.n_experts:
-        starts, chunk_size, chunk_head, experts = expert_layout(
-            spec, sc.chunks.size, sc.deployments[i].version, sc.chunks.sharding, max(spec.heads, 1)
-        )
+        starts, chunk_size, chunk_head, experts = expert_layout(spec)
         total = int(chunk_size.sum())
     elif sc.mode == "coupled":
         # weights stay resident and are never streamed: one chunk per layer (a 70B model in

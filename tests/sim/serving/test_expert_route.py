@@ -69,13 +69,15 @@ def test_same_seed_same_draws() -> None:
         assert all(np.array_equal(x, y) for x, y in zip(a.route(0, t), b.route(0, t), strict=True))
 
 
-def test_popularity_ranks_by_count_then_id() -> None:
+def test_popularity_likely_by_share_of_iterations() -> None:
     pop = Popularity(2, 6)
-    assert pop.likely(0, 3) == []
+    assert pop.likely(0, 0.5) == []
     pop.record(0, np.array([4, 1]))
     pop.record(0, np.array([1, 2]))
-    pop.record(0, np.array([5]))
-    # counts: 1 -> 2, then 2, 4, 5 -> 1 each (ties by id); 0 and 3 never seen
-    assert pop.likely(0, 3) == [1, 2, 4]
-    assert pop.likely(0, 10) == [1, 2, 4, 5]
-    assert pop.likely(1, 2) == []
+    pop.record(0, np.array([5, 4]))
+    pop.record(0, np.array([1]))
+    # 4 iterations: expert 1 active in 3, 4 in 2, 2 and 5 in 1 each, 0 and 3 never
+    assert pop.likely(0, 0.5) == [1, 4]
+    assert pop.likely(0, 0.25) == [1, 4, 2, 5]  # ties by id
+    assert pop.likely(0, 1.0) == []
+    assert pop.likely(1, 0.1) == []

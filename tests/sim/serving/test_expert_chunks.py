@@ -42,6 +42,14 @@ def test_small_budget_misses_and_moves_bytes() -> None:
     assert e["bytes_moved"] == e["demand_fetched"] * expert
 
 
+def test_batches_of_eight_tokens_activate_at_most_eight_times_top_k() -> None:
+    """1-token prompts and at most 8 sequences: no iteration holds more than 8 tokens, so no
+    layer of Qwen3-30B-A3B (top-8 of 128) activates more than 64 experts in one iteration."""
+    sc = _variant("hbm50-lru", ["workload.input_tokens.mean=1", "workload.requests=8"])
+    e = run_scenario(sc, seed=2).summary["variants"]["hbm50-lru"]["experts"]
+    assert 8 < e["max_active_per_layer"] <= 8 * 8
+
+
 def test_same_seed_same_trace_hash_other_seed_differs() -> None:
     sc = _variant("hbm25-lruk-pf")
     a, b, c = (run_scenario(sc, seed=s) for s in (5, 5, 6))

@@ -185,3 +185,15 @@ def test_bad_experts_config_names_the_field(tmp_path: Path) -> None:
         run_scenario(validate(dense, "x.yaml"), seed=0)
     with pytest.raises(InputError, match=r"routing: trace needs `trace`"):
         validate({"deployments": [{"model": "mixtral-8x7b"}], "experts": {"routing": "trace"}})
+
+
+@pytest.mark.parametrize("policy", ["arc", "color-lru", "fifo", "lru-k", "pin", "priority"])
+def test_every_registry_policy_runs_the_expert_cache(tmp_path: Path, policy: str) -> None:
+    """Each online policy of the registry manages the expert cache: the trace's 11 distinct
+    experts miss at least once (compulsory) and no use misses more than once per use (18)."""
+    sc = _trace_scenario(tmp_path)
+    sc = sc.model_copy(update={"cache": sc.cache.model_copy(update={"hbm_policy": policy})})
+    e = run_scenario(sc, seed=0).summary["experts"]
+    assert e["accesses"] == 18
+    assert 11 <= e["demand_fetched"] <= 18
+    assert e["hits"] + e["demand_fetched"] == 18

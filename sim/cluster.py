@@ -23,6 +23,8 @@ from sim.rng import RngStreams
 from sim.scenario import Scenario
 from sim.serving.arrivals import OpenLoop
 from sim.serving.context import ModelRt, SimContext
+from sim.serving.expertlayout import expert_cache_bytes
+from sim.serving.expertpath import attach_experts
 from sim.serving.gpumemory import plan_memory
 from sim.serving.metrics import EV_REJECT, REJECTED, TIERS, Metrics, TraceRecorder
 from sim.serving.modelrt import model_rt
@@ -346,6 +348,8 @@ def build(
     else:
         mem = plan_memory(sc, specs, hbm, profile.name)
         weight_cap, kv_bytes = mem.weight_cache, mem.kv
+        if sc.experts.enabled:  # an expert budget sizes the weight cache (expertlayout)
+            weight_cap = expert_cache_bytes(sc, specs, weight_cap)
         models = [model_rt(i, s, sc, profile, cost_cls, kv_bytes) for i, s in enumerate(specs)]
     ctx = _context(env, sc, models, wl, rngs)
     _add_param_servers(ctx, profile, shares)
@@ -359,6 +363,8 @@ def build(
         factory = replica_factory(ctx, profile, wl, tokens, (weight_cap, host, kv_bytes), shares)
         factories = {"both": factory}
         _add_replicas(ctx, factory)
+        if sc.experts.enabled:
+            attach_experts(ctx, base_dir)
     if sc.metrics.check_invariants:
         ctx.metrics.layer_log = []
     horizon = float(wl.arrival[-1]) if not wl.closed_loop and wl.n else 1.0

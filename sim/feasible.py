@@ -132,6 +132,10 @@ def check_feasible(sc: Scenario, catalogue: dict[str, Any], profile: Any) -> Non
             source=src,
             where="cluster.gpu.weight_cache_fraction",
         )
+    if sc.experts.enabled:
+        from sim.serving.expertlayout import check_experts
+
+        check_experts(sc, specs, mem.weight_cache)
     if sc.workload.kind == "trace" and not sc.workload.trace:
         raise InputError("a trace workload needs a trace file", source=src, where="workload.trace")
     try:

@@ -24,6 +24,7 @@ import pandas as pd
 from sim.cluster import Cluster, build, check_feasible
 from sim.scenario import Scenario, resolved_dict, variant
 from sim.serving.costmodel import CostModel, load_profile
+from sim.serving.expertpath import merge_summaries
 from sim.serving.metrics import TIERS, requests_frame, summarize
 from sim.serving.models import load_catalogue
 from sim.serving.prefixcache import prefix_summary
@@ -158,7 +159,10 @@ def _extra(
     util = utilisation(cl, held)
     nic = [n.ws.links["nic"].utilisation(env.now) for n in nodes]
     ps_nic = [s.links["nic"].utilisation(env.now) for s in ctx.servers]
+    experts = [e for n in nodes for e in n.experts if e is not None]
+    more = {"experts": merge_summaries(experts)} if experts else {}
     return {
+        **more,
         "events": env.steps,
         "events_per_request": env.steps / max(cl.wl.n, 1),
         "replicas": len(nodes),

@@ -49,6 +49,7 @@ from sim.sections import (
     WarmupCfg,
     WorkloadCfg,
 )
+from sim.serving.expertcfg import ExpertsCfg
 
 __all__ = [
     "CacheCfg",
@@ -60,6 +61,7 @@ __all__ = [
     "DegradationCfg",
     "Deployment",
     "Duration",
+    "ExpertsCfg",
     "GpuCfg",
     "HotShardCfg",
     "KvCfg",
@@ -174,6 +176,8 @@ class Scenario(_M):
     """Node cache eviction policies and watermarks (R3, R13, R30)."""
     prefetch: PrefetchCfg = PrefetchCfg()
     """Weight prefetch (R7)."""
+    experts: ExpertsCfg = ExpertsCfg()
+    """Routed experts as parameter chunks (`mode: pd`, mixture-of-experts models)."""
     ring: RingCfg = RingCfg()
     """Consistent-hash placement of chunks on parameter servers (R1, R8)."""
     scheduler: SchedulerCfg = SchedulerCfg()

@@ -25,6 +25,7 @@ if TYPE_CHECKING:
     from sim.disagg.coordinator import Disagg
     from sim.rng import RngStreams
     from sim.serving.costmodel import CostModel
+    from sim.serving.expertlayout import ExpertTable
     from sim.serving.network import Network
     from sim.serving.paramserver import MetadataDirectory, ParamServer
     from sim.serving.replica import ComputeNode
@@ -45,6 +46,9 @@ class ModelRt:
     kv_bytes_per_token: int
     total_bytes: int
     max_context: int = 1 << 30  # longest sequence one node can hold (KV + attention scratch)
+    #: with ``experts.enabled``: where the routed experts sit in the chunk ids (one chunk
+    #: each; sim.serving.expertlayout), else None
+    experts: ExpertTable | None = None
     n_layers: int = field(init=False)
     n_chunks: int = field(init=False)
     nonempty_layers: int = field(init=False)

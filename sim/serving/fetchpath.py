@@ -58,13 +58,10 @@ def execute(
         yield from run_layers(node, m, t, nb)
 
 
-def run_layers(
-    node: ComputeNode, m: int, t_total: float, nb: int
-) -> Generator[simpy.Event, Any, None]:
-    """Run one iteration of model ``m`` (``t_total`` seconds of compute, split over the layers
-    by ``layer_frac``) layer by layer, fetching what is missing and prefetching ahead (see the
-    module docstring); a batch of ``nb`` shares the bytes moved."""
-    env, ws, mr = node.env, node.ws, node.ctx.models[m]
+def make_charge(node: ComputeNode, m: int, nb: int) -> Charge:
+    """The :data:`Charge` of an iteration of model ``m`` for a batch of ``nb``: a fetch's
+    chunks and bytes go to the run's per-tier counters and, split evenly, to the batch's
+    requests (``node.cum[m]``)."""
     met = node.ctx.metrics
     cum = node.cum[m]
     share = 1.0 / max(nb, 1)
@@ -75,6 +72,19 @@ def run_layers(
         cum[1 + tier] += count
         cum[1 + _NT + tier] += nbytes * share
 
+    return charge
+
+
+def run_layers(
+    node: ComputeNode, m: int, t_total: float, nb: int
+) -> Generator[simpy.Event, Any, None]:
+    """Run one iteration of model ``m`` (``t_total`` seconds of compute, split over the layers
+    by ``layer_frac``) layer by layer, fetching what is missing and prefetching ahead (see the
+    module docstring); a batch of ``nb`` shares the bytes moved."""
+    env, ws, mr = node.env, node.ws, node.ctx.models[m]
+    met = node.ctx.metrics
+    cum = node.cum[m]
+    charge = make_charge(node, m, nb)
     t_start, lent = env.now, node.lent
     wait = 0.0
     log = met.layer_log

@@ -15,6 +15,7 @@ import numpy as np
 from engine.chunks import chunk_model
 from sim.scenario import Scenario, deployment_labels
 from sim.serving.context import ModelRt
+from sim.serving.expertlayout import ExpertTable, expert_layout
 from sim.serving.gpumemory import context_limit
 from sim.serving.roofline import layer_shares
 
@@ -25,10 +26,16 @@ def model_rt(
     """The runtime tables of deployment ``i`` (model ``spec``): its cost model, where each
     layer's chunks start in the chunk arrays, the chunk sizes and tensor-parallel heads, each
     layer's share of the iteration time, KV bytes per token and the longest context
-    ``kv_budget`` bytes of KV allow. Coupled mode: one chunk per layer (weights are resident)."""
+    ``kv_budget`` bytes of KV allow. Coupled mode: one chunk per layer (weights are resident).
+    ``experts.enabled`` (pd mode, a model with experts): one chunk per routed expert
+    (:func:`sim.serving.expertlayout.expert_layout`)."""
     c = sc.cluster
     cost = cost_cls(profile, spec, tp=c.tp, pp=c.pp, gpus_per_server=c.gpus_per_server)
-    if sc.mode == "coupled":
+    experts: ExpertTable | None = None
+    if sc.mode == "pd" and sc.experts.enabled and spec.n_experts:
+        starts, chunk_size, chunk_head, experts = expert_layout(spec)
+        total = int(chunk_size.sum())
+    elif sc.mode == "coupled":
         # weights stay resident and are never streamed: one chunk per layer (a 70B model in
         # 4 MiB chunks would be 34k cache entries per replica for nothing)
         sizes = np.array(spec.layer_bytes(), dtype=np.int64)
@@ -65,4 +72,5 @@ def model_rt(
         kv_bytes_per_token=int(spec.kv_bytes_per_token),
         total_bytes=total,
         max_context=max_ctx,
+        experts=experts,
     )

@@ -336,6 +336,22 @@ class WeightStore:
                 hbm.pin(key)
                 held.append(key)
 
+    def missing_of(self, m: int, cids: list[int]) -> list[int]:
+        """The chunk ids of ``cids`` (model ``m``) neither resident in HBM nor in flight, in
+        the order given."""
+        base, hbm, fl = self._base[m], self.hbm, self.inflight_keys
+        return [cid for cid in cids if (base | cid) not in hbm and (base | cid) not in fl]
+
+    def pin_chunks(self, m: int, cids: list[int], held: list[int]) -> None:
+        """Pin each chunk of ``cids`` (model ``m``) resident in HBM and not yet in ``held``
+        (keys), in the order given, and append its key to ``held``."""
+        base, hbm = self._base[m], self.hbm
+        for cid in cids:
+            key = base | cid
+            if key in hbm and key not in held:
+                hbm.pin(key)
+                held.append(key)
+
     def unpin(self, keys: list[int]) -> None:
         """Release one pin of each of ``keys``."""
         for key in keys:

@@ -33,6 +33,7 @@ from engine.kv.allocator import KVBlockAllocator
 from engine.prefetch import HeatMap, PrefetchPlanner
 from engine.sched.scheduler import Scheduler
 from sim.serving.context import SimContext
+from sim.serving.expertpath import ExpertState
 from sim.serving.metrics import DONE, EV_ADMIT, EV_DONE, EV_PREEMPT, N_ACC
 from sim.serving.paramstore import WeightStore
 from sim.serving.prefixcache import make_prefix_cache
@@ -104,6 +105,9 @@ class ComputeNode:
         #: replaced, only updated in place.
         self.cum_view = [c.data for c in self.cum]
         self.hits_view = self.ctx.metrics.tier_hits.data
+        #: per model: its routing and expert counters when its experts are chunks
+        #: (sim.serving.expertpath; set by the cluster before the run), else None
+        self.experts: list[ExpertState | None] = [None] * nm
 
     def _init_kv(
         self, kv_bytes: int, swap_bytes: int, tokens: tuple[list[int], list[int], list[int]]

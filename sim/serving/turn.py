@@ -16,6 +16,9 @@ advances simulated time. A turn of model ``m``:
    sample their first token (TTFT) and decode, finish or are handed off (``on_prefilled``);
    decoding sequences whose last step ran finish.
 
+A model whose routed experts are chunks (``experts.enabled``) runs every step as an
+iteration (:func:`sim.serving.expertpath.run_expert_layers`): each step draws its routing.
+
 In a decode segment nothing can change until the next completion, KV block boundary or
 arrival, so the replica runs ``k`` decode steps as ONE timeout (capped by
 ``max_steps_per_turn`` when other models wait, and by the free KV blocks,
@@ -37,6 +40,7 @@ from typing import TYPE_CHECKING, Any
 import simpy
 
 from engine.kv.admission import iteration_kind
+from sim.serving.expertpath import run_expert_layers
 from sim.serving.fetchpath import execute
 from sim.serving.segcut import CUT
 from sim.simenv import SimTimeout
@@ -67,7 +71,7 @@ def turn(node: ComputeNode, m: int) -> Generator[simpy.Event, Any, None]:
             met.peak_hbm = used
         resident = ws.all_resident(m)  # a pure read; nothing below changes it before a yield
         # an iteration, or a decode segment
-        if pf or mr.is_cnn or not resident or extra > 0:
+        if pf or mr.is_cnn or not resident or extra > 0 or mr.experts is not None:
             yield from _iterate(node, m, batch, extra, woke, resident)
         else:
             yield from _segment(node, m, batch, woke)
@@ -92,7 +96,13 @@ def _iterate(
     carry, node.carry = node.carry, 0.0
     if ends and node.on_prefill_iter is not None:
         node.on_prefill_iter(node, [p.request_id for p in ends], carry + t)
-    if resident:  # execute's all-resident case, inline (hot path)
+    if mr.experts is not None:  # routed experts as chunks: every iteration draws its routing
+        t0, lent = env.now, node.lent
+        if carry > 0:
+            yield SimTimeout(env, carry)
+        yield from run_expert_layers(node, m, t, n + len(batch.chunks), ptok + n)
+        spent = env.now - t0 - (node.lent - lent)
+    elif resident:  # execute's all-resident case, inline (hot path)
         yield SimTimeout(env, carry + t)
         node.busy += t
         met.busy += t

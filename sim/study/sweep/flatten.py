@@ -77,6 +77,8 @@ DIRECTION: dict[str, int] = {
     "requests.degraded": -1,
     "faults.availability": 1,
     "faults.requests_lost": -1,
+    "experts.hit_rate": 1,
+    "experts.bytes_moved": -1,
 }
 
 

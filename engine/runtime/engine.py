@@ -27,6 +27,7 @@ and the prefetcher, never read by policy code.
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -42,7 +43,7 @@ from engine.runtime.heap import keep_freed_memory
 from engine.runtime.model import DecoderModel, DenseModel, unpack
 from engine.runtime.prefetcher import Prefetcher
 from engine.runtime.weights import TIER_NAMES, TieredWeights, WeightSource
-from engine.sched.scheduler import Batch, Scheduler
+from engine.sched.scheduler import Batch, BatchRecord, Scheduler
 
 __all__ = ["Engine", "EngineResult", "EngineWorkload", "IterationRecord"]
 
@@ -80,6 +81,19 @@ class IterationRecord(NamedTuple):
     param_wait: float
     #: :func:`engine.kv.admission.iteration_kind` of the iteration
     kind: IterationKind = "decode"
+    #: when the iteration became due: the arrival check its batch was scheduled after, or,
+    #: when the engine idled before it, the arrival it woke for (run-clock seconds)
+    due: float = math.nan
+    #: the engine's next arrival check after it (its end, for a replay: arrivals after this
+    #: wait for the next iteration); the last iteration's own end
+    settled: float = math.nan
+
+    @property
+    def replay_seconds(self) -> float:
+        """``settled - due``: what a trace-driven replay charges for this iteration, so it
+        starts each iteration when the engine's became due and lets the next one see the
+        arrivals the engine's next check saw (:mod:`hwbench.schedcheck`)."""
+        return self.settled - self.due
 
 
 @dataclass
@@ -107,6 +121,8 @@ class EngineResult:
     iteration_log: list[IterationRecord] = field(default_factory=list)
     tokens: list[list[int]] = field(default_factory=list)
     logits: list[list[np.ndarray]] = field(default_factory=list)
+    #: the scheduler's batch log (:attr:`Scheduler.batch_log`) when it kept one, else None
+    batch_log: list[BatchRecord] | None = None
 
     def frame(self, model: str, cls: str = "normal") -> Any:
         """The records as a pandas DataFrame in the simulator's schema."""
@@ -192,6 +208,8 @@ class Engine:
             scheduler.dense[0] = True  # whole inputs, outside the token budget
         #: requests the scheduler finished in the current iteration
         self._done: list[int] = []
+        #: when the iteration about to run became due (IterationRecord.due)
+        self._due = math.nan
 
     # -- the run ------------------------------------------------------------------------------
     def run(self, wl: EngineWorkload) -> EngineResult:
@@ -245,13 +263,20 @@ class Engine:
         seq = [int(a) + int(b) for a, b in zip(wl.inp, wl.out, strict=False)]
         nxt = 0
         final = 0
+        log = res.iteration_log
+        # the arrival the engine last idled until (NaN: it did not idle); a run starts idle
+        woke_for = float(wl.arrival[0]) if n else math.nan
         try:
             while final < n:
-                nxt, rejected = self._arrive(wl, nxt, clock(), seq)
+                check = clock()
+                if log and log[-1].settled != log[-1].settled:  # NaN: its first check after
+                    log[-1] = log[-1]._replace(settled=check)
+                nxt, rejected = self._arrive(wl, nxt, check, seq)
                 final += rejected
                 if not sched.num_running and not sched.num_waiting:
                     if nxt < n:
-                        self._wait_until(float(wl.arrival[nxt]), clock)
+                        woke_for = float(wl.arrival[nxt])
+                        self._wait_until(woke_for, clock)
                     continue
                 batch = sched.schedule(0)
                 for rid in batch.preempted:  # preempted (recompute): counters close
@@ -263,9 +288,13 @@ class Engine:
                     if res.start[rid] != res.start[rid]:  # NaN: first admission
                         res.start[rid] = now
                     res.acc[rid] -= self.cum
+                self._due = check if woke_for != woke_for else min(woke_for, check)
+                woke_for = math.nan
                 final += self._iteration(batch)
         finally:
             end_clock = clock()  # before close(): a closed clock no longer subtracts waits
+            if log and log[-1].settled != log[-1].settled:
+                log[-1] = log[-1]._replace(settled=log[-1].start + log[-1].seconds)
             run_clock.close()
             if pf is not None:
                 pf.stop()
@@ -274,6 +303,8 @@ class Engine:
             sched.hooks = None
         res.wall_s = end_clock
         res.preemptions = self.sched.kv.preemptions
+        if sched.batch_log is not None:
+            res.batch_log = list(sched.batch_log)
         res.clock_excludes_cpu_wait = run_clock.exclude_cpu_wait
         return res
 
@@ -363,6 +394,7 @@ class Engine:
             ctx,
             wait,
             iteration_kind(sum(plens), len(running)),
+            self._due,
         )
         res.iteration_log.append(record)
         if self.on_iteration is not None:

@@ -218,7 +218,7 @@ def _finish(verdict: str, why: str, sched_failed: list[str], model_failed: list[
         for line in lines:
             err_console.print(f"  {line}")
         raise typer.Exit(1)
-    console.print("pdsim validate: pass")
+    err_console.print("pdsim validate: pass")
 
 
 @dataclass(frozen=True)

@@ -40,6 +40,11 @@ from sim.serving.gpumemory import plan_memory
 from sim.serving.opcost import EngineTerms, OpsProfile
 
 
+import hwbench.quiet as _quiet
+
+_REAL_REFERENCE = _quiet.reference_seconds
+
+
 def engine_profile() -> Profile:
     """A datasheet profile with engine terms (roofline ops): enough for the simulator side."""
     prof = load_profile("a100-80gb")
@@ -257,10 +262,10 @@ def test_cli_validate_exits_1_when_a_figure_is_over_or_a_check_differs(
     """P99 within 15% and equal hit rates pass (throughput is reported, never a limit);
     P99 over 15% or hit rates that differ exit 1."""
     import hwbench.validate
+    from hwbench.validate import SuiteRun
 
-    monkeypatch.setattr(
-        hwbench.validate, "validate_suite", lambda *a, **k: [_comparison(p99_err, hit_diff)]
-    )
+    suite = SuiteRun([_comparison(p99_err, hit_diff)], [], [], [0.2, 0.2])
+    monkeypatch.setattr(hwbench.validate, "run_suite", lambda *a, **k: suite)
     prof = tmp_path / "p.json"
     prof.write_text(engine_profile().model_dump_json(), encoding="utf-8")
     res = CliRunner().invoke(
@@ -270,6 +275,71 @@ def test_cli_validate_exits_1_when_a_figure_is_over_or_a_check_differs(
     assert res.exit_code == code, res.output
     doc = json.loads(res.stdout.strip().splitlines()[-1])
     assert doc["passed"] is (code == 0) and len(doc["failed"]) == (0 if code == 0 else 1)
+    assert doc["verdict"] == ("pass" if code == 0 else "fail")
+
+
+class TickClock:
+    """A clock that advances ``tick`` seconds per reading: every timed run of the reference
+    workload reads exactly ``tick``, however fast the machine really is."""
+
+    def __init__(self, tick: float) -> None:
+        self.tick = tick
+        self.t = 0.0
+
+    def __call__(self) -> float:
+        self.t += self.tick
+        return self.t
+
+
+def test_cli_validate_is_inconclusive_when_the_machine_slowed_after_calibration(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``pdsim calibrate --tiny`` times the reference workload on a clock reading 100 ms a
+    run; ``pdsim validate`` then on one reading 120 ms (the machine 20% slower): the verdict
+    is "inconclusive: the machine's speed moved 20.0%", exit 3, whatever the errors. On an
+    unchanged clock the same validation is judged (pass or fail, never 3). The engine serves
+    on a virtual clock, so its scheduling check passes whatever the machine does."""
+    import engine.runtime.engine as rt
+    import hwbench.quiet
+    import hwbench.validate
+    import hwbench.workloads
+    from engine.runtime.clock import VirtualClock
+    from hwbench.schedcheck import SchedCheck
+    from tests.hwbench.test_calibrate import _fake_engine_fit
+
+    _fake_engine_fit(monkeypatch)  # fixed engine terms, no hardware verdicts
+    # the real reference workload, shortened; its clock is the test's
+    monkeypatch.setattr(
+        hwbench.quiet, "reference_seconds", lambda repeats=5, steps=900: _REAL_REFERENCE(repeats, 20)
+    )
+    monkeypatch.setattr(hwbench.quiet, "reference_clock", TickClock(0.100))
+    prof = tmp_path / "p.json"
+    res = CliRunner().invoke(app, ["calibrate", "--tiny", "--out", str(prof)])
+    assert res.exit_code == 0, res.output
+    assert load_profile(prof).fitted["calibration_load"][0]["reference_s"] == pytest.approx(0.1)
+
+    tiny = ValidationWorkload("tiny", "tiny", requests=3, rate=30.0, window=0, seed=3)
+    monkeypatch.setattr(hwbench.workloads, "SUITE", (tiny,))
+    monkeypatch.setattr(rt, "RunClock", lambda *a, **k: VirtualClock(1e-4))
+    # the scheduling check passes (its own tests: test_schedcheck.py); on a virtual clock the
+    # few readings between an iteration's end and the next arrival check are a large share
+    monkeypatch.setattr(hwbench.validate, "check_workload", lambda w, *a: SchedCheck(w.name))
+    args = ["validate", "-p", str(prof), "-w", "tiny", "-r", "1", "--json"]
+    for tick, code in ((0.120, 3), (0.100, None)):
+        monkeypatch.setattr(hwbench.quiet, "reference_clock", TickClock(tick))
+        res = CliRunner().invoke(app, [*args, "-o", str(tmp_path / f"v{tick}")])
+        doc = json.loads(res.stdout.strip().splitlines()[-1])
+        assert doc["scheduling"][0]["failed"] == []
+        assert doc["machine_speed"]["samples_s"] == pytest.approx([tick, tick])
+        if code == 3:
+            assert res.exit_code == 3, res.output
+            assert doc["verdict"] == "inconclusive" and doc["passed"] is False
+            assert "inconclusive: the machine's speed moved 20.0%" in doc["inconclusive"]
+            assert "inconclusive: the machine's speed moved 20.0%" in res.output
+        else:
+            assert res.exit_code in (0, 1), res.output
+            assert doc["verdict"] in ("pass", "fail") and doc["inconclusive"] is None
+            assert doc["machine_speed"]["moved"] == pytest.approx(0.0, abs=1e-9)
 
 
 def test_cli_validate_needs_engine_terms_and_writes_nothing(tmp_path: Path) -> None:

@@ -115,9 +115,7 @@ class Replay:
     param_wait_s: float = 0.0
 
 
-def replay(
-    w: ValidationWorkload, profile: Profile, result: EngineResult, workdir: Path
-) -> Replay:
+def replay(w: ValidationWorkload, profile: Profile, result: EngineResult, workdir: Path) -> Replay:
     """Simulate ``w`` with each iteration costing the engine run ``result``'s (module
     docstring), from a scenario folder written to ``workdir``."""
     records = recorded_iterations(result.iteration_log)

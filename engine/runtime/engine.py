@@ -208,8 +208,10 @@ class Engine:
             scheduler.dense[0] = True  # whole inputs, outside the token budget
         #: requests the scheduler finished in the current iteration
         self._done: list[int] = []
-        #: when the iteration about to run became due (IterationRecord.due)
+        #: when the iteration about to run became due (IterationRecord.due), and the arrival
+        #: the engine last idled until (NaN: it has not idled since the last iteration)
         self._due = math.nan
+        self._woke_for = math.nan
 
     # -- the run ------------------------------------------------------------------------------
     def run(self, wl: EngineWorkload) -> EngineResult:
@@ -263,20 +265,16 @@ class Engine:
         seq = [int(a) + int(b) for a, b in zip(wl.inp, wl.out, strict=False)]
         nxt = 0
         final = 0
-        log = res.iteration_log
-        # the arrival the engine last idled until (NaN: it did not idle); a run starts idle
-        woke_for = float(wl.arrival[0]) if n else math.nan
+        self._woke_for = float(wl.arrival[0]) if n else math.nan  # a run starts idle
         try:
             while final < n:
-                check = clock()
-                if log and log[-1].settled != log[-1].settled:  # NaN: its first check after
-                    log[-1] = log[-1]._replace(settled=check)
+                check = self._settle(clock())
                 nxt, rejected = self._arrive(wl, nxt, check, seq)
                 final += rejected
                 if not sched.num_running and not sched.num_waiting:
                     if nxt < n:
-                        woke_for = float(wl.arrival[nxt])
-                        self._wait_until(woke_for, clock)
+                        self._woke_for = float(wl.arrival[nxt])
+                        self._wait_until(self._woke_for, clock)
                     continue
                 batch = sched.schedule(0)
                 for rid in batch.preempted:  # preempted (recompute): counters close
@@ -288,13 +286,11 @@ class Engine:
                     if res.start[rid] != res.start[rid]:  # NaN: first admission
                         res.start[rid] = now
                     res.acc[rid] -= self.cum
-                self._due = check if woke_for != woke_for else min(woke_for, check)
-                woke_for = math.nan
+                self._become_due(check)
                 final += self._iteration(batch)
         finally:
             end_clock = clock()  # before close(): a closed clock no longer subtracts waits
-            if log and log[-1].settled != log[-1].settled:
-                log[-1] = log[-1]._replace(settled=log[-1].start + log[-1].seconds)
+            self._settle(math.nan)
             run_clock.close()
             if pf is not None:
                 pf.stop()
@@ -303,8 +299,7 @@ class Engine:
             sched.hooks = None
         res.wall_s = end_clock
         res.preemptions = self.sched.kv.preemptions
-        if sched.batch_log is not None:
-            res.batch_log = list(sched.batch_log)
+        res.batch_log = list(sched.batch_log) if sched.batch_log is not None else None
         res.clock_excludes_cpu_wait = run_clock.exclude_cpu_wait
         return res
 
@@ -321,6 +316,24 @@ class Engine:
                 rejected += 1
             nxt += 1
         return nxt, rejected
+
+    def _settle(self, check: float) -> float:
+        """An arrival check at run-clock ``check``: the first after an iteration settles it
+        (:attr:`IterationRecord.settled`); at the run's end (``check`` NaN) the last one
+        settles at its own end. Returns ``check``."""
+        log = self.res.iteration_log
+        if log and log[-1].settled != log[-1].settled:  # NaN: not settled yet
+            last = log[-1]
+            when = check if check == check else last.start + last.seconds
+            log[-1] = last._replace(settled=when)
+        return check
+
+    def _become_due(self, check: float) -> None:
+        """The iteration about to run was scheduled after the arrival check ``check``; it
+        became due then, or at the arrival the engine idled until before it."""
+        woke = self._woke_for
+        self._due = check if woke != woke else min(woke, check)
+        self._woke_for = math.nan
 
     def _wait_until(self, t: float, clock: Callable[[], float]) -> None:
         """Idle until ``t``: sleep, then spin the last ``SPIN_S`` (a sleeping thread wakes

@@ -87,6 +87,7 @@ def print_cost(rows: list[CostRow]) -> list[str]:
 
 def cost_dict(r: CostRow) -> dict[str, Any]:
     """One cost row as JSON (non-finite figures, e.g. the spread of one run, as None)."""
+
     def num(x: float) -> float | None:
         return x if math.isfinite(x) else None
 

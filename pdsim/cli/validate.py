@@ -182,7 +182,9 @@ def validate(
     _finish(verdict, why, sched_failed, cost_failed + failed)
 
 
-def _overall(sched_failed: list[str], model_failed: list[str], steady: _Steadiness) -> tuple[str, str]:
+def _overall(
+    sched_failed: list[str], model_failed: list[str], steady: _Steadiness
+) -> tuple[str, str]:
     """``(verdict, reason)``: ``fail`` when the scheduling check failed (it holds on any
     machine); else ``inconclusive`` when the machine's speed moved more than the limit; else
     ``fail`` or ``pass`` on the cost and end-to-end checks."""

@@ -19,7 +19,9 @@ from tests.hwbench.test_validate import engine_profile
 W = ValidationWorkload("w", "tiny", requests=2, seed=3)
 
 
-def rec(start: float, seconds: float, ptok: int = 0, batch: int = 0, wait: float = 0.0) -> IterationRecord:
+def rec(
+    start: float, seconds: float, ptok: int = 0, batch: int = 0, wait: float = 0.0
+) -> IterationRecord:
     return IterationRecord(
         start, seconds, 1 if ptok else 0, ptok, ptok * ptok, batch, 100 * batch, wait
     )

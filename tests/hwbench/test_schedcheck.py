@@ -6,6 +6,7 @@ reported mismatch; the workload's verdict takes the worst run."""
 from __future__ import annotations
 
 import copy
+import itertools
 from pathlib import Path
 
 import numpy as np
@@ -53,10 +54,10 @@ def test_iterations_record_when_they_were_due_and_settled(
     log = res.iteration_log
     arrivals = set(res.arrival.tolist())
     assert log[0].due == res.arrival[0] == 0.0
-    for prev, rec in zip(log, log[1:], strict=False):
+    for prev, rec in itertools.pairwise(log):
         assert prev.settled >= prev.start + prev.seconds
         assert rec.due == prev.settled or (rec.due in arrivals and rec.due > prev.settled)
-    assert any(rec.due > prev.settled for prev, rec in zip(log, log[1:], strict=False))
+    assert any(rec.due > prev.settled for prev, rec in itertools.pairwise(log))
     assert log[-1].settled == log[-1].start + log[-1].seconds
 
 

@@ -14,6 +14,7 @@ import pandas as pd
 import pytest
 from typer.testing import CliRunner
 
+import hwbench.quiet as _quiet
 from engine.backend import cupy_status
 from engine.runtime.engine import IterationRecord
 from engine.runtime.weights import TIER_NAMES
@@ -38,9 +39,6 @@ from sim.scenario import validate as validate_scenario
 from sim.serving.costmodel import Profile, load_profile
 from sim.serving.gpumemory import plan_memory
 from sim.serving.opcost import EngineTerms, OpsProfile
-
-
-import hwbench.quiet as _quiet
 
 _REAL_REFERENCE = _quiet.reference_seconds
 
@@ -310,7 +308,9 @@ def test_cli_validate_is_inconclusive_when_the_machine_slowed_after_calibration(
 
     # the real reference workload, shortened; its clock is the test's
     monkeypatch.setattr(
-        hwbench.quiet, "reference_seconds", lambda repeats=5, steps=900: _REAL_REFERENCE(repeats, 20)
+        hwbench.quiet,
+        "reference_seconds",
+        lambda repeats=5, steps=900: _REAL_REFERENCE(repeats, 20),
     )
     monkeypatch.setattr(hwbench.quiet, "reference_clock", TickClock(0.100))
     start, end = hwbench.quiet.reference_seconds(), hwbench.quiet.reference_seconds()

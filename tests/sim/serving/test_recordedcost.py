@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from sim.serving.iterprice import IterPricer
 from sim.serving.itercost import iteration_seconds
+from sim.serving.iterprice import IterPricer
 from sim.serving.recordedcost import RecordedCost, RecordedIteration, ReplayMismatch
 
 RECS = [
@@ -34,7 +34,9 @@ def test_records_come_out_in_order_and_then_run_out() -> None:
     "shape",
     [(0, 0.0, 0, 2, 101.0), (0, 0.0, 0, 1, 100.0), (64, 4096.0, 1, 1, 101.0)],
 )
-def test_another_batch_stops_the_replay_at_its_step(shape: tuple[int, float, int, int, float]) -> None:
+def test_another_batch_stops_the_replay_at_its_step(
+    shape: tuple[int, float, int, int, float],
+) -> None:
     cost = RecordedCost(RECS)
     cost.work(100, 10000.0, 1, 0, 0.0)
     with pytest.raises(ReplayMismatch) as info:

@@ -5,7 +5,10 @@ workload: :mod:`hwbench.workloads`) is priced as the simulator prices it -- the 
 iteration cost (:func:`sim.serving.itercost.iteration_seconds` of
 :class:`sim.serving.costmodel.CostModel` ``iteration``) plus ``wake_s`` for an iteration after
 an idle spell (:func:`hwbench.engine_probe.after_idle`) -- and compared with what it took on the
-engine less its wait for weights (``seconds - param_wait``; copies are the end-to-end check's).
+engine: its whole ``seconds`` when every weight is resident (the simulator then charges no wait
+for weights, so the price must cover the engine's pins and lookups, which it books as
+``param_wait``), its ``seconds - param_wait`` when weights stream (the simulator's fetch path
+models those waits; copies are the end-to-end check's).
 The serving loop's gap between iterations (``iter_gap_s``) is in neither.
 
 Iterations are grouped by phase (:func:`engine.kv.admission.iteration_kind`, after-idle
@@ -108,6 +111,7 @@ def cost_rows(
     order of their first appearance."""
     cfg = model_config(w)
     cost = CostModel(profile, sim_catalogue(cfg)[cfg.name])
+    resident = w.hbm_fraction >= 1.0  # the simulator charges no weight wait: price it all
     meas: dict[str, list[float]] = {}
     pred: dict[str, list[float]] = {}
     per_run: dict[str, list[list[float]]] = {}
@@ -115,7 +119,7 @@ def cost_rows(
         log = run.iteration_log
         for rec, idle in zip(log, after_idle(log), strict=True):
             key = shape_key(rec, idle)
-            m = float(rec.seconds) - float(rec.param_wait)
+            m = float(rec.seconds) - (0.0 if resident else float(rec.param_wait))
             p = price(cost, rec, idle)
             meas.setdefault(key, []).append(m)
             pred.setdefault(key, []).append(p)

@@ -59,8 +59,8 @@ def test_price_is_the_iteration_cost_plus_wake_after_idle() -> None:
 def test_rows_error_and_spread_by_hand() -> None:
     """Two runs of decode-b1 iterations back to back: run 1 measures 2 and 4 times the
     price P (median ratio 3), run 2 three times (3): error = median(P/m - 1) over
-    {1/2, 1/4, 1/3} - 1 = -2/3, spread 0; a parameter wait is left out of the measured time;
-    a stalled clock (0 s) is counted apart, not priced."""
+    {1/2, 1/4, 1/3} - 1 = -2/3, spread 0; with weights streaming a parameter wait is left
+    out of the measured time; a stalled clock (0 s) is counted apart, not priced."""
     cfg = model_config(W)
     cost = CostModel(engine_profile(), sim_catalogue(cfg)[cfg.name])
     p = price(cost, rec(0, 1, batch=1), False)
@@ -69,7 +69,8 @@ def test_rows_error_and_spread_by_hand() -> None:
     run1 = [lead, rec(0.0101, 2 * p, batch=1), rec(0.0102 + 2 * p, 4 * p + 0.5, batch=1, wait=0.5)]
     t = 0.0102 + 6 * p + 0.5
     run2 = [lead, rec(0.0101, 3 * p, batch=1), rec(t, 0.0, batch=1)]
-    rows = {r.group: r for r in cost_rows(W, engine_profile(), [result(run1), result(run2)])}
+    ws = ValidationWorkload("s", "tiny", requests=2, hbm_fraction=0.6, seed=3)
+    rows = {r.group: r for r in cost_rows(ws, engine_profile(), [result(run1), result(run2)])}
     dec = rows["decode b1"]
     assert dec.iterations == 3 and dec.unmeasured == 1
     assert dec.error == pytest.approx(1 / 3 - 1)
@@ -77,6 +78,11 @@ def test_rows_error_and_spread_by_hand() -> None:
     assert dec.run_spread == pytest.approx(0.0, abs=1e-12)
     assert dec.verdict == "few"  # 3 < MIN_ITERATIONS
     assert rows["prefill after idle p<=128"].iterations == 2
+    # all weights resident: the simulator charges no weight wait, so the wait is priced too
+    # (run 1's decodes measure 2P and 4P + 0.5 s: medians of two are their means)
+    res_rows = {r.group: r for r in cost_rows(W, engine_profile(), [result(run1)])}
+    assert res_rows["decode b1"].measured_ms == pytest.approx((3 * p + 0.25) * 1e3)
+    assert res_rows["decode b1"].error == pytest.approx((-0.5 + p / (4 * p + 0.5) - 1) / 2)
 
 
 def test_verdict_limits() -> None:

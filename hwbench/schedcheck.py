@@ -68,7 +68,7 @@ def recorded_iterations(log: Sequence[IterationRecord]) -> list[RecordedIteratio
     tokens sampled before the step)."""
     return [
         RecordedIteration(
-            r.replay_seconds,
+            r.settled - r.due,
             int(r.prompt_tokens),
             float(r.prompt_sq_tokens),
             int(r.new),

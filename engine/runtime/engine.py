@@ -84,16 +84,9 @@ class IterationRecord(NamedTuple):
     #: when the iteration became due: the arrival check its batch was scheduled after, or,
     #: when the engine idled before it, the arrival it woke for (run-clock seconds)
     due: float = math.nan
-    #: the engine's next arrival check after it (its end, for a replay: arrivals after this
-    #: wait for the next iteration); the last iteration's own end
+    #: the engine's next arrival check after it (arrivals after it wait for the next
+    #: iteration); the last iteration's own end. A replay charges ``settled - due``
     settled: float = math.nan
-
-    @property
-    def replay_seconds(self) -> float:
-        """``settled - due``: what a trace-driven replay charges for this iteration, so it
-        starts each iteration when the engine's became due and lets the next one see the
-        arrivals the engine's next check saw (:mod:`hwbench.schedcheck`)."""
-        return self.settled - self.due
 
 
 @dataclass

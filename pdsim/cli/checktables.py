@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING, Any
 
+from rich.console import Console
 from rich.table import Table
 
 from pdsim.cli.common import console
@@ -46,7 +47,7 @@ def print_scheduling(checks: list[SchedCheck]) -> list[str]:
             for k in (f"{m}_{s}" for m in METRICS for s in ("p50", "p99"))
         ]
         table.add_row(c.workload, str(len(c.runs)), *cells, "OVER" if lines else "ok")
-    console.print(table)
+    _print(table)
     for line in failed:
         console.print(f"  {line}")
     return failed
@@ -81,8 +82,17 @@ def print_cost(rows: list[CostRow]) -> list[str]:
             str(r.unmeasured) if r.unmeasured else "",
             verdict,
         )
-    console.print(table)
+    _print(table)
     return failed
+
+
+def _print(table: Table) -> None:
+    """Print ``table`` at the terminal's width, or 140 columns in a log or a pipe (where the
+    console would take 80 and cut the workload and group names)."""
+    if console.is_terminal:
+        console.print(table)
+    else:
+        Console(width=140, highlight=False, file=console.file).print(table)
 
 
 def cost_dict(r: CostRow) -> dict[str, Any]:

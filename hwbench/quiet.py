@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -41,8 +41,10 @@ __all__ = [
     "between",
     "recorded",
     "recorded_reference",
+    "reference_clock",
     "reference_seconds",
     "sample",
+    "speed_moved",
     "speed_warning",
     "warning",
 ]
@@ -154,6 +156,11 @@ def recorded_reference(fitted: Mapping[str, Any]) -> float | None:
     return float(row["reference_s"]) if "reference_s" in row else None
 
 
+#: the clock :func:`reference_seconds` times with (read at each call: a test injects a slowed
+#: one to stand for a machine whose speed moved)
+reference_clock: Callable[[], float] = time.perf_counter
+
+
 def reference_seconds(repeats: int = 5, steps: int = 900) -> float:
     """Median wall seconds, over ``repeats`` timed runs after one untimed run, of a fixed NumPy
     workload shaped like a decode step of the validation decoder: ``steps`` times, a 512-wide
@@ -176,10 +183,11 @@ def reference_seconds(repeats: int = 5, steps: int = 900) -> float:
 
     run(steps)  # a cold first run reads 2-8% slow (first-touch, clocks ramping up)
     times = []
+    clock = reference_clock
     for _ in range(repeats):
-        t0 = time.perf_counter()
+        t0 = clock()
         run(steps)
-        times.append(time.perf_counter() - t0)
+        times.append(clock() - t0)
     return float(np.median(times))
 
 
@@ -198,3 +206,16 @@ def speed_warning(now_s: float | None, then_s: float | None, what: str) -> str |
         f"(limit {SPEED_LIMIT:.0%}), so its timings are not comparable; rerun on a steady "
         "machine"
     )
+
+
+def speed_moved(samples: Sequence[float], then_s: float | None) -> float:
+    """How far the machine's speed moved, as a share: the largest relative change of the
+    reference workload's ``samples`` (seconds, timed during a validation) against ``then_s``
+    (its calibration's; None: unknown) and against each other (``max / min - 1``). 0 without
+    samples."""
+    if not samples:
+        return 0.0
+    moved = max(samples) / min(samples) - 1.0
+    if then_s is not None and then_s > 0:
+        moved = max(moved, *(abs(x / then_s - 1.0) for x in samples))
+    return moved

@@ -11,6 +11,8 @@ decisions do not depend on thread timing). The engine's clock: :func:`excludes_c
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
 from typing import Any, TypeAlias
@@ -100,8 +102,11 @@ def run_engine(
     return eng.run(workload_for(w)), parts[1]
 
 
-def engine_for(w: ValidationWorkload, parts: EngineParts) -> Engine:
-    """The engine that serves ``w`` over the warm stack ``parts`` (see :func:`run_engine`)."""
+def engine_for(
+    w: ValidationWorkload, parts: EngineParts, sleep: Callable[[float], None] = time.sleep
+) -> Engine:
+    """The engine that serves ``w`` over the warm stack ``parts`` (see :func:`run_engine`),
+    idling with ``sleep`` (a virtual clock's, in tests)."""
     cfg, weights, sz = parts
     xp = weights.xp
     if isinstance(cfg, DecoderConfig):
@@ -110,11 +115,13 @@ def engine_for(w: ValidationWorkload, parts: EngineParts) -> Engine:
     else:
         model, kvb = DenseModel(cfg, xp), 0
     sched = Scheduler.single(w.max_batch, w.max_batch_tokens, sz.kv, kvb, 16)
+    sched.batch_log = []  # the scheduling-model check compares it (hwbench.schedcheck)
     return Engine(
         model,
         weights,
         sched,
         window=w.window,
+        sleep=sleep,
         hold_pins=HOLD_PINS,
         exclude_cpu_wait=excludes_cpu_wait(xp),
     )

@@ -27,6 +27,7 @@ and the prefetcher, never read by policy code.
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -42,7 +43,7 @@ from engine.runtime.heap import keep_freed_memory
 from engine.runtime.model import DecoderModel, DenseModel, unpack
 from engine.runtime.prefetcher import Prefetcher
 from engine.runtime.weights import TIER_NAMES, TieredWeights, WeightSource
-from engine.sched.scheduler import Batch, Scheduler
+from engine.sched.scheduler import Batch, BatchRecord, Scheduler
 
 __all__ = ["Engine", "EngineResult", "EngineWorkload", "IterationRecord"]
 
@@ -80,6 +81,12 @@ class IterationRecord(NamedTuple):
     param_wait: float
     #: :func:`engine.kv.admission.iteration_kind` of the iteration
     kind: IterationKind = "decode"
+    #: when the iteration became due: the arrival check its batch was scheduled after, or,
+    #: when the engine idled before it, the arrival it woke for (run-clock seconds)
+    due: float = math.nan
+    #: the engine's next arrival check after it (arrivals after it wait for the next
+    #: iteration); the last iteration's own end. A replay charges ``settled - due``
+    settled: float = math.nan
 
 
 @dataclass
@@ -107,6 +114,8 @@ class EngineResult:
     iteration_log: list[IterationRecord] = field(default_factory=list)
     tokens: list[list[int]] = field(default_factory=list)
     logits: list[list[np.ndarray]] = field(default_factory=list)
+    #: the scheduler's batch log (:attr:`Scheduler.batch_log`) when it kept one, else None
+    batch_log: list[BatchRecord] | None = None
 
     def frame(self, model: str, cls: str = "normal") -> Any:
         """The records as a pandas DataFrame in the simulator's schema."""
@@ -192,6 +201,10 @@ class Engine:
             scheduler.dense[0] = True  # whole inputs, outside the token budget
         #: requests the scheduler finished in the current iteration
         self._done: list[int] = []
+        #: when the iteration about to run became due (IterationRecord.due), and the arrival
+        #: the engine last idled until (NaN: it has not idled since the last iteration)
+        self._due = math.nan
+        self._woke_for = math.nan
 
     # -- the run ------------------------------------------------------------------------------
     def run(self, wl: EngineWorkload) -> EngineResult:
@@ -245,13 +258,16 @@ class Engine:
         seq = [int(a) + int(b) for a, b in zip(wl.inp, wl.out, strict=False)]
         nxt = 0
         final = 0
+        self._woke_for = float(wl.arrival[0]) if n else math.nan  # a run starts idle
         try:
             while final < n:
-                nxt, rejected = self._arrive(wl, nxt, clock(), seq)
+                check = self._settle(clock())
+                nxt, rejected = self._arrive(wl, nxt, check, seq)
                 final += rejected
                 if not sched.num_running and not sched.num_waiting:
                     if nxt < n:
-                        self._wait_until(float(wl.arrival[nxt]), clock)
+                        self._woke_for = float(wl.arrival[nxt])
+                        self._wait_until(self._woke_for, clock)
                     continue
                 batch = sched.schedule(0)
                 for rid in batch.preempted:  # preempted (recompute): counters close
@@ -263,9 +279,11 @@ class Engine:
                     if res.start[rid] != res.start[rid]:  # NaN: first admission
                         res.start[rid] = now
                     res.acc[rid] -= self.cum
+                self._become_due(check)
                 final += self._iteration(batch)
         finally:
             end_clock = clock()  # before close(): a closed clock no longer subtracts waits
+            self._settle(math.nan)
             run_clock.close()
             if pf is not None:
                 pf.stop()
@@ -274,6 +292,7 @@ class Engine:
             sched.hooks = None
         res.wall_s = end_clock
         res.preemptions = self.sched.kv.preemptions
+        res.batch_log = list(sched.batch_log) if sched.batch_log is not None else None
         res.clock_excludes_cpu_wait = run_clock.exclude_cpu_wait
         return res
 
@@ -290,6 +309,24 @@ class Engine:
                 rejected += 1
             nxt += 1
         return nxt, rejected
+
+    def _settle(self, check: float) -> float:
+        """An arrival check at run-clock ``check``: the first after an iteration settles it
+        (:attr:`IterationRecord.settled`); at the run's end (``check`` NaN) the last one
+        settles at its own end. Returns ``check``."""
+        log = self.res.iteration_log
+        if log and log[-1].settled != log[-1].settled:  # NaN: not settled yet
+            last = log[-1]
+            when = check if check == check else last.start + last.seconds
+            log[-1] = last._replace(settled=when)
+        return check
+
+    def _become_due(self, check: float) -> None:
+        """The iteration about to run was scheduled after the arrival check ``check``; it
+        became due then, or at the arrival the engine idled until before it."""
+        woke = self._woke_for
+        self._due = check if woke != woke else min(woke, check)
+        self._woke_for = math.nan
 
     def _wait_until(self, t: float, clock: Callable[[], float]) -> None:
         """Idle until ``t``: sleep, then spin the last ``SPIN_S`` (a sleeping thread wakes
@@ -363,6 +400,7 @@ class Engine:
             ctx,
             wait,
             iteration_kind(sum(plens), len(running)),
+            self._due,
         )
         res.iteration_log.append(record)
         if self.on_iteration is not None:

@@ -1,40 +1,49 @@
-"""``pdsim validate``: the real engine vs the simulator on the held-out validation suite.
+"""``pdsim validate``: the real engine vs the simulator, three checks on held-out workloads.
 
 ``pdsim validate --profile P [--workload W ...] [--backend cpu|gpu] [--json] [--out DIR]`` runs
 each workload of :mod:`hwbench.workloads` (all by default; none of them is a calibration
-workload) on the engine (NumPy, or CuPy with ``--backend gpu``) and in the simulator with
-profile ``P`` (:mod:`hwbench.validate`), then prints one table per workload:
+workload) on the engine (NumPy, or CuPy with ``--backend gpu``) ``--repeats`` times and in the
+simulator with profile ``P`` (:func:`hwbench.validate.run_suite`), then checks the two models
+the simulator is made of apart, and together:
 
-* **accuracy** -- latency P50/P99/mean, TTFT P50/P99/mean and throughput: engine,
-  simulator, relative error. Latency P50 must be within 10% and P99 within 15%
-  (:data:`LIMITS`); the others are reported only (throughput follows the arrivals).
-* **engine runs CV** -- with ``--repeats`` of 2 or more, each latency and TTFT figure's
-  coefficient of variation over the engine's runs (each run's own figure): how far the
-  engine moves on its own between runs of the same arrivals, to read an error against
-  (on the shared 2-core VM a single run's P50 moves 11-13%);
-* **consistency** -- hit rate and bytes per tier: both sides run the same cache code on the
-  same accesses, so these must be equal, up to an iteration more or less where batches
-  formed differently (:data:`CONSISTENCY_TOL`: 1 pp of hit rate, 2% of bytes).
+1. **scheduling model** (:mod:`hwbench.schedcheck`): every engine run replayed through the
+   simulator with each iteration costing what it took on the engine. Per workload, the
+   largest error over the runs of TTFT, TPOT and end-to-end latency, P50 within 2% and P99
+   within 5% (:data:`hwbench.schedcheck.SCHED_LIMITS`), and the same batches on both sides
+   (a replay whose batch differs stops there and reports it). It does not depend on the
+   machine's speed.
+2. **cost model** (:mod:`hwbench.costcheck`): the profile's price of every engine iteration
+   against its measured time, by phase and batch shape, with the engine's own repeat spread
+   next to each error; a group of 5 iterations or more within 10%.
+3. **end to end** -- one table per workload: latency P50/P99/mean, TTFT P50/P99/mean and
+   throughput, engine, simulator, relative error (latency P50 within 10% and P99 within 15%,
+   :data:`LIMITS`); with ``--repeats`` of 2 or more each figure's coefficient of variation
+   over the engine's runs; and consistency -- hit rate and bytes per tier, which must agree
+   (:data:`CONSISTENCY_TOL`: 1 pp of hit rate, 2% of bytes).
 
-The exit status is 1 when any figure is over its limit or any consistency check differs.
-The simulator side of each workload is an ordinary scenario folder, kept in
-``DIR/scenarios/WORKLOAD/`` (``scenario.yaml``, trace, catalogue, profile): ``pdsim run`` of
-it gives the simulator's figures. A PNG of the latency CDFs goes to ``DIR/validate_cdf.png``
-(default ``DIR``: ``runs/validate-PROFILE-HASH/``). ``--json`` prints the figures as one
-JSON object on the last line (relative errors under keys ending in ``rel_error``, hit-rate
-differences under keys ending in ``abs_error``, the engine runs' coefficient of variation
-under ``engine_run_cv``, and ``passed``).
+The machine's speed: a fixed reference workload (:func:`hwbench.quiet.reference_seconds`) is
+timed before the first engine run and after each. When it moved more than
+:data:`hwbench.quiet.SPEED_LIMIT` (against the profile's calibration, or within the
+validation), the cost-model and end-to-end checks cannot tell the model from the machine:
+the verdict is "inconclusive: the machine's speed moved X%" and the exit status 3.
+
+Exit status: 1 when the scheduling check fails (any machine); else 3 when the speed moved;
+else 1 when a cost group or an end-to-end figure is over its limit or a consistency check
+differs; 0 otherwise. The simulator side of each workload is an ordinary scenario folder,
+kept in ``DIR/scenarios/WORKLOAD/``: ``pdsim run`` of it gives the simulator's figures. A PNG
+of the latency CDFs goes to ``DIR/validate_cdf.png`` (default ``DIR``:
+``runs/validate-PROFILE-HASH/``). ``--json`` prints the figures as one JSON object on the
+last line: ``workloads`` (end to end: relative errors under keys ending in ``rel_error``,
+hit-rate differences under ``abs_error``, the runs' spread under ``engine_run_cv``),
+``scheduling``, ``cost``, ``machine_speed`` (``samples_s``, ``moved``), ``verdict``
+(``pass``, ``fail`` or ``inconclusive``) and ``passed``.
 
 ``P`` must carry the engine's op tables and terms (``ops.engine``: written by ``pdsim
-calibrate``). ``--repeats N`` serves each workload N times on the engine (the same arrivals)
-and compares the simulator with each request's median latency over them
-(:func:`hwbench.comparison.median_requests`); the runs are interleaved (every workload once,
-then every workload again), so a slow minute of the machine falls on one run of a workload,
-not on all of them. The engine runs on wall time, so it warns when
-other processes or steal took more than 10% of the machine's CPU during the validation or the
-profile's calibration (:mod:`hwbench.quiet`), and when a fixed reference workload runs more
-than 5% slower or faster than when the profile was calibrated; ``--json`` reports them under
-``machine_load`` and ``machine_speed``.
+calibrate``). ``--repeats N`` serves each workload N times on the engine (the same arrivals,
+interleaved across the workloads) and compares the simulator with each request's median
+latency over them (:func:`hwbench.comparison.median_requests`). It warns when other
+processes or steal took more than 10% of the machine's CPU during the validation or the
+profile's calibration (:mod:`hwbench.quiet`).
 """
 
 from __future__ import annotations
@@ -48,6 +57,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 from rich.table import Table
 
+from pdsim.cli.checktables import cost_dict, print_cost, print_scheduling
 from pdsim.cli.common import (
     array_backend,
     check_out_dir,
@@ -63,6 +73,7 @@ from pdsim.cli.common import (
 if TYPE_CHECKING:
     from hwbench.comparison import Comparison
     from hwbench.quiet import Load, Sample
+    from hwbench.validate import SuiteRun
     from hwbench.workloads import ValidationWorkload
     from sim.serving.costmodel import Profile
 
@@ -129,9 +140,10 @@ def validate(
         ),
     ] = "cpu",
 ) -> None:
-    """Run the validation suite on the engine and in the simulator and compare them."""
+    """Run the validation suite on the engine and in the simulator: the scheduling model, the
+    cost model and both together."""
     with user_errors():
-        from hwbench.quiet import recorded, reference_seconds, sample, warning
+        from hwbench.quiet import recorded, sample, warning
         from hwbench.validate import plot_cdfs
         from hwbench.workloads import SUITE, get_workload
 
@@ -148,32 +160,80 @@ def validate(
         note = warning(recorded(prof.fitted), "its calibration")
         if note is not None:
             err_console.print(f"[yellow]warning:[/] profile {profile}: {note}")
-        start, ref0 = sample(), reference_seconds()
-        comps = _run_suite(chosen, prof, out, repeats, xp)
-        steady = _steadiness(start, ref0, prof)
-        png = plot_cdfs(comps, out / "validate_cdf.png")
+        start = sample()
+        suite = _run_suite(chosen, prof, out, repeats, xp)
+        steady = _steadiness(start, suite.reference_s, prof)
+        png = plot_cdfs(suite.comparisons, out / "validate_cdf.png")
 
-    failed = _print_tables(comps)
+    sched_failed = print_scheduling(suite.scheduling)
+    cost_failed = print_cost(suite.cost)
+    failed = _print_tables(suite.comparisons)
     console.print(f"latency CDFs: {png}")
-    _warn(steady, profile)
+    _warn(steady)
+    verdict, why = _overall(sched_failed, cost_failed + failed, steady)
     if as_json:
-        typer.echo(json.dumps(_json_doc(comps, steady, profile, failed), sort_keys=True))
-    if failed:
-        err_console.print(f"pdsim validate: {len(failed)} figure(s) over their limit or differing:")
-        for line in failed:
+        doc = _json_doc(suite, steady, profile, sched_failed + cost_failed + failed)
+        doc.update(
+            verdict=verdict,
+            passed=verdict == "pass",
+            inconclusive=why if verdict == "inconclusive" else None,
+        )
+        typer.echo(json.dumps(doc, sort_keys=True))
+    _finish(verdict, why, sched_failed, cost_failed + failed)
+
+
+def _overall(
+    sched_failed: list[str], model_failed: list[str], steady: _Steadiness
+) -> tuple[str, str]:
+    """``(verdict, reason)``: ``fail`` when the scheduling check failed (it holds on any
+    machine); else ``inconclusive`` when the machine's speed moved more than the limit; else
+    ``fail`` or ``pass`` on the cost and end-to-end checks."""
+    from hwbench.quiet import SPEED_LIMIT
+
+    if sched_failed:
+        return "fail", "the scheduling model"
+    if steady.moved > SPEED_LIMIT:
+        return "inconclusive", (
+            f"inconclusive: the machine's speed moved {steady.moved:.1%} (limit "
+            f"{SPEED_LIMIT:.0%}; reference workload {_ref_range(steady)}), so the cost-model and "
+            "end-to-end errors cannot be told from the machine's"
+        )
+    return ("fail", "the cost model or end to end") if model_failed else ("pass", "")
+
+
+def _ref_range(steady: _Steadiness) -> str:
+    lo, hi = min(steady.samples) * 1e3, max(steady.samples) * 1e3
+    then = f" against {steady.ref_then * 1e3:.1f} ms at calibration" if steady.ref_then else ""
+    return f"{lo:.1f}-{hi:.1f} ms{then}"
+
+
+def _finish(verdict: str, why: str, sched_failed: list[str], model_failed: list[str]) -> None:
+    """Print the verdict and exit 1 (fail), 3 (inconclusive) or 0."""
+    if verdict == "inconclusive":
+        err_console.print(f"pdsim validate: {why}")
+        raise typer.Exit(3)
+    if verdict == "fail":
+        lines = sched_failed or model_failed
+        err_console.print(
+            f"pdsim validate: {len(lines)} figure(s) over their limit or differing ({why}):"
+        )
+        for line in lines:
             err_console.print(f"  {line}")
         raise typer.Exit(1)
+    err_console.print("pdsim validate: pass")
 
 
 @dataclass(frozen=True)
 class _Steadiness:
-    """How quiet the machine was while validating (None where not measurable) and the
-    reference workload's seconds now (mean of start and end) and when the profile was
-    calibrated (None where it does not say)."""
+    """How quiet the machine was while validating (None where not measurable), the
+    reference workload's seconds before the first engine run and after each (``samples``),
+    the seconds the profile's calibration recorded (None where it does not say), and how
+    far the speed moved (:func:`hwbench.quiet.speed_moved`)."""
 
     load: Load | None
-    ref_now: float
+    samples: list[float]
     ref_then: float | None
+    moved: float
 
 
 def _engine_profile(profile: str) -> Profile:
@@ -197,13 +257,20 @@ def _engine_profile(profile: str) -> Profile:
     return prof
 
 
+def _reference() -> float:
+    """The machine's speed between engine runs: the reference workload, 3 timed runs."""
+    from hwbench.quiet import reference_seconds
+
+    return reference_seconds(repeats=3)
+
+
 def _run_suite(
     chosen: list[ValidationWorkload], prof: Profile, out: Path, repeats: int, xp: ModuleType
-) -> list[Comparison]:
-    """Validate ``chosen`` (:func:`hwbench.validate.validate_suite`: the engine's runs
-    interleaved across the workloads), their scenario folders kept under ``out/scenarios/``;
-    one line on stderr per workload, then per engine run."""
-    from hwbench.validate import validate_suite
+) -> SuiteRun:
+    """Validate ``chosen`` (:func:`hwbench.validate.run_suite`: the engine's runs interleaved
+    across the workloads, the reference workload timed between them), their scenario folders
+    kept under ``out/scenarios/``; one line on stderr per workload, then per engine run."""
+    from hwbench.validate import run_suite
 
     for w in chosen:
         err_console.print(f"[bold]{w.name}[/]: {w.description}")
@@ -215,24 +282,32 @@ def _run_suite(
         err_console.print(f"engine run {run}/{total}: {w.name} (pass {k + 1}/{repeats})")
 
     dirs = {w.name: out / "scenarios" / w.name for w in chosen}
-    return validate_suite(chosen, prof, repeats=repeats, xp=xp, scenario_dirs=dirs, on_run=progress)
+    return run_suite(
+        chosen,
+        prof,
+        repeats=repeats,
+        xp=xp,
+        scenario_dirs=dirs,
+        on_run=progress,
+        reference=_reference,
+    )
 
 
-def _steadiness(start: Sample | None, ref0: float, prof: Profile) -> _Steadiness:
-    """The load since ``start`` and the reference workload's time now (``ref0``: at the
-    start), with the reference time ``prof`` recorded at its calibration."""
-    from hwbench.quiet import between, recorded_reference, reference_seconds, sample
+def _steadiness(start: Sample | None, samples: list[float], prof: Profile) -> _Steadiness:
+    """The load since ``start``, the reference ``samples`` and the reference time ``prof``
+    recorded at its calibration, and how far the speed moved."""
+    from hwbench.quiet import between, recorded_reference, sample, speed_moved
 
-    load, ref1 = between(start, sample()), reference_seconds()
-    return _Steadiness(load, (ref0 + ref1) / 2, recorded_reference(prof.fitted))
+    then = recorded_reference(prof.fitted)
+    return _Steadiness(between(start, sample()), samples, then, speed_moved(samples, then))
 
 
 def _print_tables(comps: list[Comparison]) -> list[str]:
-    """Print one table per workload; return the figures over their limit or differing, one
-    line each."""
+    """Print one end-to-end table per workload; return the figures over their limit or
+    differing, one line each."""
     failed: list[str] = []
     for c in comps:
-        table = Table(title=c.workload, header_style="bold")
+        table = Table(title=f"end to end: {c.workload}", header_style="bold")
         for col in ("metric", "engine", "engine runs CV", "sim", "error", ""):
             table.add_column(col, justify="left" if col == "metric" else "right")
         for name, e, s, err, kind in c.rows:
@@ -247,36 +322,35 @@ def _print_tables(comps: list[Comparison]) -> list[str]:
     return failed
 
 
-def _warn(steady: _Steadiness, profile: str) -> None:
-    """Warn on stderr when the machine was not quiet while validating, or runs at another
-    speed than when ``profile`` was calibrated."""
-    from hwbench.quiet import speed_warning, warning
+def _warn(steady: _Steadiness) -> None:
+    """Warn on stderr when the machine was not quiet while validating."""
+    from hwbench.quiet import warning
 
-    for note in (
-        warning(steady.load, "validation"),
-        speed_warning(
-            steady.ref_now, steady.ref_then, f"now than when profile {profile} was calibrated"
-        ),
-    ):
-        if note is not None:
-            err_console.print(f"[yellow]warning:[/] {note}")
+    note = warning(steady.load, "validation")
+    if note is not None:
+        err_console.print(f"[yellow]warning:[/] {note}")
 
 
 def _json_doc(
-    comps: list[Comparison], steady: _Steadiness, profile: str, failed: list[str]
+    suite: SuiteRun, steady: _Steadiness, profile: str, failed: list[str]
 ) -> dict[str, Any]:
     """The ``--json`` object (module docstring)."""
-    ref_now, ref_then = steady.ref_now, steady.ref_then
+    ref_then = steady.ref_then
+    ref_now = sum(steady.samples) / len(steady.samples) if steady.samples else None
     return {
         "machine_load": steady.load._asdict() if steady.load is not None else None,
         "machine_speed": {
             "reference_s": ref_now,
+            "samples_s": steady.samples,
             "profile_reference_s": ref_then,
-            "drift": ref_now / ref_then - 1.0 if ref_then else None,
+            "drift": ref_now / ref_then - 1.0 if ref_then and ref_now else None,
+            "moved": steady.moved,
         },
         "profile": profile,
-        "workloads": [c.as_dict() for c in comps],
-        "max_errors": _max_errors(comps),
+        "workloads": [c.as_dict() for c in suite.comparisons],
+        "scheduling": [c.as_dict() for c in suite.scheduling],
+        "cost": [cost_dict(r) for r in suite.cost],
+        "max_errors": _max_errors(suite.comparisons),
         "passed": not failed,
         "failed": failed,
     }

@@ -19,6 +19,7 @@ import simpy
 from sim.scenario import Scenario
 from sim.serving.iterprice import IterPricer
 from sim.serving.metrics import Metrics, TraceRecorder
+from sim.serving.recordedcost import RecordedCost
 
 if TYPE_CHECKING:
     from engine.prefetch import HeatMap
@@ -69,6 +70,9 @@ class ModelRt:
     #: the price of an iteration, built from ``cost.iteration`` (sim.serving.iterprice;
     #: rebuilt by ``dataclasses.replace``)
     pricer: IterPricer = field(init=False, repr=False)
+    #: priced by a recording (sim.serving.recordedcost.RecordedCost): one iteration per
+    #: scheduler step (no decode segments) and no memoised prices
+    step_by_step: bool = field(init=False)
 
     def __post_init__(self) -> None:
         self.n_layers = int(self.layer_start.shape[0] - 1)
@@ -92,7 +96,10 @@ class ModelRt:
         self.iter_gap_s = float(cost.iter_gap_s)
         self.prefetch_s_per_byte = float(cost.prefetch_compute_s_per_byte)
         self.prefetch_handoff_s = float(cost.prefetch_handoff_s)
-        self.pricer = IterPricer(cost.iteration, self.is_cnn, self.iter_gap_s)
+        self.step_by_step = isinstance(cost.iteration, RecordedCost)
+        self.pricer = IterPricer(
+            cost.iteration, self.is_cnn, self.iter_gap_s, memo=not self.step_by_step
+        )
         cs = np.concatenate([[0], np.cumsum(self.chunk_size)])
         self.layer_bytes = [
             int(cs[self.layer_start[i + 1]] - cs[self.layer_start[i]]) for i in range(self.n_layers)

@@ -224,13 +224,15 @@ class IterPricer:
     price is ``compute + collectives`` of one fused pass plus the serving loop's
     ``iter_gap_s``. A CNN's iteration is one forward pass over ``max(n_prompts, 1)`` samples.
     Decode-only prices are memoised per (batch, knot of ``CTX_BUCKET`` context tokens) and
-    interpolated linearly between knots.
+    interpolated linearly between knots; with ``memo=False`` every iteration is one call of
+    ``cost.work`` with its own shape (a sequential cost: a recording).
     """
 
-    def __init__(self, cost: Any, is_cnn: bool, iter_gap_s: float) -> None:
+    def __init__(self, cost: Any, is_cnn: bool, iter_gap_s: float, memo: bool = True) -> None:
         self.cost = cost
         self.is_cnn = is_cnn
         self.iter_gap_s = float(iter_gap_s)
+        self.use_memo = memo
         self.roof: RooflinePass | None = cost if isinstance(cost, RooflinePass) else None
         self.work_fn: WorkFn = cost.work
         #: decode price per memo key: (seconds, slope per token, flops, slope, bytes, slope)
@@ -244,7 +246,7 @@ class IterPricer:
             samples = n_prompts if n_prompts > 1 else 1
             t, f, by = self.raw(samples, 0.0, samples, 0, 0.0)
             return t + self.iter_gap_s, f, by
-        if prefill_tokens <= 0:
+        if prefill_tokens <= 0 and self.use_memo:
             if n_dec <= 0:
                 return self.iter_gap_s, 0.0, 0.0
             knot = int(ctx) >> CTX_BUCKET_BITS

@@ -27,6 +27,8 @@ arrival, so the replica runs ``k`` decode steps as ONE timeout (capped by
 process wakes now, as an interrupt would), the step in progress finishes and the replica
 re-plans (the rest of that step is carried into the next iteration, ``node.carry``).
 
+A model priced by a recording (``ModelRt.step_by_step``) runs one iteration per step.
+
 Warm-up cost (off unless the cost model sets it, e.g. a calibrated engine's): the first
 iteration after an idle spell pays :attr:`sim.serving.context.ModelRt.wake_s` (a decode segment
 spreads it evenly over its steps).
@@ -71,7 +73,14 @@ def turn(node: ComputeNode, m: int) -> Generator[simpy.Event, Any, None]:
             met.peak_hbm = used
         resident = ws.all_resident(m)  # a pure read; nothing below changes it before a yield
         # an iteration, or a decode segment
-        if pf or mr.is_cnn or not resident or extra > 0 or mr.experts is not None:
+        if (
+            pf
+            or mr.is_cnn
+            or not resident
+            or extra > 0
+            or mr.experts is not None
+            or mr.step_by_step
+        ):
             yield from _iterate(node, m, batch, extra, woke, resident)
         else:
             yield from _segment(node, m, batch, woke)

@@ -130,3 +130,25 @@ def test_other_processes_count_and_our_own_work_does_not() -> None:
     others = between(mid, end)
     assert others is not None and others.others > 0.5
     assert warning(others, "x") is not None
+
+
+def test_speed_moved_against_calibration_and_within_the_validation() -> None:
+    """Samples 100 and 110 ms against 100 ms at calibration: 10%; against 120 ms: the larger
+    of their own spread (110 / 100 - 1 = 10%) and |100 / 120 - 1| = 16.7%; unknown
+    calibration: the spread alone; no samples: 0."""
+    from hwbench.quiet import speed_moved
+
+    assert speed_moved([0.100, 0.110], 0.100) == pytest.approx(0.10)
+    assert speed_moved([0.100, 0.110], 0.120) == pytest.approx(1 / 6)
+    assert speed_moved([0.100, 0.110], None) == pytest.approx(0.10)
+    assert speed_moved([0.100, 0.100], 0.100) == 0.0
+    assert speed_moved([], 0.1) == 0.0
+
+
+def test_reference_workload_reads_the_injected_clock(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A clock that advances 50 ms per reading makes every timed run 50 ms long."""
+    import hwbench.quiet
+
+    ticks = iter([0.05 * i for i in range(1, 100)])
+    monkeypatch.setattr(hwbench.quiet, "reference_clock", lambda: float(next(ticks)))
+    assert hwbench.quiet.reference_seconds(repeats=3, steps=2) == pytest.approx(0.05)

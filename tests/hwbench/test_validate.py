@@ -14,6 +14,7 @@ import pandas as pd
 import pytest
 from typer.testing import CliRunner
 
+import hwbench.quiet as _quiet
 from engine.backend import cupy_status
 from engine.runtime.engine import IterationRecord
 from engine.runtime.weights import TIER_NAMES
@@ -38,6 +39,8 @@ from sim.scenario import validate as validate_scenario
 from sim.serving.costmodel import Profile, load_profile
 from sim.serving.gpumemory import plan_memory
 from sim.serving.opcost import EngineTerms, OpsProfile
+
+_REAL_REFERENCE = _quiet.reference_seconds
 
 
 def engine_profile() -> Profile:
@@ -257,10 +260,10 @@ def test_cli_validate_exits_1_when_a_figure_is_over_or_a_check_differs(
     """P99 within 15% and equal hit rates pass (throughput is reported, never a limit);
     P99 over 15% or hit rates that differ exit 1."""
     import hwbench.validate
+    from hwbench.validate import SuiteRun
 
-    monkeypatch.setattr(
-        hwbench.validate, "validate_suite", lambda *a, **k: [_comparison(p99_err, hit_diff)]
-    )
+    suite = SuiteRun([_comparison(p99_err, hit_diff)], [], [], [0.2, 0.2])
+    monkeypatch.setattr(hwbench.validate, "run_suite", lambda *a, **k: suite)
     prof = tmp_path / "p.json"
     prof.write_text(engine_profile().model_dump_json(), encoding="utf-8")
     res = CliRunner().invoke(
@@ -270,6 +273,73 @@ def test_cli_validate_exits_1_when_a_figure_is_over_or_a_check_differs(
     assert res.exit_code == code, res.output
     doc = json.loads(res.stdout.strip().splitlines()[-1])
     assert doc["passed"] is (code == 0) and len(doc["failed"]) == (0 if code == 0 else 1)
+    assert doc["verdict"] == ("pass" if code == 0 else "fail")
+
+
+class TickClock:
+    """A clock that advances ``tick`` seconds per reading: every timed run of the reference
+    workload reads exactly ``tick``, however fast the machine really is."""
+
+    def __init__(self, tick: float) -> None:
+        self.tick = tick
+        self.t = 0.0
+
+    def __call__(self) -> float:
+        self.t += self.tick
+        return self.t
+
+
+def test_cli_validate_is_inconclusive_when_the_machine_slowed_after_calibration(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The calibration records the reference workload timed on a clock reading 100 ms a run
+    (what ``pdsim calibrate`` writes: the mean of its start and end); ``pdsim validate`` then
+    times it on one reading 120 ms (the machine 20% slower): the verdict is "inconclusive:
+    the machine's speed moved 20.0%", exit 3, whatever the errors. On an unchanged clock the
+    same validation is judged (pass or fail, never 3). The engine serves on a virtual clock
+    and the scheduling check is stubbed to pass (its own tests: test_schedcheck.py), so
+    nothing here depends on the machine's real speed."""
+    import engine.runtime.engine as rt
+    import hwbench.quiet
+    import hwbench.validate
+    import hwbench.workloads
+    from engine.runtime.clock import VirtualClock
+    from hwbench.schedcheck import SchedCheck
+
+    # the real reference workload, shortened; its clock is the test's
+    monkeypatch.setattr(
+        hwbench.quiet,
+        "reference_seconds",
+        lambda repeats=5, steps=900: _REAL_REFERENCE(repeats, 20),
+    )
+    monkeypatch.setattr(hwbench.quiet, "reference_clock", TickClock(0.100))
+    start, end = hwbench.quiet.reference_seconds(), hwbench.quiet.reference_seconds()
+    row = {"others": 0.0, "steal": 0.0, "reference_s": (start + end) / 2}
+    calibrated = engine_profile()
+    calibrated = calibrated.model_copy(update={"fitted": {hwbench.quiet.KEY: [row]}})
+    prof = tmp_path / "p.json"
+    prof.write_text(calibrated.model_dump_json(), encoding="utf-8")
+    assert row["reference_s"] == pytest.approx(0.1)
+
+    tiny = ValidationWorkload("tiny", "tiny", requests=3, rate=30.0, window=0, seed=3)
+    monkeypatch.setattr(hwbench.workloads, "SUITE", (tiny,))
+    monkeypatch.setattr(rt, "RunClock", lambda *a, **k: VirtualClock(1e-4))
+    monkeypatch.setattr(hwbench.validate, "check_workload", lambda w, *a: SchedCheck(w.name))
+    args = ["validate", "-p", str(prof), "-w", "tiny", "-r", "1", "--json"]
+    for tick, code in ((0.120, 3), (0.100, None)):
+        monkeypatch.setattr(hwbench.quiet, "reference_clock", TickClock(tick))
+        res = CliRunner().invoke(app, [*args, "-o", str(tmp_path / f"v{tick}")])
+        doc = json.loads(res.stdout.strip().splitlines()[-1])
+        assert doc["machine_speed"]["samples_s"] == pytest.approx([tick, tick])
+        if code == 3:
+            assert res.exit_code == 3, res.output
+            assert doc["verdict"] == "inconclusive" and doc["passed"] is False
+            assert "inconclusive: the machine's speed moved 20.0%" in doc["inconclusive"]
+            assert "inconclusive: the machine's speed moved 20.0%" in res.output
+        else:
+            assert res.exit_code in (0, 1), res.output
+            assert doc["verdict"] in ("pass", "fail") and doc["inconclusive"] is None
+            assert doc["machine_speed"]["moved"] == pytest.approx(0.0, abs=1e-9)
 
 
 def test_cli_validate_needs_engine_terms_and_writes_nothing(tmp_path: Path) -> None:
@@ -369,6 +439,30 @@ def test_median_requests_takes_each_requests_median_delay() -> None:
 def test_gpu_check_script_validates_suite_workloads() -> None:
     """hwbench/gpu_check.sh (run where a GPU is lent) names workloads that exist."""
     text = (Path(__file__).parents[2] / "hwbench" / "gpu_check.sh").read_text(encoding="utf-8")
-    names = re.findall(r"-w (\S+)", text)
+    names = re.findall(r"-w ([\w-]+)", text)
     assert names and all(get_workload(n).name == n for n in names)
     assert "pdsim calibrate --backend gpu --quick" in text
+
+
+def test_gpu_check_dry_run_fits_the_budget_and_runs_all_three_checks(tmp_path: Path) -> None:
+    """``gpu_check.sh --dry-run`` runs nothing: it lists the three steps, their limits add up
+    to at most the 8-minute budget, and validation is the three-check ``pdsim validate``
+    of two engine runs per workload."""
+    import os
+    import subprocess
+    import sys
+
+    script = Path(__file__).parents[2] / "hwbench" / "gpu_check.sh"
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
+    out = tmp_path / "gpu"
+    res = subprocess.run(
+        ["bash", str(script), "--dry-run", str(out)],
+        capture_output=True, text=True, env=env, check=False, timeout=120,
+    )  # fmt: skip
+    assert res.returncode == 0, res.stdout + res.stderr
+    limits = [int(x) for x in re.findall(r"limit=(\d+)s", res.stdout)]
+    steps = re.findall(r"^step (\S+)", res.stdout, flags=re.M)
+    assert steps == ["pytest_gpu", "calibrate", "validate"]
+    assert sum(limits) <= 8 * 60
+    assert "--repeats 2" in res.stdout and "--backend gpu" in res.stdout
+    assert not (out / "profile-gpu.json").exists()  # nothing ran

@@ -16,7 +16,7 @@ from typing import Any
 from engine.chunks import chunk_model
 from engine.errors import InputError
 from engine.policy.registry import policy_class
-from sim.control.autoscale.config import check_autoscale
+from sim.control.autoscale.section import check_autoscale
 from sim.scenario import Scenario
 from sim.serving.gpumemory import plan_memory
 

@@ -22,7 +22,7 @@ from engine.config import CacheCfg, PrefetchCfg, StrictModel
 from engine.configfile import parse_value, read_mapping, validate_model
 from engine.errors import InputError
 from engine.limits import show
-from sim.control.autoscale.config import AutoscaleCfg
+from sim.control.autoscale.section import AutoscaleCfg
 from sim.control.faults import FaultsCfg
 from sim.disagg.poolconfig import DisaggCfg
 from sim.sections import (

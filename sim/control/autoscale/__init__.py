@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from sim.control.autoscale.config import AutoscaleCfg, check_autoscale
+from sim.control.autoscale.section import AutoscaleCfg, check_autoscale
 from sim.control.autoscale.loop import Autoscaler, ScalableCluster
 from sim.control.autoscale.policies import POLICIES
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from collections import deque
 
-from sim.control.autoscale.config import AutoscaleCfg
+from sim.control.autoscale.section import AutoscaleCfg
 
 
 class Controller:

@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import numpy as np
 import simpy
 
-from sim.control.autoscale.config import AutoscaleCfg, resolved_source
+from sim.control.autoscale.section import AutoscaleCfg, resolved_source
 from sim.control.autoscale.controller import Controller
 from sim.control.autoscale.policies import POLICIES, Observation
 from sim.serving.coldstart import ColdStart

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from sim.control.autoscale.config import AutoscaleCfg
+from sim.control.autoscale.section import AutoscaleCfg
 
 #: HPA's default tolerance: no change while the metric is within 10% of its target
 TOLERANCE = 0.1

@@ -6,7 +6,7 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
-from sim.control.autoscale.config import AutoscaleCfg
+from sim.control.autoscale.section import AutoscaleCfg
 from sim.control.autoscale.controller import Controller
 
 

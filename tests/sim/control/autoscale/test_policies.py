@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from sim.control.autoscale.config import AutoscaleCfg, ScheduleStep
+from sim.control.autoscale.section import AutoscaleCfg, ScheduleStep
 from sim.control.autoscale.policies import POLICIES, Observation
 from sim.runner import run_scenario
 from tests.sim.control.autoscale.conftest import scenario

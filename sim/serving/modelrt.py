@@ -27,7 +27,8 @@ def model_rt(
     layer's share of the iteration time, KV bytes per token and the longest context
     ``kv_budget`` bytes of KV allow. Coupled mode: one chunk per layer (weights are resident)."""
     c = sc.cluster
-    cost = cost_cls(profile, spec, tp=c.tp, pp=c.pp, gpus_per_server=c.gpus_per_server)
+    ep = {"ep": c.ep} if c.ep > 1 else {}  # only expert models take ep > 1 (feasible.py)
+    cost = cost_cls(profile, spec, tp=c.tp, pp=c.pp, gpus_per_server=c.gpus_per_server, **ep)
     if sc.mode == "coupled":
         # weights stay resident and are never streamed: one chunk per layer (a 70B model in
         # 4 MiB chunks would be 34k cache entries per replica for nothing)

@@ -39,7 +39,9 @@ from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
     from sim.serving.costmodel import Profile
+    from sim.serving.iterprice import RooflinePass
     from sim.serving.models import ModelSpec
+    from sim.serving.moeroofline import MoeRoofline
 
 
 class IterationCost(Protocol):
@@ -106,21 +108,24 @@ def iteration_cost(
 
             raise InputError(f"ep={ep}: model {model.name!r} has no experts; ep must be 1")
         ExpertLayout(tp, ep)  # checks
-    roof = roofline_pass(profile, model, tp=tp, pp=pp, gpus_per_server=gpus_per_server)
+    roof: RooflinePass | MoeRoofline
+    if model.n_experts:
+        from sim.serving.moeroofline import MoeRoofline
+
+        roof = MoeRoofline(
+            profile, model, tp=tp, pp=pp, gpus_per_server=gpus_per_server, ep=ep,
+            routing_skew=skew,
+        )  # fmt: skip
+    else:
+        roof = roofline_pass(profile, model, tp=tp, pp=pp, gpus_per_server=gpus_per_server)
     tables = profile.ops is not None and model.kind == "decoder"
     if tables and (model.shape is not None or not (model.n_experts or model.mla)):
         from sim.serving.opcost import OpCostModel
 
+        # the roofline counts the FLOPs and bytes (the experts touched, for MFU and MBU)
         return OpCostModel(
             profile, model, tp=tp, counts=roof, ep=ep, routing_skew=skew,
             gpus_per_server=gpus_per_server,
-        )  # fmt: skip
-    if model.n_experts:
-        from sim.serving.moeroofline import MoeRoofline
-
-        return MoeRoofline(
-            profile, model, tp=tp, pp=pp, gpus_per_server=gpus_per_server, ep=ep,
-            routing_skew=skew,
         )  # fmt: skip
     return roof
 

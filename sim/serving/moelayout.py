@@ -94,7 +94,7 @@ def skew_imbalance(n_experts: int, ep: int, routing_skew: float) -> float:
     most popular one). 1 for one rank, a balanced router or no experts; at most ``ep``."""
     if ep <= 1 or n_experts <= 0 or routing_skew <= 0:
         return 1.0
-    weights = [(i + 1) ** -routing_skew for i in range(n_experts)]
+    weights = [float((i + 1) ** -routing_skew) for i in range(n_experts)]
     ranks = [0.0] * min(ep, n_experts)
     for i, w in enumerate(weights):
         ranks[i % len(ranks)] += w

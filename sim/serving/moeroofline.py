@@ -123,6 +123,11 @@ class MoeRoofline:
         )
         return c, k + self.alltoall_time(tokens), f, b
 
+    def handoff_time(self, tokens: float) -> float:
+        """Seconds of the ``pp - 1`` activation hand-offs of ``tokens`` tokens (the roofline
+        pass's; they do not depend on the experts)."""
+        return self.pass_for(1).handoff_time(tokens)
+
     def alltoall_time(self, tokens: int) -> float:
         """Seconds of every expert layer's dispatch and combine for ``tokens`` tokens (0
         without attention data parallelism)."""

@@ -19,7 +19,8 @@ the file):
 * ``comm/.../custom_allreduce_perf.parquet`` -> :class:`CollectiveTable` per group size (the
   CUDA-graph variant when present), bytes = elements x 2;
 * ``comm/.../moe_a2a_perf.parquet`` -> :class:`CollectiveTable` ``op: all_to_all`` per group
-  size (DeepEP high-throughput kernel), by the bytes one GPU sends;
+  size (DeepEP, the faster of its low-latency and high-throughput kernels per size), by the
+  bytes one GPU sends;
 * ``moe/.../moe_perf.parquet`` -> :class:`MoeTable` per (dtype: bf16, fp8_block; expert
   shape; moe_tp x moe_ep; routing distribution: balanced = skew 0, power_law_A = skew A);
 * ``mla/.../mla_context_module_perf.parquet`` and ``mla_generation_module_perf.parquet`` ->
@@ -287,26 +288,30 @@ def _moe(root: Path, system: str, backend: str, pkg: str) -> list[MoeTable]:
 
 def _all_to_all(root: Path, system: str, backend: str, pkg: str) -> list[CollectiveTable]:
     """Expert dispatch/combine tables per group size, by the bytes each GPU sends
-    (``tokens x top_k x hidden x 2 x (ep - 1) / ep``, bf16 activations): the high-throughput kernel, the mean of dispatch and
-    combine, the median over the measured shapes of one byte count (latencies in
-    microseconds there)."""
+    (``tokens x top_k x hidden x 2 x (ep - 1) / ep``, bf16 activations): the mean of
+    dispatch and combine, the median over the measured shapes of one byte count, the faster
+    kernel per byte count (latencies in microseconds there)."""
     path = _newest(root, system, "comm", backend, "moe_a2a_perf.parquet")
     if path is None:
         return []
     df = pd.read_parquet(path)
     origin = _origin(df, path, root, pkg)
-    if "comm_backend" in df.columns and (df["comm_backend"] == "deepep_ht").any():
-        df = df[df["comm_backend"] == "deepep_ht"].copy()
-    else:
-        df = df.copy()
     # what one GPU sends for its tokens: sim.serving.moelayout.alltoall_bytes at tp = 1
+    df = df.copy()
     ep = df["ep_size"]
     df["nbytes"] = df["num_tokens"] * df["topk"] * df["hidden_size"] * 2 * (ep - 1) // ep
+    backend_col = "comm_backend" if "comm_backend" in df.columns else "kernel_source"
     out = []
     for group, grp in df.groupby("ep_size"):
-        per_shape = grp.groupby(["nbytes", "hidden_size", "topk", "num_experts"])["latency"].mean()
-        g = per_shape.groupby("nbytes").median().sort_index()
-        kernel = f"{grp['kernel_source'].iloc[0]} {grp['comm_backend'].iloc[0]}".strip()
+        # per kernel: the mean of dispatch and combine, the median over the shapes of one byte
+        # count; then per byte count the faster kernel (the engine runs the low-latency one
+        # for small batches, the high-throughput one for large)
+        keys = [backend_col, "nbytes", "hidden_size", "topk", "num_experts"]
+        per_shape = grp.groupby(keys)["latency"].mean()
+        per_kernel = per_shape.groupby([backend_col, "nbytes"]).median()
+        g = per_kernel.groupby("nbytes").min().sort_index()
+        kernels = sorted(str(k) for k in grp[backend_col].unique())
+        kernel = f"{grp['kernel_source'].iloc[0]} ({', '.join(kernels)}: the faster per size)"
         out.append(
             CollectiveTable(
                 origin=origin, op="all_to_all", group=int(group), kernel=kernel,

@@ -59,6 +59,7 @@ from sim.serving.roofline import roofline_pass
 
 if TYPE_CHECKING:
     from sim.serving.costmodel import Profile
+    from sim.serving.moeroofline import MoeRoofline
 
 #: the op names of an iteration, in execution order
 OP_NAMES: tuple[str, ...] = (
@@ -101,7 +102,8 @@ class OpCostModel:
     module docstring for the op list. The op-table implementation of
     :class:`sim.serving.itercost.IterationCost`: :meth:`work` is the op sum plus the pipeline
     hand-offs of ``counts`` (a :class:`sim.serving.iterprice.RooflinePass` of the same replica,
-    which also counts the FLOPs and bytes; default: a one-stage replica's). Holds no state
+    or for a model with experts its :class:`sim.serving.moeroofline.MoeRoofline`, which also
+    counts the FLOPs and bytes; default: a one-stage replica's plain roofline). Holds no state
     between calls apart from memoised sums."""
 
     def __init__(
@@ -109,7 +111,7 @@ class OpCostModel:
         profile: Profile,
         model: ModelSpec,
         tp: int = 1,
-        counts: RooflinePass | None = None,
+        counts: RooflinePass | MoeRoofline | None = None,
         ep: int = 1,
         routing_skew: float = DEFAULT_ROUTING_SKEW,
         gpus_per_server: int | None = None,

@@ -46,7 +46,7 @@ def _check_fits(
         )
     util = GpuCfg.model_fields["memory_utilization"].default
     budget = int(prof.gpu.hbm_bytes * util)
-    weights = weights_per_gpu(spec, tp, 1, ep)
+    weights = weights_per_gpu([spec], tp, 1, ep)
     where = f"a {prof.name} GPU holds {budget / 1e9:.1f} GB ({prof.gpu.hbm_bytes / 1e9:.1f} GB x {util})"
     if weights >= budget:
         need = 1 << (-(-spec.param_bytes // budget) - 1).bit_length()

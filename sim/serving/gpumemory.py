@@ -28,6 +28,7 @@ replica's KV capacity, capped by the model's context window.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from engine.errors import InputError
@@ -64,13 +65,14 @@ def expert_bytes_total(spec: ModelSpec) -> int:
     return sum(ly.experts * ly.expert_bytes for ly in spec.layers)
 
 
-def weights_per_gpu(spec: ModelSpec, tp: int, pp: int = 1, ep: int = 1) -> int:
-    """Resident weight bytes of one GPU of a ``tp`` x ``pp`` replica whose routed experts
-    are sharded over ``ep`` GPUs: the non-expert weights over ``tp * pp``, the experts over
-    ``max(tp, ep) * pp`` (``ep <= tp``: every GPU of the replica holds ``1 / tp`` of them
-    whatever the split; ``ep > tp``: ``1 / ep``, the rest on the data-parallel peers)."""
-    experts = expert_bytes_total(spec)
-    dense = spec.param_bytes - experts
+def weights_per_gpu(specs: Sequence[ModelSpec], tp: int, pp: int = 1, ep: int = 1) -> int:
+    """Resident weight bytes of one GPU of a ``tp`` x ``pp`` replica serving ``specs`` whose
+    routed experts are sharded over ``ep`` GPUs: the non-expert weights over ``tp * pp``, the
+    experts over ``max(tp, ep) * pp`` (``ep <= tp``: every GPU of the replica holds ``1 / tp``
+    of them whatever the split; ``ep > tp``: ``1 / ep``, the rest on the data-parallel
+    peers). Dense models: ``ceil(param_bytes / (tp * pp))`` of all of them together."""
+    experts = sum(expert_bytes_total(s) for s in specs)
+    dense = sum(s.param_bytes for s in specs) - experts
     return -(-dense // (tp * pp)) + -(-experts // (max(tp, ep) * pp))
 
 
@@ -112,7 +114,7 @@ def plan_memory(sc: Scenario, specs: list[ModelSpec], hbm: int, profile_name: st
         )
     total = sum(s.param_bytes for s in specs)
     if sc.mode == "coupled":
-        weights = sum(weights_per_gpu(s, tp, pp, c.ep) for s in specs)
+        weights = weights_per_gpu(specs, tp, pp, c.ep)
         if weights >= free:
             names = " + ".join(f"{s.name} ({_dtype(s)})" for s in specs)
             need_g = max(1, math.ceil(total / free))

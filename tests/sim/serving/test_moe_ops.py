@@ -193,9 +193,10 @@ def test_weights_per_gpu_shards_experts_over_ep(cat) -> None:
     experts = sum(ly.experts * ly.expert_bytes for ly in m.layers)
     dense = m.param_bytes - experts
     assert experts == 58 * 256 * 3 * 7168 * 2048  # fp8: 1 byte a weight
-    assert weights_per_gpu(m, 8, 1, 8) == -(-dense // 8) + -(-experts // 8)
-    assert weights_per_gpu(m, 1, 1, 8) == dense + experts // 8
-    assert weights_per_gpu(cat["llama-3.1-8b"], 2) == -(-cat["llama-3.1-8b"].param_bytes // 2)
+    assert weights_per_gpu([m], 8, 1, 8) == -(-dense // 8) + -(-experts // 8)
+    assert weights_per_gpu([m], 1, 1, 8) == dense + experts // 8
+    two = [cat["llama-3.1-8b"], cat["llama-2-7b"]]  # dense: the old ceil(total / g)
+    assert weights_per_gpu(two, 2, 2) == -(-sum(x.param_bytes for x in two) // 4)
 
 
 # -- the CLI and the scenario -------------------------------------------------------------------

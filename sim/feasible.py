@@ -138,6 +138,14 @@ def check_feasible(sc: Scenario, catalogue: dict[str, Any], profile: Any) -> Non
     if sc.disaggregation.enabled:
         from sim.disagg.build import check_pools
 
+        if c.ep > 1:
+            raise InputError(
+                f"ep={c.ep} with disaggregation: expert parallelism is modelled for "
+                "aggregated replicas only; use ep 1 (experts split by each pool's tp)",
+                source=src,
+                where="cluster.ep",
+            )
+
         mem = check_pools(sc, specs, profile)
     else:
         _check_shape(sc)

@@ -233,3 +233,34 @@ def test_scenario_ep_needs_experts_and_a_fitting_shape() -> None:
     with pytest.raises(InputError, match=r"cluster\.ep"):
         check_feasible(validate({**bad, "deployments": [{"model": "deepseek-v3"}]}, "x.yaml"),
                        cat, prof)  # fmt: skip
+
+
+@pytest.mark.parametrize("profile", ["h200-sxm-vllm", "h200-sxm"])
+def test_every_shipped_decoder_is_priced(cat, profile: str) -> None:
+    """cost, run and plan share this price: every shipped decoder gets one, > 0 and growing
+    with the batch, op tables or roofline (8 GPUs split every shipped model's heads)."""
+    prof = load_profile(profile)
+    for name, m in cat.items():
+        if m.kind != "decoder":
+            continue
+        ep = 8 if m.n_experts else 1
+        cost = iteration_cost(prof, m, tp=8, ep=ep, gpus_per_server=8)
+        small = sum(cost.work(0, 0.0, 0, 1, 1024.0)[:2])
+        big = sum(cost.work(0, 0.0, 0, 64, 64 * 1024.0)[:2])
+        assert 0 < small < big, name
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("model", "tp", "ep"),
+    [("deepseek-v3", 8, 8), ("deepseek-v3", 1, 8), ("qwen3-235b-a22b", 8, 8),
+     ("qwen3-30b-a3b", 1, 1), ("mixtral-8x7b", 2, 1), ("gpt-oss-120b", 2, 1)],
+)  # fmt: skip
+def test_pdsim_run_serves_each_moe_model(model: str, tp: int, ep: int) -> None:
+    args = ["run", "llama70b-h200", "--set", f"deployments.0.model={model}",
+            "--set", "cluster.servers=1", "--set", f"cluster.tp={tp}", "--set", f"cluster.ep={ep}",
+            "--set", "workload.rate=5", "--set", "workload.duration=2s", "--json"]  # fmt: skip
+    res = runner.invoke(app, args)
+    assert res.exit_code == 0, res.output
+    out = json.loads(res.output.strip().splitlines()[-1])
+    assert out["requests"]["completed"] == out["requests"]["total"] > 0

@@ -24,7 +24,7 @@ and calibration -- comes from an :class:`IterationCost` built by :func:`iteratio
   with experts on a profile without op tables: the roofline with each expert layer reading
   only the experts the iteration's tokens touch.
 
-Experts are split over ``ep`` GPUs (:class:`sim.serving.moelayout.ExpertLayout`: inside the
+Experts are split over ``ep`` GPUs (:class:`sim.serving.moeparallel.ExpertParallel`: inside the
 replica's ``tp`` GPUs, or over ``ep / tp`` attention data-parallel replicas that step
 together and exchange tokens by all-to-all); ``routing_skew`` sets the load imbalance.
 
@@ -89,16 +89,16 @@ def iteration_cost(
     routing_skew: float | None = None,
 ) -> IterationCost:
     """The iteration cost of ``model`` on a ``tp`` x ``pp`` replica of ``profile``'s GPUs
-    with its routed experts over ``ep`` GPUs (:class:`sim.serving.moelayout.ExpertLayout`)
+    with its routed experts over ``ep`` GPUs (:class:`sim.serving.moeparallel.ExpertParallel`)
     and expert popularity skewed by ``routing_skew`` (None:
-    :data:`sim.serving.moelayout.DEFAULT_ROUTING_SKEW`): op tables for a decoder on a
+    :data:`sim.serving.moeparallel.DEFAULT_ROUTING_SKEW`): op tables for a decoder on a
     profile with ``ops`` (a mixture-of-experts or MLA decoder needs its shape), else the
     roofline (:class:`sim.serving.moeroofline.MoeRoofline` for a model with experts). A
     replica wider than ``gpus_per_server`` runs its collectives over the NIC. Raises
     :class:`engine.errors.InputError` for a ``tp`` the model's heads cannot be split by, an
     ``ep`` above 1 on a dense model or one that neither divides nor is a multiple of ``tp``,
     and ValueError for sizes below 1."""
-    from sim.serving.moelayout import DEFAULT_ROUTING_SKEW, ExpertLayout
+    from sim.serving.moeparallel import DEFAULT_ROUTING_SKEW, ExpertParallel
     from sim.serving.roofline import roofline_pass
 
     skew = DEFAULT_ROUTING_SKEW if routing_skew is None else routing_skew
@@ -107,7 +107,7 @@ def iteration_cost(
             from engine.errors import InputError
 
             raise InputError(f"ep={ep}: model {model.name!r} has no experts; ep must be 1")
-        ExpertLayout(tp, ep)  # checks
+        ExpertParallel(tp, ep)  # checks
     roof: RooflinePass | MoeRoofline
     if model.n_experts:
         from sim.serving.moeroofline import MoeRoofline

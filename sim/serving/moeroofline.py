@@ -3,14 +3,14 @@
 A pass of ``T`` tokens multiplies each token by its ``top_k`` routed experts (the catalogue's
 ``flops_per_token`` already counts only those) and reads the weights of the distinct experts
 the batch touches, not all of them. The experts are split by the replica's
-:class:`sim.serving.moelayout.ExpertLayout` (``ep``): an expert layer of one GPU reads its
+:class:`sim.serving.moeparallel.ExpertParallel` (``ep``): an expert layer of one GPU reads its
 non-expert weights' ``1 / tp`` share plus its ``1 / ep`` share of the
 :func:`sim.serving.decoderblock.expected_experts` ``(E, top_k, T dp)`` experts the expert
 group's tokens touch (uniform routing), each ``expert_bytes / moe_tp``; its routed-expert
-FLOPs are the mean rank's times :func:`sim.serving.moelayout.skew_imbalance` (the busiest rank
+FLOPs are the mean rank's times :func:`sim.serving.moeparallel.skew_imbalance` (the busiest rank
 sets the time; every rank gets ``T top_k / tp`` routed tokens on average whatever the split).
 With attention data parallelism (``dp > 1``) each expert layer adds a dispatch and a combine
-all-to-all (:func:`sim.serving.moelayout.alltoall_bytes` over the replica's link).
+all-to-all (:func:`sim.serving.moeparallel.alltoall_bytes` over the replica's link).
 Everything else -- attention, KV reads, lookups, the LM head, all-reduces, hand-offs -- is
 :class:`sim.serving.iterprice.RooflinePass`'s: a pass of ``T`` tokens is priced by the
 roofline pass of the model with each expert layer's bytes and FLOPs set as above (memoised
@@ -22,9 +22,9 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from sim.serving.decoderblock import expected_experts
-from sim.serving.moelayout import (
+from sim.serving.moeparallel import (
     DEFAULT_ROUTING_SKEW,
-    ExpertLayout,
+    ExpertParallel,
     alltoall_bytes,
     alltoall_seconds,
     skew_imbalance,
@@ -57,7 +57,7 @@ class MoeRoofline:
         self.tp = tp
         self.pp = pp
         self.gpus_per_server = gpus_per_server
-        self.layout = ExpertLayout(tp, ep)
+        self.layout = ExpertParallel(tp, ep)
         self.imbalance = skew_imbalance(model.n_experts, self.layout.moe_ep, routing_skew)
         wide = tp * pp * self.layout.dp > gpus_per_server
         link = profile.links.rdma if wide else profile.links.nvlink

@@ -296,7 +296,7 @@ def _all_to_all(root: Path, system: str, backend: str, pkg: str) -> list[Collect
         return []
     df = pd.read_parquet(path)
     origin = _origin(df, path, root, pkg)
-    # what one GPU sends for its tokens: sim.serving.moelayout.alltoall_bytes at tp = 1
+    # what one GPU sends for its tokens: sim.serving.moeparallel.alltoall_bytes at tp = 1
     df = df.copy()
     ep = df["ep_size"]
     df["nbytes"] = df["num_tokens"] * df["topk"] * df["hidden_size"] * 2 * (ep - 1) // ep

@@ -51,7 +51,7 @@ from typing import TYPE_CHECKING
 from engine.errors import InputError
 from sim.serving.iterprice import RooflinePass
 from sim.serving.models import ModelSpec
-from sim.serving.moelayout import DEFAULT_ROUTING_SKEW, ExpertLayout
+from sim.serving.moeparallel import DEFAULT_ROUTING_SKEW, ExpertParallel
 from sim.serving.opcost.moemla import IN_MODULE, MOE_OP_NAMES, MlaOps, MoeOps
 from sim.serving.opcost.shapes import DecoderShape
 from sim.serving.opcost.tables import AttentionTable, ElementwiseTable, GemmTable, OpsProfile
@@ -202,7 +202,7 @@ class OpCostModel:
             self.gemm_parts["qkv_gemm"] = self.mla.qkv_parts
             self.gemm_parts["o_gemm"] = (self.mla.o_part,)
         #: the expert layout and expert-block ops (None: a dense model)
-        self.layout = ExpertLayout(self.tp, ep if shape.n_moe_layers else 1)
+        self.layout = ExpertParallel(self.tp, ep if shape.n_moe_layers else 1)
         self.moe: MoeOps | None = None
         #: the op names of an iteration, in order: :data:`OP_NAMES`, with an expert model's
         #: :data:`sim.serving.opcost.moemla.MOE_OP_NAMES` after ``down_gemm``

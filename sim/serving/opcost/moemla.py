@@ -2,7 +2,7 @@
 :class:`sim.serving.opcost.OpCostModel`.
 
 **Expert block** (:class:`MoeOps`, per block with routed experts, at ``T`` tokens of the
-replica's batch and its :class:`sim.serving.moelayout.ExpertLayout`):
+replica's batch and its :class:`sim.serving.moeparallel.ExpertParallel`):
 
 ================== ==============================================================================
 op                 price
@@ -40,7 +40,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from sim.serving.decoderblock import expected_experts
-from sim.serving.moelayout import ExpertLayout, alltoall_bytes, alltoall_seconds, skew_imbalance
+from sim.serving.moeparallel import ExpertParallel, alltoall_bytes, alltoall_seconds, skew_imbalance
 from sim.serving.opcost.tables import CollectiveTable, MlaTable, MoeTable
 
 if TYPE_CHECKING:
@@ -65,7 +65,7 @@ class MoeOps:
     def __init__(
         self,
         cm: OpCostModel,
-        layout: ExpertLayout,
+        layout: ExpertParallel,
         routing_skew: float,
         cross_node: bool = False,
     ) -> None:

@@ -1,5 +1,5 @@
 """Expert parallelism, all-to-all, expert tables and MLA in the cost protocol, checked against
-hand computations written here (sim.serving.moelayout, sim.serving.opcost.moemla)."""
+hand computations written here (sim.serving.moeparallel, sim.serving.opcost.moemla)."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from sim.serving.gpumemory import weights_per_gpu
 from sim.serving.hfconfig import entry_from_config
 from sim.serving.itercost import iteration_cost
 from sim.serving.models import ModelEntry, ModelSpec, build_model, load_catalogue
-from sim.serving.moelayout import ExpertLayout, alltoall_bytes, skew_imbalance
+from sim.serving.moeparallel import ExpertParallel, alltoall_bytes, skew_imbalance
 from sim.serving.moeroofline import MoeRoofline
 from sim.serving.opcost import OpCostModel
 
@@ -46,26 +46,26 @@ def without(profile: Profile, *, a2a: bool = True, moe: bool = True) -> Profile:
 
 # -- the layout ---------------------------------------------------------------------------------
 def test_expert_layouts() -> None:
-    inside = ExpertLayout(8, 8)
+    inside = ExpertParallel(8, 8)
     assert (inside.moe_tp, inside.moe_ep, inside.dp, inside.group) == (1, 8, 1, 8)
-    split = ExpertLayout(8, 2)
+    split = ExpertParallel(8, 2)
     assert (split.moe_tp, split.moe_ep, split.dp) == (4, 2, 1)
-    dp = ExpertLayout(2, 8)
+    dp = ExpertParallel(2, 8)
     assert (dp.moe_tp, dp.moe_ep, dp.dp, dp.group) == (1, 8, 4, 8)
     for tp, ep in ((4, 6), (3, 2), (0, 1)):
         with pytest.raises(InputError, match="ep must divide tp"):
-            ExpertLayout(tp, ep)
+            ExpertParallel(tp, ep)
 
 
 def test_alltoall_bytes_by_hand() -> None:
     # 64 tokens x top-8 x hidden 7168 x 2 bytes, 7 of 8 experts remote, one GPU per replica
-    assert alltoall_bytes(64, 8, 7168, 2, ExpertLayout(1, 8)) == 64 * 8 * 7168 * 2 * 7 // 8
-    assert alltoall_bytes(64, 8, 7168, 2, ExpertLayout(1, 8)) == 6_422_528
+    assert alltoall_bytes(64, 8, 7168, 2, ExpertParallel(1, 8)) == 64 * 8 * 7168 * 2 * 7 // 8
+    assert alltoall_bytes(64, 8, 7168, 2, ExpertParallel(1, 8)) == 6_422_528
     # tp=2: the replica's tokens leave from both of its GPUs, half each
-    assert alltoall_bytes(64, 8, 7168, 2, ExpertLayout(2, 8)) == 3_211_264
+    assert alltoall_bytes(64, 8, 7168, 2, ExpertParallel(2, 8)) == 3_211_264
     # experts inside the replica: every GPU already holds every token
-    assert alltoall_bytes(64, 8, 7168, 2, ExpertLayout(8, 8)) == 0
-    assert alltoall_bytes(0, 8, 7168, 2, ExpertLayout(1, 8)) == 0
+    assert alltoall_bytes(64, 8, 7168, 2, ExpertParallel(8, 8)) == 0
+    assert alltoall_bytes(0, 8, 7168, 2, ExpertParallel(1, 8)) == 0
 
 
 def test_skew_imbalance_by_hand() -> None:

@@ -1,5 +1,5 @@
 """How a mixture-of-experts replica splits its experts, and what that costs in traffic and
-balance: :class:`ExpertLayout`, :func:`alltoall_bytes`, :func:`skew_imbalance`.
+balance: :class:`ExpertParallel`, :func:`alltoall_bytes`, :func:`skew_imbalance`.
 
 A replica runs attention on ``tp`` GPUs. Its routed experts are sharded over ``ep`` GPUs
 (expert parallelism), two deployments:
@@ -35,7 +35,7 @@ DEFAULT_ROUTING_SKEW = 1.2
 
 
 @dataclass(frozen=True)
-class ExpertLayout:
+class ExpertParallel:
     """The expert split of one replica (see the module docstring)."""
 
     tp: int
@@ -73,7 +73,7 @@ class ExpertLayout:
 
 
 def alltoall_bytes(
-    tokens: int, top_k: int, hidden: int, act_bytes: int, layout: ExpertLayout
+    tokens: int, top_k: int, hidden: int, act_bytes: int, layout: ExpertParallel
 ) -> int:
     """Bytes one GPU sends in one expert dispatch (the combine sends as many back) for a
     replica batch of ``tokens`` tokens: each token's ``hidden`` activations of ``act_bytes``

@@ -2,7 +2,8 @@
 
 :func:`check_feasible` raises :class:`engine.errors.InputError` (naming the scenario file and
 the field) for a configuration that cannot be built: an unknown model, eviction policy or
-workload class; a replica shape that does not tile the servers; a memory plan that does not
+workload class; a replica shape that does not tile the servers; an expert parallelism that
+does not fit the replica shape or serves a model without experts; a memory plan that does not
 fit (:func:`sim.serving.gpumemory.plan_memory`, or the pools' plan when disaggregated); weights larger
 than the whole cluster; a pipelined weight cache smaller than two of the largest layer; a
 trace workload without a trace; a chunk size out of range. It reads the catalogue and the
@@ -53,6 +54,36 @@ def _check_shape(sc: Scenario) -> None:
                 f"servers each; use a multiple of {c.servers_per_replica}",
                 source=src,
                 where="cluster.servers",
+            )
+
+
+def _check_experts(sc: Scenario, catalogue: dict[str, Any]) -> None:
+    """``cluster.ep``: a divisor or a multiple of ``tp``; a multiple only with ``pp = 1``,
+    inside one server and tiling its replicas; every deployed model has experts (> 1)."""
+    c = sc.cluster
+    if c.ep == 1:
+        return
+    src, tp, ep = sc.source, c.tp, c.ep
+    if tp % ep and ep % tp:
+        raise InputError(
+            f"ep={ep} with tp={tp}: ep must divide tp or be a multiple of it",
+            source=src,
+            where="cluster.ep",
+        )
+    if ep > tp and (c.pp > 1 or ep > c.gpus_per_server):
+        raise InputError(
+            f"ep={ep} > tp={tp} (attention data parallelism) needs pp 1 and ep <= "
+            f"gpus_per_server ({c.gpus_per_server}); got pp {c.pp}",
+            source=src,
+            where="cluster.ep",
+        )
+    for i, d in enumerate(sc.deployments):
+        if not catalogue[d.model].n_experts:
+            raise InputError(
+                f"ep={ep}: model {d.model!r} has no experts; ep > 1 needs mixture-of-experts "
+                "models",
+                source=src,
+                where=f"deployments[{i}].model",
             )
 
 
@@ -109,9 +140,18 @@ def check_feasible(sc: Scenario, catalogue: dict[str, Any], profile: Any) -> Non
     if sc.disaggregation.enabled:
         from sim.disagg.build import check_pools
 
+        if c.ep > 1:
+            raise InputError(
+                f"ep={c.ep} with disaggregation: expert parallelism is modelled for "
+                "aggregated replicas only; use ep 1 (experts split by each pool's tp)",
+                source=src,
+                where="cluster.ep",
+            )
+
         mem = check_pools(sc, specs, profile)
     else:
         _check_shape(sc)
+        _check_experts(sc, catalogue)
         mem = plan_memory(sc, specs, hbm, profile.name)
     total = sum(s.param_bytes for s in specs)
     cluster_bytes = (

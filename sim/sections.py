@@ -140,6 +140,12 @@ class ClusterCfg(_M):
     pp: int = Field(default=1, ge=1, le=128)
     """Pipeline-parallel degree: the layers are split into `pp` stages on different GPUs
     (one activation hand-off per stage boundary; one batch in flight, so (pp-1)/pp bubbles), 1..128."""
+    ep: int = Field(default=1, ge=1, le=512)
+    """Expert parallelism of mixture-of-experts models: GPUs the routed experts are sharded
+    over, 1..512. A divisor of `tp`: experts split inside each replica's `tp` GPUs; a
+    multiple of `tp` (pp 1): attention data parallelism, `ep / tp` replicas of one server
+    share one expert group, step together and exchange tokens by all-to-all
+    (docs/models.md). 1: every expert split by `tp`."""
     param_servers: int = Field(default=2, ge=1, le=1024)
     """Number of parameter servers (R1/R8), 1..1024."""
     gpu: GpuCfg = GpuCfg()

@@ -4,7 +4,10 @@
 prices one iteration of a replica of ``N`` GPUs with the simulator's own iteration cost
 (:func:`sim.serving.itercost.iteration_cost`: the profile's op tables, else the roofline):
 ``decode`` is one token for each of ``B`` sequences holding ``C`` tokens of context each;
-``prefill`` is ``B`` prompts of ``C`` tokens each in one pass. It prints a table (op,
+``prefill`` is ``B`` prompts of ``C`` tokens each in one pass. ``--ep N`` shards a
+mixture-of-experts model's experts over ``N`` GPUs (with ``N > tp``: ``N / tp``
+attention-data-parallel replicas, each running a batch like this one), ``--routing-skew``
+sets how unevenly tokens pick experts. It prints a table (op,
 seconds, share, source: measured table or roofline) or, with ``--json``, one JSON object on
 the last line: ``{"seconds": ..., "ops": {op: seconds}, "sources": {op: source}, ...}``.
 """
@@ -20,18 +23,21 @@ from rich.table import Table
 
 from engine.errors import InputError
 from engine.limits import MAX_TOKENS
-from pdsim.cli.common import MAX_BATCH, console, int_option, user_errors
+from pdsim.cli.common import MAX_BATCH, console, float_option, int_option, user_errors
 
 PHASES = ("prefill", "decode")
 
 
-def _check_fits(spec: Any, prof: Any, tp: int, phase: str, batch: int, context: int) -> None:
+def _check_fits(
+    spec: Any, prof: Any, tp: int, phase: str, batch: int, context: int, ep: int = 1
+) -> None:
     """:class:`InputError` when the step is not one a replica can run: ``context`` beyond the
-    model's window, or weights, KV of the batch and activation workspace (the simulator's
-    rule, :mod:`sim.serving.gpumemory`, at its default ``memory_utilization``) above one
-    GPU's memory at ``tp`` -- naming the numbers and what would fit."""
+    model's window, or weights (experts over ``max(tp, ep)`` GPUs), KV of the batch and
+    activation workspace (the simulator's rule, :mod:`sim.serving.gpumemory`, at its default
+    ``memory_utilization``) above one GPU's memory at ``tp`` -- naming the numbers and what
+    would fit."""
     from sim.sections import GpuCfg
-    from sim.serving.gpumemory import workspace_bytes
+    from sim.serving.gpumemory import weights_per_gpu, workspace_bytes
 
     if spec.max_context and context > spec.max_context:
         raise InputError(
@@ -40,13 +46,13 @@ def _check_fits(spec: Any, prof: Any, tp: int, phase: str, batch: int, context: 
         )
     util = GpuCfg.model_fields["memory_utilization"].default
     budget = int(prof.gpu.hbm_bytes * util)
-    weights = -(-spec.param_bytes // tp)
+    weights = weights_per_gpu([spec], tp, 1, ep)
     where = f"a {prof.name} GPU holds {budget / 1e9:.1f} GB ({prof.gpu.hbm_bytes / 1e9:.1f} GB x {util})"
     if weights >= budget:
         need = 1 << (-(-spec.param_bytes // budget) - 1).bit_length()
         raise InputError(
             f"--tp {tp}: {spec.name}'s weights need {weights / 1e9:.1f} GB per GPU but {where}; "
-            f"use --tp {need} or more"
+            f"use --tp {need} or more" + (" (or a larger --ep)" if spec.n_experts else "")
         )
     tokens = batch * (context if phase == "prefill" else 1)
     kv_heads = spec.kv_heads or tp
@@ -99,6 +105,27 @@ def cost(
             help="Tokens per sequence (prompt or KV context).",
         ),
     ] = 2048,
+    ep: Annotated[
+        int,
+        typer.Option(
+            "--ep",
+            parser=int_option(1, 512),
+            metavar="N",
+            help="Expert-parallel GPUs of a mixture-of-experts model: a divisor of --tp "
+            "(experts split inside the replica) or a multiple (attention data parallelism: "
+            "N / tp replicas share the experts, all-to-all dispatch and combine).",
+        ),
+    ] = 1,
+    routing_skew: Annotated[
+        float,
+        typer.Option(
+            "--routing-skew",
+            parser=float_option(0.0, 4.0),
+            metavar="A",
+            help="Power-law exponent of expert popularity (0: balanced routing); picks the "
+            "expert table measured nearest and sets the busiest rank's load. Default: 1.2.",
+        ),
+    ] = 1.2,
     models: Annotated[
         Path | None,
         typer.Option("--models", help="Extra model catalogue YAML, or a config.json."),
@@ -124,12 +151,14 @@ def cost(
         if spec.kind != "decoder":
             decoders = ", ".join(n for n, m in catalogue.items() if m.kind == "decoder")
             raise InputError(
-                f"--model {model!r} is a {spec.kind}; pdsim cost prices LLaMA-style decoders "
+                f"--model {model!r} is a {spec.kind}; pdsim cost prices decoders "
                 f"(allowed: {decoders})"
             )
         prof = load_profile(profile)
-        _check_fits(catalogue[model], prof, tp, phase, batch, context)
-        cm = iteration_cost(prof, catalogue[model], tp=tp, gpus_per_server=max(tp, 8))
+        _check_fits(catalogue[model], prof, tp, phase, batch, context, ep)
+        cm = iteration_cost(
+            prof, spec, tp=tp, gpus_per_server=max(tp, ep, 8), ep=ep, routing_skew=routing_skew
+        )
         if phase == "decode":
             args = (0, 0, 0, batch, float(batch * context))
         else:
@@ -146,6 +175,7 @@ def cost(
                     "model": model,
                     "profile": prof.name,
                     "tp": tp,
+                    "ep": ep,
                     "phase": phase,
                     "batch": batch,
                     "context": context,
@@ -153,7 +183,9 @@ def cost(
             )
         )
         return
-    table = Table(title=f"{model} on {prof.name}, tp={tp}: {phase}, batch {batch} x {context}")
+    split = f", ep={ep}" if ep > 1 else ""
+    title = f"{model} on {prof.name}, tp={tp}{split}: {phase}, batch {batch} x {context}"
+    table = Table(title=title)
     for col in ("op", "ms", "share", "source"):
         table.add_column(col, justify="left" if col in ("op", "source") else "right")
     for name, secs, src in ops:

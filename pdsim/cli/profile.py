@@ -86,6 +86,7 @@ def import_profile(
     ops = profile.ops
     assert ops is not None
     console.print(
-        f"wrote {path}: {len(ops.gemm)} GEMM, {len(ops.attention)} attention and "
-        f"{len(ops.all_reduce)} all-reduce tables ({path.stat().st_size / 1e6:.2f} MB)"
+        f"wrote {path}: {len(ops.gemm)} GEMM, {len(ops.attention)} attention, "
+        f"{len(ops.all_reduce)} collective, {len(ops.moe)} MoE and {len(ops.mla)} MLA tables "
+        f"({path.stat().st_size / 1e6:.2f} MB)"
     )

@@ -180,16 +180,21 @@ class CostModel:
         tp: int = 1,
         pp: int = 1,
         gpus_per_server: int = 1,
+        ep: int = 1,
+        routing_skew: float | None = None,
     ) -> None:
-        """``tp`` x ``pp`` GPUs per replica; a replica wider than ``gpus_per_server`` runs its
-        collectives over the NIC (``rdma``) instead of NVLink."""
+        """``tp`` x ``pp`` GPUs per replica, routed experts over ``ep`` GPUs with expert
+        popularity skewed by ``routing_skew`` (:func:`sim.serving.itercost.iteration_cost`);
+        a replica wider than ``gpus_per_server`` runs its collectives over the NIC (``rdma``)
+        instead of NVLink."""
         self.profile = profile
         self.model = model
         self.tp, self.pp = tp, pp
         #: the price of one iteration (op tables or roofline; sim.serving.itercost)
         self.iteration: IterationCost = iteration_cost(
-            profile, model, tp=tp, pp=pp, gpus_per_server=gpus_per_server
-        )
+            profile, model, tp=tp, pp=pp, gpus_per_server=gpus_per_server, ep=ep,
+            routing_skew=routing_skew,
+        )  # fmt: skip
         eng = profile.ops.engine if profile.ops is not None and model.kind == "decoder" else None
         #: a calibrated engine's own terms (sim.serving.opcost.EngineTerms); None: a warm
         #: machine with no serving-loop costs (datasheet and imported kernel profiles)

@@ -149,7 +149,7 @@ def expert_cache_bytes(sc: Scenario, specs: list[ModelSpec], weight_cache: int) 
 
 
 def check_experts(sc: Scenario, specs: list[ModelSpec], weight_cache: int) -> None:
-    """``experts.enabled`` is possible: ``mode: pd``, no disaggregation, no autoscaler, a deployed model with
+    """``experts.enabled`` is possible: ``mode: pd``, no disaggregation, no autoscaler, ``cluster.ep`` 1, a deployed model with
     routed experts, and a budget that fits (:func:`expert_cache_bytes`); else
     :class:`InputError` naming the field."""
     if sc.mode != "pd":
@@ -161,6 +161,13 @@ def check_experts(sc: Scenario, specs: list[ModelSpec], weight_cache: int) -> No
     if sc.disaggregation.enabled:
         raise InputError(
             "experts as chunks are not modelled with disaggregation.enabled; allowed: false",
+            source=sc.source,
+            where="experts.enabled",
+        )
+    if sc.cluster.ep > 1:
+        raise InputError(
+            "experts as chunks are not modelled with expert parallelism (every replica caches "
+            "every expert); allowed: cluster.ep = 1",
             source=sc.source,
             where="experts.enabled",
         )

@@ -9,9 +9,10 @@ token budget, as a server sizes it by profiling a forward pass of ``max_num_batc
 (the residual stream and norms are not split by TP; attention and MLP intermediates, about
 8 hidden-widths for a LLaMA-style MLP, are; the logits are fp32 over the vocabulary shard).
 Then **weights**: ``coupled`` mode keeps the model resident, ``param_bytes / (tp * pp)`` per
-GPU; ``pd`` mode gives ``weight_cache_fraction`` of what is left to the streamed-weight cache.
+GPU, the routed experts of a mixture-of-experts model over ``max(tp, ep) * pp`` GPUs
+(:func:`weights_per_gpu`); ``pd`` mode gives ``weight_cache_fraction`` of what is left to the streamed-weight cache.
 The rest holds **KV blocks**. With more TP ranks than KV heads each rank keeps a copy of its
-KV head, so a replica's KV capacity in the model's own bytes-per-token is
+KV head (MLA caches one latent for every head: each rank keeps all of it), so a replica's KV capacity in the model's own bytes-per-token is
 ``gpus * kv_per_gpu / kv_replication``.
 
 A replica's weight cache and KV capacity are the sums over its GPUs, in the model's own
@@ -27,6 +28,7 @@ replica's KV capacity, capped by the model's context window.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from engine.errors import InputError
@@ -56,6 +58,22 @@ def workspace_bytes(spec: ModelSpec, tokens: int, seqs: int, tp: int) -> int:
     act = max(2, spec.dtype_bytes)
     per_tok = (SHARED_WIDTHS + SPLIT_WIDTHS / tp) * spec.hidden * act
     return int(tokens * per_tok + seqs * vocab_of(spec) / tp * LOGIT_BYTES)
+
+
+def expert_bytes_total(spec: ModelSpec) -> int:
+    """Bytes of every routed expert of every layer (0 for a dense model)."""
+    return sum(ly.experts * ly.expert_bytes for ly in spec.layers)
+
+
+def weights_per_gpu(specs: Sequence[ModelSpec], tp: int, pp: int = 1, ep: int = 1) -> int:
+    """Resident weight bytes of one GPU of a ``tp`` x ``pp`` replica serving ``specs`` whose
+    routed experts are sharded over ``ep`` GPUs: the non-expert weights over ``tp * pp``, the
+    experts over ``max(tp, ep) * pp`` (``ep <= tp``: every GPU of the replica holds ``1 / tp``
+    of them whatever the split; ``ep > tp``: ``1 / ep``, the rest on the data-parallel
+    peers). Dense models: ``ceil(param_bytes / (tp * pp))`` of all of them together."""
+    experts = sum(expert_bytes_total(s) for s in specs)
+    dense = sum(s.param_bytes for s in specs) - experts
+    return -(-dense // (tp * pp)) + -(-experts // (max(tp, ep) * pp))
 
 
 @dataclass(frozen=True)
@@ -96,7 +114,7 @@ def plan_memory(sc: Scenario, specs: list[ModelSpec], hbm: int, profile_name: st
         )
     total = sum(s.param_bytes for s in specs)
     if sc.mode == "coupled":
-        weights = -(-total // g)
+        weights = weights_per_gpu(specs, tp, pp, c.ep)
         if weights >= free:
             names = " + ".join(f"{s.name} ({_dtype(s)})" for s in specs)
             need_g = max(1, math.ceil(total / free))

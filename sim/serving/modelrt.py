@@ -30,7 +30,8 @@ def model_rt(
     ``experts.enabled`` (pd mode, a model with experts): one chunk per routed expert
     (:func:`sim.serving.expertlayout.expert_layout`)."""
     c = sc.cluster
-    cost = cost_cls(profile, spec, tp=c.tp, pp=c.pp, gpus_per_server=c.gpus_per_server)
+    ep = {"ep": c.ep} if c.ep > 1 else {}  # only expert models take ep > 1 (feasible.py)
+    cost = cost_cls(profile, spec, tp=c.tp, pp=c.pp, gpus_per_server=c.gpus_per_server, **ep)
     experts: ExpertTable | None = None
     if sc.mode == "pd" and sc.experts.enabled and spec.n_experts:
         starts, chunk_size, chunk_head, experts = expert_layout(spec)

@@ -312,7 +312,7 @@ def _llama(entry: ModelEntry, s: LlamaShape) -> ModelSpec:
         layers=layers,
         kv_bytes_per_token=kv_elements_per_token(s) * _kv_dtype(entry),
         heads=s.heads,
-        kv_heads=s.heads if mla else (s.kv_heads or s.heads),
+        kv_heads=1 if mla else (s.kv_heads or s.heads),  # MLA: one latent for every head
         head_dim=s.qk_nope_head_dim + s.qk_rope_head_dim if mla else head_dim_of(s),
         hidden=s.hidden,
         dtype_bytes=db,

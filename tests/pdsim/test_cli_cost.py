@@ -69,7 +69,7 @@ def test_table_lists_every_op_with_its_source() -> None:
         (["--model", "llama-2-7b", "--phase", "both"], "allowed: prefill, decode"),
         (["--model", "llama-2-7b", "--batch", "0"], ">= 1"),
         (["--model", "llama-2-7b", "--tp", "3"], "tp=3"),
-        (["--model", "resnet-50"], "LLaMA-style"),
+        (["--model", "resnet-50"], "prices decoders"),
         (["--model", "llama-2-7b", "--profile", "missing.json"], "missing.json"),
     ],
 )

@@ -17,7 +17,15 @@ the file):
   the most-measured kernel). Decode rows are at ``step`` tokens generated after a 1-token
   prompt, so their context is ``step + 1``;
 * ``comm/.../custom_allreduce_perf.parquet`` -> :class:`CollectiveTable` per group size (the
-  CUDA-graph variant when present), bytes = elements x 2.
+  CUDA-graph variant when present), bytes = elements x 2;
+* ``comm/.../moe_a2a_perf.parquet`` -> :class:`CollectiveTable` ``op: all_to_all`` per group
+  size (DeepEP, the faster of its low-latency and high-throughput kernels per size), by the
+  bytes one GPU sends;
+* ``moe/.../moe_perf.parquet`` -> :class:`MoeTable` per (dtype: bf16, fp8_block; expert
+  shape; moe_tp x moe_ep; routing distribution: balanced = skew 0, power_law_A = skew A);
+* ``mla/.../mla_context_module_perf.parquet`` and ``mla_generation_module_perf.parquet`` ->
+  :class:`MlaTable` per (phase, heads per GPU, projection dtype), bf16 latent cache, every
+  kernel the backend picks by length, measured on DeepSeek-V3's dimensions (:data:`MLA_MODELS`).
 
 There are no elementwise tables in the package (it times norms and activations with a
 bandwidth formula); the profile's roofline terms take that formula's figures
@@ -44,6 +52,8 @@ from sim.serving.opcost.tables import (
     Curves,
     GemmTable,
     Grid3,
+    MlaTable,
+    MoeTable,
     OpsProfile,
     RooflineTerms,
     TableOrigin,
@@ -56,6 +66,7 @@ M_KNOTS: tuple[int, ...] = (
 )  # fmt: skip
 HEAD_DIMS: tuple[int, ...] = (128,)
 MS = 1e-3  # aiconfigurator latencies are milliseconds
+US = 1e-6  # except the expert all-to-all's, in microseconds (its columns say `_us`)
 
 
 def _sec(ms: float) -> float:
@@ -226,6 +237,145 @@ def _allreduce(root: Path, system: str, backend: str, pkg: str) -> list[Collecti
     return out
 
 
+#: aiconfigurator MoE dtypes kept -> pdsim's name (the bf16 and the fp8 checkpoints served)
+MOE_DTYPES: dict[str, Literal["bf16", "fp8", "fp8_block"]] = {
+    "bfloat16": "bf16",
+    "fp8_block": "fp8_block",
+}
+
+
+def _skew(distribution: str) -> float | None:
+    """``balanced`` -> 0, ``power_law_1.2`` -> 1.2; None for anything else."""
+    if distribution == "balanced":
+        return 0.0
+    found = re.fullmatch(r"power_law_([0-9.]+)", distribution)
+    return float(found.group(1)) if found else None
+
+
+def _moe(root: Path, system: str, backend: str, pkg: str) -> list[MoeTable]:
+    """Expert tables per (dtype, shape, split, routing distribution): the most-measured
+    kernel of each dtype, median seconds per token count."""
+    path = _newest(root, system, "moe", backend, "moe_perf.parquet")
+    if path is None:
+        return []
+    df = pd.read_parquet(path)
+    origin = _origin(df, path, root, pkg)
+    out: list[MoeTable] = []
+    for src, dtype in MOE_DTYPES.items():
+        sub = df[df["moe_dtype"] == src]
+        if sub.empty:
+            continue
+        kernel = str(sub["kernel_source"].value_counts().index[0])
+        sub = sub[sub["kernel_source"] == kernel]
+        keys = ["hidden_size", "inter_size", "topk", "num_experts", "moe_tp_size",
+                "moe_ep_size", "distribution"]  # fmt: skip
+        for (h, inter, k, e, mtp, mep, dist), grp in sub.groupby(keys):
+            skew = _skew(str(dist))
+            if skew is None:
+                continue
+            g = grp.groupby("num_tokens", as_index=False)["latency"].median()
+            g = g.sort_values("num_tokens")
+            out.append(
+                MoeTable(
+                    origin=origin, dtype=dtype, kernel=kernel, hidden=int(h), moe_ffn=int(inter),
+                    top_k=int(k), n_experts=int(e), moe_tp=int(mtp), moe_ep=int(mep),
+                    routing_skew=skew, tokens=[int(v) for v in g["num_tokens"]],
+                    latency_s=[_sec(float(v)) for v in g["latency"]],
+                )
+            )  # fmt: skip
+    return out
+
+
+def _all_to_all(root: Path, system: str, backend: str, pkg: str) -> list[CollectiveTable]:
+    """Expert dispatch/combine tables per group size, by the bytes each GPU sends
+    (``tokens x top_k x hidden x 2 x (ep - 1) / ep``, bf16 activations): the mean of
+    dispatch and combine, the median over the measured shapes of one byte count, the faster
+    kernel per byte count (latencies in microseconds there)."""
+    path = _newest(root, system, "comm", backend, "moe_a2a_perf.parquet")
+    if path is None:
+        return []
+    df = pd.read_parquet(path)
+    origin = _origin(df, path, root, pkg)
+    # what one GPU sends for its tokens: sim.serving.moeparallel.alltoall_bytes at tp = 1
+    df = df.copy()
+    ep = df["ep_size"]
+    df["nbytes"] = df["num_tokens"] * df["topk"] * df["hidden_size"] * 2 * (ep - 1) // ep
+    backend_col = "comm_backend" if "comm_backend" in df.columns else "kernel_source"
+    out = []
+    for group, grp in df.groupby("ep_size"):
+        # per kernel: the mean of dispatch and combine, the median over the shapes of one byte
+        # count; then per byte count the faster kernel (the engine runs the low-latency one
+        # for small batches, the high-throughput one for large)
+        keys = [backend_col, "nbytes", "hidden_size", "topk", "num_experts"]
+        per_shape = grp.groupby(keys)["latency"].mean()
+        per_kernel = per_shape.groupby([backend_col, "nbytes"]).median()
+        g = per_kernel.groupby("nbytes").min().sort_index()
+        kernels = sorted(str(k) for k in grp[backend_col].unique())
+        kernel = f"{grp['kernel_source'].iloc[0]} ({', '.join(kernels)}: the faster per size)"
+        out.append(
+            CollectiveTable(
+                origin=origin, op="all_to_all", group=int(group), kernel=kernel,
+                bytes=[int(v) for v in g.index],
+                latency_s=[float(f"{float(v) * US:.4g}") for v in g.values],
+            )
+        )  # fmt: skip
+    return out
+
+
+#: the MLA dimensions of the model aiconfigurator's MLA tables were measured on (the
+#: DeepSeek-V3 config.json): hidden, q_lora_rank, kv_lora_rank, qk_rope_head_dim
+MLA_MODELS: dict[str, tuple[int, int, int, int]] = {
+    "deepseek-ai/DeepSeek-V3": (7168, 1536, 512, 64),
+}
+
+
+def _mla(root: Path, system: str, backend: str, pkg: str) -> list[MlaTable]:
+    """MLA module tables per (phase, heads per GPU, gemm dtype) with a bf16 latent cache, the
+    rows of every kernel the backend runs (by length); decode rows are at ``step`` tokens
+    after a 1-token prompt."""
+    out: list[MlaTable] = []
+    files: tuple[tuple[Literal["prefill", "decode"], str], ...] = (
+        ("prefill", "mla_context_module_perf.parquet"),
+        ("decode", "mla_generation_module_perf.parquet"),
+    )
+    gemm_names: dict[str, Literal["bf16", "fp8_block"]] = {
+        "bfloat16": "bf16", "fp8_block": "fp8_block"
+    }  # fmt: skip
+    for phase, filename in files:
+        path = _newest(root, system, "mla", backend, filename)
+        if path is None:
+            continue
+        df = pd.read_parquet(path)
+        origin = _origin(df, path, root, pkg)
+        df = df[(df["kv_cache_dtype"] == "bfloat16") & (df["tp_size"] == 1)]
+        df = df[df["model"].isin(list(MLA_MODELS)) & df["gemm_type"].isin(list(gemm_names))]
+        if df.empty:
+            continue
+        # vLLM switches kernels by length (FLASH_ATTN_MLA to 512 prompt tokens, FLASH_ATTN
+        # from 1024): every kernel's rows are kept, each at the lengths it was run at
+        kernel = "+".join(sorted(str(k) for k in df["kernel_source"].unique()))
+        df = df.copy()
+        df["x"] = df["isl"] if phase == "prefill" else df["step"] + 1
+        for (model, gemm, heads), grp in df.groupby(["model", "gemm_type", "num_heads"]):
+            hidden, q_rank, kv_rank, rope = MLA_MODELS[str(model)]
+            g = grp.groupby(["batch_size", "x"], as_index=False)["latency"].median()
+            batches = sorted(int(b) for b in g["batch_size"].unique())
+            xs, ys = [], []
+            for b in batches:
+                cur = g[g["batch_size"] == b].sort_values("x")
+                xs.append([int(v) for v in cur["x"]])
+                ys.append([_sec(float(v)) for v in cur["latency"]])
+            out.append(
+                MlaTable(
+                    origin=origin, phase=phase, heads=int(heads), hidden=hidden,
+                    q_lora_rank=q_rank, kv_lora_rank=kv_rank, qk_rope_head_dim=rope,
+                    gemm_dtype=gemm_names[str(gemm)], kv_dtype="bf16", kernel=kernel,
+                    curves=Curves(batch=batches, x=xs, latency_s=ys),
+                )
+            )  # fmt: skip
+    return out
+
+
 def import_aiconfigurator(
     system: str,
     backend: str,
@@ -256,7 +406,9 @@ def import_aiconfigurator(
         ),
         gemm=_gemms(root, system, backend, pkg),
         attention=_attention(root, system, backend, pkg),
-        all_reduce=_allreduce(root, system, backend, pkg),
+        all_reduce=_allreduce(root, system, backend, pkg) + _all_to_all(root, system, backend, pkg),
+        moe=_moe(root, system, backend, pkg),
+        mla=_mla(root, system, backend, pkg),
     )
     if not (ops.gemm or ops.attention or ops.all_reduce):
         raise InputError(
@@ -287,7 +439,8 @@ def import_aiconfigurator(
         hostname=None,
         notes=(
             f"Op tables imported from aiconfigurator {pkg} (NVIDIA, Apache-2.0; see NOTICE) for "
-            f"system {system}, backend {backend}: GEMM, attention and all-reduce kernel timings. "
+            f"system {system}, backend {backend}: GEMM, attention, all-reduce, mixture-of-"
+            f"experts, expert all-to-all and MLA module kernel timings. "
             f"GPU memory, bandwidth, bf16 peak and NVLink/PCIe/NIC bandwidths from its "
             f"{system}.yaml; fp32 peak, overheads, host DRAM, NVMe, object store and link "
             f"latencies (except NVLink) from the datasheet profile {base.name!r}. Elementwise ops "

@@ -51,12 +51,15 @@ from typing import TYPE_CHECKING
 from engine.errors import InputError
 from sim.serving.iterprice import RooflinePass
 from sim.serving.models import ModelSpec
+from sim.serving.moeparallel import DEFAULT_ROUTING_SKEW, ExpertParallel
+from sim.serving.opcost.moemla import IN_MODULE, MOE_OP_NAMES, MlaOps, MoeOps
 from sim.serving.opcost.shapes import DecoderShape
 from sim.serving.opcost.tables import AttentionTable, ElementwiseTable, GemmTable, OpsProfile
 from sim.serving.roofline import roofline_pass
 
 if TYPE_CHECKING:
     from sim.serving.costmodel import Profile
+    from sim.serving.moeroofline import MoeRoofline
 
 #: the op names of an iteration, in execution order
 OP_NAMES: tuple[str, ...] = (
@@ -99,11 +102,19 @@ class OpCostModel:
     module docstring for the op list. The op-table implementation of
     :class:`sim.serving.itercost.IterationCost`: :meth:`work` is the op sum plus the pipeline
     hand-offs of ``counts`` (a :class:`sim.serving.iterprice.RooflinePass` of the same replica,
-    which also counts the FLOPs and bytes; default: a one-stage replica's). Holds no state
+    or for a model with experts its :class:`sim.serving.moeroofline.MoeRoofline`, which also
+    counts the FLOPs and bytes; default: a one-stage replica's plain roofline). Holds no state
     between calls apart from memoised sums."""
 
     def __init__(
-        self, profile: Profile, model: ModelSpec, tp: int = 1, counts: RooflinePass | None = None
+        self,
+        profile: Profile,
+        model: ModelSpec,
+        tp: int = 1,
+        counts: RooflinePass | MoeRoofline | None = None,
+        ep: int = 1,
+        routing_skew: float = DEFAULT_ROUTING_SKEW,
+        gpus_per_server: int | None = None,
     ) -> None:
         shape = DecoderShape.from_model(model)
         if tp < 1 or shape.heads % tp:
@@ -122,7 +133,11 @@ class OpCostModel:
         self.peak = gpu.flops_fp16 * (2.0 if db == 1 else 1.0) if db <= 2 else gpu.flops_fp32
         self.hbm_bw = gpu.hbm_bandwidth
         n_attn = max(1, shape.n_layers)
-        kv_elem = model.kv_bytes_per_token / (2 * n_attn * shape.kv_heads * shape.head_dim)
+        kv_elem = (
+            float(model.kv_dtype_bytes)
+            if shape.mla
+            else model.kv_bytes_per_token / (2 * n_attn * shape.kv_heads * shape.head_dim)
+        )
         self.kv_dtype = "fp8" if kv_elem <= 1 else ("bf16" if kv_elem <= 2 else "fp32")
         self.kv_elem_bytes = max(1.0, kv_elem)
         self.q_heads = shape.heads // tp
@@ -144,6 +159,8 @@ class OpCostModel:
         if split:
             self.gemm_parts["qkv_gemm"] = ((q_n, h), (kv_n, h), (kv_n, h))
             self.gemm_parts["gate_up_gemm"] = ((f_n, h), (f_n, h))
+        self.act_bytes = 2 if db <= 2 else db  # activations are 16-bit unless fp32
+        self._expert_and_latent_ops(ep, routing_skew, gpus_per_server)
         self._ew: dict[str, ElementwiseTable] = {t.op: t for t in self.ops.elementwise}
         self.vocab_per_gpu = -(-shape.vocab // tp)
         self._gemm_dtype = {1: "fp8", 2: "bf16", 4: "fp32"}.get(db)
@@ -164,16 +181,41 @@ class OpCostModel:
             ):
                 self._gemm_tables[t.dtype] = t
         self._attn = {phase: self._attention_table(phase) for phase in ("prefill", "decode")}
-        self._ar = {t.group: t for t in self.ops.all_reduce}
-        self.act_bytes = 2 if db <= 2 else db  # activations are 16-bit unless fp32
+        self._ar = {t.group: t for t in self.ops.all_reduce if t.op == "all_reduce"}
         self._gemm_cache: dict[int, dict[str, tuple[float, str]]] = {}
         # (tokens, logits rows) -> seconds of every op but attention
         self._fixed_cache: dict[tuple[int, int], float] = {}
         self._pre_cache: dict[int, float] = {}  # by token count: the ops before lm_head
         self._tail_cache: dict[int, tuple[float, float]] = {}  # by sampled rows: lm_head, overhead
 
+    def _expert_and_latent_ops(
+        self, ep: int, routing_skew: float, gpus_per_server: int | None
+    ) -> None:
+        """Set up the MLA attention ops and the expert-block ops of a model that has them."""
+        shape = self.shape
+        if shape.n_dense_layers == 0:  # every block has experts: no dense MLP to price
+            del self.gemm_parts["gate_up_gemm"], self.gemm_parts["down_gemm"]
+        #: MLA attention ops (None: GQA)
+        self.mla: MlaOps | None = None
+        if shape.mla:
+            self.mla = MlaOps(self)
+            self.gemm_parts["qkv_gemm"] = self.mla.qkv_parts
+            self.gemm_parts["o_gemm"] = (self.mla.o_part,)
+        #: the expert layout and expert-block ops (None: a dense model)
+        self.layout = ExpertParallel(self.tp, ep if shape.n_moe_layers else 1)
+        self.moe: MoeOps | None = None
+        #: the op names of an iteration, in order: :data:`OP_NAMES`, with an expert model's
+        #: :data:`sim.serving.opcost.moemla.MOE_OP_NAMES` after ``down_gemm``
+        self.op_names: tuple[str, ...] = OP_NAMES
+        if shape.n_moe_layers:
+            cross = gpus_per_server is not None and self.layout.group > gpus_per_server
+            self.moe = MoeOps(self, self.layout, routing_skew, cross_node=cross)
+            at = OP_NAMES.index("down_gemm") + 1
+            self.op_names = (*OP_NAMES[:at], *MOE_OP_NAMES, *OP_NAMES[at:])
+
     # -- single ops ------------------------------------------------------------------------------
-    def _roofline(self, flops: float, nbytes: float, eff: float) -> float:
+    def roofline_time(self, flops: float, nbytes: float, eff: float) -> float:
+        """``max(flops / (peak x eff), bytes / (hbm_bw x memory_efficiency)) + op_floor_s``."""
         rl = self.ops.roofline
         return (
             max(flops / (self.peak * eff), nbytes / (self.hbm_bw * rl.memory_efficiency))
@@ -193,7 +235,7 @@ class OpCostModel:
         wbytes = {"fp8": 1, "bf16": 2, "fp32": 4}.get(dtype or "", self.shape.dtype_bytes)
         act = 2  # activations stay 16-bit
         nbytes = n * k * wbytes + (m * k + m * n) * act
-        return self._roofline(2.0 * m * n * k, nbytes, self.ops.roofline.gemm_efficiency), (
+        return self.roofline_time(2.0 * m * n * k, nbytes, self.ops.roofline.gemm_efficiency), (
             "roofline"
         )
 
@@ -203,7 +245,7 @@ class OpCostModel:
         if tokens <= 0:
             return 0.0
         nbytes = tokens * (dim_in + dim_out) * self.act_bytes
-        return self._roofline(0.0, nbytes, 1.0)
+        return self.roofline_time(0.0, nbytes, 1.0)
 
     def table_elementwise(
         self, op: str, tokens: int, width: int, fallback: float
@@ -250,9 +292,11 @@ class OpCostModel:
     def prefill_attention_time(self, tokens: int, sq: float, n_prompts: int) -> tuple[float, str]:
         """Seconds of causal attention for prompt chunks of ``tokens`` tokens in all whose
         squared lengths sum to ``sq``, on one layer. Looked up as ``T**2 / sq`` prompts of
-        ``sq / T`` tokens (exact for equal prompts)."""
+        ``sq / T`` tokens (exact for equal prompts). MLA: :meth:`MlaOps.prefill_time`."""
         if tokens <= 0:
             return 0.0, "not run"
+        if self.mla is not None:
+            return self.mla.prefill_time(tokens, sq)
         sq = max(float(sq), float(tokens))
         found = self._attn["prefill"]
         if found is not None:
@@ -263,13 +307,16 @@ class OpCostModel:
         hd, qh, kvh = self.shape.head_dim, self.q_heads, self.kv_heads
         flops = 4.0 * qh * hd * sq / 2  # QK^T and PV over the causal half
         nbytes = tokens * (2 * qh + 2 * kvh) * hd * 2 + tokens * 2 * kvh * hd * self.kv_elem_bytes
-        return self._roofline(flops, nbytes, self.ops.roofline.attention_efficiency), "roofline"
+        return self.roofline_time(flops, nbytes, self.ops.roofline.attention_efficiency), "roofline"
 
     def decode_attention_time(self, batch: int, context: float) -> tuple[float, str]:
         """Seconds of paged decode attention for ``batch`` sequences holding ``context``
-        tokens of KV in all, on one layer (looked up at the mean context per sequence)."""
+        tokens of KV in all, on one layer (looked up at the mean context per sequence).
+        MLA: :meth:`MlaOps.decode_time`."""
         if batch <= 0:
             return 0.0, "not run"
+        if self.mla is not None:
+            return self.mla.decode_time(batch, context)
         found = self._attn["decode"]
         if found is not None:
             table, scale = found
@@ -279,7 +326,7 @@ class OpCostModel:
         hd, qh, kvh = self.shape.head_dim, self.q_heads, self.kv_heads
         flops = 4.0 * qh * hd * context
         nbytes = context * 2 * kvh * hd * self.kv_elem_bytes + batch * 2 * qh * hd * 2
-        return self._roofline(flops, nbytes, self.ops.roofline.attention_efficiency), "roofline"
+        return self.roofline_time(flops, nbytes, self.ops.roofline.attention_efficiency), "roofline"
 
     # -- iterations ------------------------------------------------------------------------------
     def _layer_gemms(self, m: int) -> dict[str, tuple[float, str]]:
@@ -310,7 +357,7 @@ class OpCostModel:
         s, tp, rl = self.shape, self.tp, self.ops.roofline
         t = prefill_tokens + n_decode
         if t == 0:
-            return [OpCost(name, 0.0, "not run") for name in OP_NAMES]
+            return [OpCost(name, 0.0, "not run") for name in self.op_names]
         layers = s.n_layers
         h, hd = s.hidden, s.head_dim
         out: list[OpCost] = []
@@ -321,29 +368,49 @@ class OpCostModel:
 
         row_bytes = t * h * self.act_bytes
         add("embedding", *self.table_elementwise(
-            "embedding", t, h, self._roofline(0.0, 2 * row_bytes, 1.0)))  # fmt: skip
+            "embedding", t, h, self.roofline_time(0.0, 2 * row_bytes, 1.0)))  # fmt: skip
         add("embedding_allreduce", *self.allreduce_time(row_bytes, tp))
         norm, norm_src = self.table_elementwise(
             "norm", t, h, self.elementwise_time(t, 2 * h, 2 * h)
         )
         gemms = self._layer_gemms(t)
+        in_module = self.mla is not None and self.mla.module_tables
         add("input_norm", norm, norm_src, layers)
-        add("qkv_gemm", *gemms["qkv_gemm"], layers)
-        rope_dim = (self.q_heads + self.kv_heads) * hd
+        if in_module:
+            add("qkv_gemm", 0.0, IN_MODULE)
+        else:
+            add("qkv_gemm", *gemms["qkv_gemm"], layers)
+        if self.mla is not None:
+            rope_dim = (self.q_heads + 1) * s.qk_rope_head_dim
+        else:
+            rope_dim = (self.q_heads + self.kv_heads) * hd
         add("rope", self.elementwise_time(t, rope_dim, rope_dim), "roofline", layers)
         secs, src = self.prefill_attention_time(prefill_tokens, prefill_sq, n_prompts)
         add("attention_prefill", secs, src, layers)
         add("attention_decode", *self.decode_attention_time(n_decode, decode_ctx), layers)
-        add("o_gemm", *gemms["o_gemm"], layers)
+        if in_module:
+            add("o_gemm", 0.0, IN_MODULE)
+        else:
+            add("o_gemm", *gemms["o_gemm"], layers)
         ar, ar_src = self.allreduce_time(row_bytes, tp)
         add("allreduce_attn", ar, ar_src, layers)
         add("post_attn_norm", norm, norm_src, layers)
-        add("gate_up_gemm", *gemms["gate_up_gemm"], layers)
-        ffn = self.gemms["down_gemm"][1]
-        act = self.table_elementwise("activation", t, ffn, self.elementwise_time(t, 2 * ffn, ffn))
-        add("activation", *act, layers)
-        add("down_gemm", *gemms["down_gemm"], layers)
-        add("allreduce_mlp", ar, ar_src, layers)
+        dense = s.n_dense_layers
+        if dense:
+            add("gate_up_gemm", *gemms["gate_up_gemm"], dense)
+            ffn = self.gemms["down_gemm"][1]
+            fallback = self.elementwise_time(t, 2 * ffn, ffn)
+            add("activation", *self.table_elementwise("activation", t, ffn, fallback), dense)
+            add("down_gemm", *gemms["down_gemm"], dense)
+        else:
+            for name in ("gate_up_gemm", "activation", "down_gemm"):
+                add(name, 0.0, "not run")
+        if self.moe is not None:
+            for name, (secs, src) in self.moe.block(t).items():
+                add(name, secs, src, s.n_moe_layers)
+        # an expert block with attention data parallelism combines by all-to-all instead
+        reduced = dense if self.layout.dp > 1 else layers
+        add("allreduce_mlp", ar if reduced else 0.0, ar_src if reduced else "not run", reduced)
         add("final_norm", *self.table_elementwise("norm", t, h, self.elementwise_time(t, h, h)))
         add(
             "lm_head",
@@ -391,9 +458,9 @@ class OpCostModel:
         n_decode: int,
         decode_ctx: float,
     ) -> dict[str, float]:
-        """``{op_name: seconds}`` of one fused iteration (every name of :data:`OP_NAMES`)."""
+        """``{op_name: seconds}`` of one fused iteration (every name of :attr:`op_names`)."""
         ops = self.breakdown(prefill_tokens, prefill_sq, n_prompts, n_decode, decode_ctx)
-        return {name: secs for name, secs, _ in ops if name in OP_NAMES}
+        return {name: secs for name, secs, _ in ops if name in self.op_names}
 
     def iteration_time(
         self,
@@ -477,7 +544,7 @@ class OpCostModel:
         n_decode: int,
         decode_ctx: float,
     ) -> list[tuple[str, float, str]]:
-        """``(op, seconds, source)`` of every op (:data:`OP_NAMES`, summed over an unfused
+        """``(op, seconds, source)`` of every op (:attr:`op_names`, summed over an unfused
         engine's parts) and ``pp_handoff``; sums to :meth:`work`'s time up to rounding."""
         secs: dict[str, float] = {}
         srcs: dict[str, str] = {}

@@ -198,12 +198,13 @@ class AttentionTable(_Strict):
 
 
 class CollectiveTable(_Strict):
-    """Measured all-reduce times by message size for one group size."""
+    """Measured collective times by message size for one collective and group size."""
 
     origin: TableOrigin
     """Where and when it was measured."""
-    op: Literal["all_reduce"] = "all_reduce"
-    """The collective: `all_reduce`."""
+    op: Literal["all_reduce", "all_to_all"] = "all_reduce"
+    """The collective: `all_reduce` (bytes: the message each GPU contributes) or
+    `all_to_all` (bytes: what each GPU sends in one expert dispatch or combine)."""
     group: int = Field(ge=2)
     """GPUs in the group (the TP size)."""
     kernel: str = ""
@@ -227,6 +228,86 @@ class CollectiveTable(_Strict):
         i0, i1, w1, scale = interp_axis(self.bytes, nbytes)
         value = ((1 - w1) * self.latency_s[i0] + w1 * self.latency_s[i1]) * scale
         return value, scale != 1.0
+
+
+class MoeTable(_Strict):
+    """Measured seconds of one mixture-of-experts layer's routed experts (the grouped GEMMs:
+    gate/up, activation, down, with the token permutation around them) on one GPU of an
+    expert group, by the tokens routed in the whole group, for one expert shape, one split
+    (`moe_tp` x `moe_ep`) and one routing distribution."""
+
+    origin: TableOrigin
+    """Where and when it was measured."""
+    dtype: Literal["bf16", "fp8", "fp8_block"]
+    """Expert weight dtype: `bf16`, `fp8` (per tensor) or `fp8_block` (block scales)."""
+    kernel: str = ""
+    """The kernel timed, e.g. `vllm_unquantizedfusedmoe_triton_tritonexperts`."""
+    hidden: int = Field(ge=1)
+    """Hidden dimension (each expert's input and output width)."""
+    moe_ffn: int = Field(ge=1)
+    """Inner dimension of one expert (before `moe_tp` splits it)."""
+    top_k: int = Field(ge=1)
+    """Experts each token is routed to."""
+    n_experts: int = Field(ge=1)
+    """Routed experts of the layer (before `moe_ep` shards them)."""
+    moe_tp: int = Field(default=1, ge=1)
+    """Ways each expert's inner dimension is split."""
+    moe_ep: int = Field(default=1, ge=1)
+    """Ways the experts are sharded (expert parallelism)."""
+    routing_skew: float = Field(default=0.0, ge=0)
+    """Power-law exponent of the expert popularity the tokens were routed with (0: balanced,
+    every expert equally likely)."""
+    tokens: list[int] = Field(min_length=1)
+    """Tokens entering the layer across the expert group, ascending."""
+    latency_s: list[float]
+    """Measured seconds at each token count (all > 0)."""
+
+    @model_validator(mode="after")
+    def _check(self) -> MoeTable:
+        if not ascending(self.tokens):
+            raise ValueError("tokens must be positive and strictly ascending")
+        if len(self.latency_s) != len(self.tokens) or any(v <= 0 for v in self.latency_s):
+            raise ValueError("latency_s needs one value > 0 per token count")
+        return self
+
+    def lookup(self, tokens: float) -> tuple[float, bool]:
+        """Seconds at ``tokens`` (linear between knots, linear growth beyond the last) and
+        whether it extrapolated."""
+        i0, i1, w1, scale = interp_axis(self.tokens, tokens)
+        value = ((1 - w1) * self.latency_s[i0] + w1 * self.latency_s[i1]) * scale
+        return value, scale != 1.0
+
+
+class MlaTable(_Strict):
+    """Measured seconds of one multi-head latent attention module (DeepSeek-V2/V3: the query
+    and latent projections, attention over the cached latent and the output projection) on
+    one GPU, for one model shape and the heads of one GPU.
+
+    ``phase: prefill``: ``batch`` prompts of ``x`` tokens each; ``phase: decode``: one token
+    for each of ``batch`` sequences holding ``x`` tokens of cached latent."""
+
+    origin: TableOrigin
+    """Where and when it was measured."""
+    phase: Literal["prefill", "decode"]
+    """`prefill` (x = prompt length) or `decode` (x = context length per sequence)."""
+    heads: int = Field(ge=1)
+    """Query heads on one GPU."""
+    hidden: int = Field(ge=1)
+    """Hidden dimension of the model measured."""
+    q_lora_rank: int = Field(ge=0)
+    """Query latent rank of the model measured (0: a full query projection)."""
+    kv_lora_rank: int = Field(ge=1)
+    """Cached latent rank of the model measured."""
+    qk_rope_head_dim: int = Field(ge=0)
+    """Rotary key dimension of the model measured."""
+    gemm_dtype: Literal["bf16", "fp8_block"] = "bf16"
+    """Dtype of the module's projection weights."""
+    kv_dtype: Literal["bf16", "fp8"] = "bf16"
+    """Dtype of the cached latent."""
+    kernel: str = ""
+    """The attention kernel timed, e.g. `FLASH_ATTN_MLA`."""
+    curves: Curves
+    """Seconds over batch x prompt/context length."""
 
 
 class ElementwiseTable(_Strict):
@@ -393,7 +474,13 @@ class OpsProfile(_Strict):
     attention: list[AttentionTable] = Field(default_factory=list)
     """Attention tables, at most one per (phase, heads, kv_heads, head_dim, kv_dtype)."""
     all_reduce: list[CollectiveTable] = Field(default_factory=list)
-    """All-reduce tables, at most one per group size."""
+    """Collective tables (`all_reduce`, and `all_to_all` for expert dispatch and combine),
+    at most one per (op, group size)."""
+    moe: list[MoeTable] = Field(default_factory=list)
+    """Mixture-of-experts expert tables, at most one per (dtype, shape, split, skew)."""
+    mla: list[MlaTable] = Field(default_factory=list)
+    """Multi-head latent attention module tables, at most one per (phase, heads, shape,
+    dtypes)."""
     elementwise: list[ElementwiseTable] = Field(default_factory=list)
     """Elementwise op tables (norm, activation, embedding), at most one per op; ops without
     one are priced by the roofline."""
@@ -405,7 +492,17 @@ class OpsProfile(_Strict):
         seen: set[tuple[object, ...]] = set()
         keys: list[tuple[object, ...]] = [("gemm", t.dtype, t.resident_bytes) for t in self.gemm]
         keys += [(t.phase, t.heads, t.kv_heads, t.head_dim, t.kv_dtype) for t in self.attention]
-        keys += [("all_reduce", t.group) for t in self.all_reduce]
+        keys += [(t.op, t.group) for t in self.all_reduce]
+        keys += [
+            ("moe", t.dtype, t.hidden, t.moe_ffn, t.top_k, t.n_experts, t.moe_tp, t.moe_ep,
+             t.routing_skew)
+            for t in self.moe
+        ]  # fmt: skip
+        keys += [
+            ("mla", t.phase, t.heads, t.hidden, t.q_lora_rank, t.kv_lora_rank,
+             t.qk_rope_head_dim, t.gemm_dtype, t.kv_dtype)
+            for t in self.mla
+        ]  # fmt: skip
         keys += [("elementwise", t.op) for t in self.elementwise]
         for key in keys:
             if key in seen:

@@ -274,11 +274,16 @@ def test_cli_prints_a_catalogue_and_appends(tmp_path: Path) -> None:
     assert res.exit_code == 2 and "nope.json" in res.output
 
 
-def test_cost_prices_moe_by_roofline_and_refuses_mla() -> None:
+def test_cost_prices_moe_and_mla_from_tables() -> None:
     res = runner.invoke(app, ["cost", "--model", "mixtral-8x7b", "--tp", "2", "--json"])
     assert res.exit_code == 0, res.output
     out = json.loads(res.output.strip().splitlines()[-1])
-    assert out["seconds"] > 0 and set(out["sources"].values()) <= {"roofline", "not run"}
-    res = runner.invoke(app, ["cost", "--model", "deepseek-v3", "--tp", "8"])
-    assert res.exit_code == 2
-    assert "MLA (multi-head latent attention) pricing is not available yet" in res.output
+    assert out["seconds"] > 0 and out["sources"]["moe_experts"] == "table"
+    res = runner.invoke(app, ["cost", "--model", "deepseek-v3", "--tp", "8", "--json"])
+    assert res.exit_code == 0, res.output
+    out = json.loads(res.output.strip().splitlines()[-1])
+    assert out["sources"]["attention_decode"] == "table" and out["seconds"] > 0
+    res = runner.invoke(app, ["cost", "--model", "mixtral-8x7b", "--tp", "2", "--profile",
+                              "h200-sxm", "--json"])  # fmt: skip
+    out = json.loads(res.output.strip().splitlines()[-1])
+    assert set(out["sources"].values()) <= {"roofline", "not run"}

@@ -18,7 +18,7 @@ from sim.serving.costmodel import load_profile
 from sim.serving.itercost import iteration_cost
 from sim.serving.models import ModelSpec, load_catalogue, parse_catalogue
 from sim.serving.moeroofline import MoeRoofline
-from sim.serving.opcost import DecoderShape
+from sim.serving.opcost import DecoderShape, OpCostModel
 from sim.serving.roofline import roofline_pass
 
 runner = CliRunner()
@@ -135,16 +135,22 @@ def test_inconsistent_moe_and_mla_shapes_name_the_entry(shape: str, match: str) 
         one(shape)
 
 
-def test_moe_gets_the_touched_expert_roofline_and_mla_is_refused() -> None:
+def test_moe_and_mla_get_op_tables_or_the_roofline() -> None:
     m = one(MIXTRAL)
-    for profile in ("h200-sxm-vllm", "h200-sxm"):  # op tables or not: the MoE roofline
-        assert isinstance(iteration_cost(load_profile(profile), m), MoeRoofline)
-    with pytest.raises(InputError, match="not available yet"):
-        DecoderShape.from_model(m)  # the op tables do not price experts
+    assert isinstance(iteration_cost(load_profile("h200-sxm"), m), MoeRoofline)  # no tables
+    assert isinstance(iteration_cost(load_profile("h200-sxm-vllm"), m), OpCostModel)
+    s = DecoderShape.from_model(m)
+    assert (s.n_moe_layers, s.n_dense_layers, s.n_experts, s.top_k) == (2, 0, 8, 2)
     mla = one("family: deepseek_v3, n_layers: 1, hidden: 64, heads: 4, ffn: 8, vocab: 9, "
               "kv_lora_rank: 16, qk_rope_head_dim: 4, v_head_dim: 8")  # fmt: skip
-    with pytest.raises(InputError, match=r"MLA .*pricing is not available yet"):
-        iteration_cost(load_profile("h200-sxm"), mla)
+    for profile in ("h200-sxm", "h200-sxm-vllm"):  # MLA is priced: roofline or op model
+        c, k, _, _ = iteration_cost(load_profile(profile), mla).work(0, 0.0, 0, 4, 4096.0)
+        assert c + k > 0
+    # the op model's MLA decode reads each sequence's latent once for all heads: 4 heads
+    # and 1 head read the same 4096 x (16 + 4) latent elements
+    cm = OpCostModel(load_profile("h200-sxm-vllm"), mla)
+    assert cm.mla is not None and not cm.mla.module_tables  # no table of these dimensions
+    assert cm.kv_elem_bytes == 2.0 and mla.kv_heads == 1
 
 
 def without_experts(m: ModelSpec, experts_read: float) -> ModelSpec:

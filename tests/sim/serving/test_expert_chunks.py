@@ -183,6 +183,12 @@ def test_bad_experts_config_names_the_field(tmp_path: Path) -> None:
     dense["deployments"] = [{"model": "llama-2-7b"}]
     with pytest.raises(InputError, match=r"experts\.enabled: no deployed model has routed"):
         run_scenario(validate(dense, "x.yaml"), seed=0)
+    split = _trace_scenario(tmp_path).model_dump(mode="json")
+    split["cluster"]["ep"] = 2
+    split["cluster"]["tp"] = 2
+    split["cluster"]["gpus_per_server"] = 2
+    with pytest.raises(InputError, match=r"experts\.enabled: .*expert parallelism"):
+        run_scenario(validate(split, "x.yaml"), seed=0)
     scaled = _trace_scenario(tmp_path).model_dump(mode="json")
     scaled["autoscale"] = {"enabled": True}
     with pytest.raises(InputError, match=r"experts\.enabled: .*autoscale\.enabled"):

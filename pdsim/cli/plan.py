@@ -22,6 +22,7 @@ from pdsim.cli.common import (
     float_option,
     inputs_digest,
     int_option,
+    note_local_processes,
     out_path,
     result_name,
     user_errors,
@@ -128,6 +129,7 @@ def plan(
         check_out_dir(folder)
         check_out_kind(folder, "plan")
         _check_same_plan(folder, report_spec)
+        note_local_processes(workers, scheduler)
         with run_progress(f"plan {path.stem}", quiet or as_json, batches=True) as prog:
             try:
                 res = run_plan(

@@ -89,7 +89,7 @@ class Planner:
         """Run the seeds of several probes in one batch (in parallel on the runner's
         workers); :meth:`probe` then finds them in the run cache. Nothing to gain with one
         probe or no parallel runner."""
-        if len(wanted) < 2 or not getattr(self.runner, "uses_dask", False):
+        if len(wanted) < 2 or not self.runner.parallel:
             return
         pts: list[Point] = []
         for alt, size, qps in wanted:

@@ -21,7 +21,8 @@ ORDER = (
     "requests", "completed", "shed", "rejected", "unfinished", "degraded", "overloaded",
     "stop_reason", "replicas", "gpus",
     "sim_time_s", "throughput", "throughput_rps", "goodput_rps", "tokens_per_s",
-    "slo_attainment", "latency", "e2e", "ttft", "tpot", "tbt", "hit_rate", "bytes_by_tier",
+    "slo_attainment", "latency", "user_tokens_per_s", "e2e", "ttft", "tpot", "tbt", "hit_rate",
+    "bytes_by_tier",
     "param_wait_share", "param_load_p99_s", "utilisation",
 )  # fmt: skip
 PERCENT_WORDS = ("hit_rate", "share", "utilisation", "utilization", "attainment", "fragmentation")
@@ -33,7 +34,7 @@ def _unit(path: str) -> str:
     """``s``, ``rps``, ``tok/s``, ``%``, ``B``, ``tokens`` or ``""`` for dotted key ``path``."""
     parts = path.split(".")
     leaf = parts[-1]
-    if leaf.endswith("tokens_per_s"):
+    if any(p.endswith("tokens_per_s") for p in parts):
         return "tok/s"
     if leaf.endswith("_s") or any(p in SECONDS_SECTIONS for p in parts):
         return "s"

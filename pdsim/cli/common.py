@@ -177,6 +177,7 @@ RESULT_MARKERS: dict[str, tuple[str, ...]] = {
     "sweep": ("sweep-*.json", "sweep.json", "results.parquet"),
     "A/B": ("ab.json",),
     "plan": ("plan.json",),
+    "frontier": ("frontier.json",),
     "chaos": ("chaos.json", "seeds.jsonl"),
 }
 

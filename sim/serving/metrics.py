@@ -169,7 +169,8 @@ def user_speeds(first: np.ndarray, end: np.ndarray, out: np.ndarray) -> np.ndarr
     tokens that took time after their first (others have no decode phase)."""
     span = end - first
     keep = (out > 1) & (span > 0)
-    return (out[keep] - 1) / span[keep]
+    speeds: np.ndarray = (out[keep] - 1) / span[keep]
+    return speeds
 
 
 #: the per-user speed percentiles a summary reports: the median and the slow tail (p10: the

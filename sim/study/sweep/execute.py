@@ -47,7 +47,8 @@ Progress = Callable[[int, int], None]
 _RESOURCES: dict[tuple[str | None, str], tuple[Any, Any]] = {}
 
 
-def _resources(catalogue: str | None, profile: str) -> tuple[Any, Any]:
+def cached_resources(catalogue: str | None, profile: str) -> tuple[Any, Any]:
+    """The model catalogue and hardware profile named, read once per process."""
     from sim.serving.costmodel import load_profile
     from sim.serving.models import load_catalogue
 
@@ -74,7 +75,7 @@ def run_point(task: dict[str, Any]) -> dict[str, Any]:
     }
     t0 = time.perf_counter()
     try:
-        cat, prof = _resources(sc.catalogue, sc.profile)
+        cat, prof = cached_resources(sc.catalogue, sc.profile)
         result = run_scenario(sc, task["seed"], catalogue=cat, profile=prof)
         rec.update(status="ok", error=None, metrics=flatten(result.summary))
     except Exception as err:  # a failing run is reported, never lost or fatal

@@ -177,3 +177,29 @@ def test_llama70b_h200_frontier_best_point_near_aiconfigurator(tmp_path: Path) -
     assert r.exit_code == 0, r.output
     best = json.loads(r.output.strip().splitlines()[-1])["chosen"]
     assert best["tokens_per_s_per_gpu"] == pytest.approx(546.6, rel=0.10)
+
+
+@pytest.mark.parametrize(
+    ("args", "match"),
+    [
+        (["--tp", "2,x", "--tpot", "30ms"], "--tp: '2,x': allowed: distinct integers"),
+        (["--max-num-seqs", "0", "--tpot", "30ms"], "--max-num-seqs: '0': allowed"),
+        (["--tp", "2"], "give at least one of --ttft, --tpot, --e2e"),
+        (["--tpot", "soon"], "--tpot: 'soon' is not a duration"),
+        (["--tpot", "30ms", "--percentile", "p42"], "--percentile: 'p42'; allowed: p50"),
+        (["--tpot", "30ms", "--qps-lo", "9", "--qps-hi", "3"], "--qps-lo: 9: must be below"),
+        (["--tpot", "30ms", "--emit", "trt"], "--emit: 'trt'; allowed: vllm"),
+        (["--tpot", "30ms", "--set", "cluster.tq=3"], "--set cluster.tq=3: unknown key"),
+    ],
+)
+def test_bad_frontier_options_are_one_line_and_write_nothing(
+    tmp_path: Path, args: list[str], match: str
+) -> None:
+    scen = tmp_path / "tiny.yaml"
+    scen.write_text(TINY)
+    out = tmp_path / "o"
+    r = CliRunner().invoke(app, ["frontier", str(scen), *args, "--out", str(out)])
+    assert r.exit_code == 2
+    lines = [ln for ln in r.output.splitlines() if ln.strip()]
+    assert len(lines) == 1 and match in lines[0], r.output
+    assert not out.exists()

@@ -324,4 +324,8 @@ def _print(res: FrontierResult) -> None:
 
 
 def _ms(v: Any) -> str:
-    return "-" if v is None or v != v else f"{float(v) * 1e3:.1f} ms"
+    """Seconds as ``12.7 ms`` or ``4.36 s`` (:func:`pdsim.cli.format.fmt_seconds`); ``-``
+    when missing."""
+    from pdsim.cli.format import fmt_seconds
+
+    return "-" if v is None or v != v else fmt_seconds(float(v))

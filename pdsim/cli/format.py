@@ -94,8 +94,13 @@ def fmt_value(path: str, v: Any) -> str:
 
 def _label(path: str) -> str:
     """``per_class.high.latency`` -> ``class high latency``; a trailing ``_s`` (the unit is
-    in the value) and underscores go."""
-    parts = [p[:-2] if p.endswith("_s") and len(p) > 2 else p for p in path.split(".")]
+    in the value) and underscores go; ``tokens_per_s`` reads ``tokens/s``."""
+    parts = [
+        p.replace("tokens_per_s", "tokens/s")
+        if p.endswith("tokens_per_s")
+        else (p[:-2] if p.endswith("_s") and len(p) > 2 else p)
+        for p in path.split(".")
+    ]
     if parts[0] == "per_class":
         parts[0] = "class"
     return " ".join(parts).replace("_", " ").replace("p999", "p99.9")

@@ -85,6 +85,15 @@ def frontier(
             "--max-num-seqs", metavar="LIST", help="replica.max_num_seqs values, e.g. 16,64,256."
         ),
     ] = "8,16,32,64,128,256",
+    disagg: Annotated[
+        str | None,
+        typer.Option(
+            "--disagg",
+            metavar="LIST",
+            help="Disaggregated deployments too, PxTP+DxTP each (e.g. 1x4+1x4,2x2+2x2: "
+            "prefill replicas x tp + decode replicas x tp), crossed with --max-num-seqs.",
+        ),
+    ] = None,
     max_num_batched_tokens: Annotated[
         str | None,
         typer.Option(
@@ -212,6 +221,7 @@ def frontier(
                 "--max-num-batched-tokens", max_num_batched_tokens, 1, 1_000_000_000
             )
         slo = _slo(ttft, tpot, e2e, percentile)
+        shapes = _shapes(disagg)
         if not qps_lo < qps_hi:
             raise InputError(f"{qps_lo:g}: must be below --qps-hi {qps_hi:g}", source="--qps-lo")
         overrides: dict[str, Any] = {}
@@ -220,7 +230,8 @@ def frontier(
             overrides[".".join(key)] = value
         path = Path(sc["path"])
         digest = inputs_digest([path.read_text("utf-8"), grid, slo.model_dump(mode="json"),
-                                overrides, qps_lo, qps_hi, tolerance, seeds])  # fmt: skip
+                                overrides, qps_lo, qps_hi, tolerance, seeds,
+                                [str(x) for x in shapes]])  # fmt: skip
         folder = (
             out if out is not None else Path("runs") / result_name("frontier", path.stem, digest)
         )
@@ -234,7 +245,7 @@ def frontier(
                 res = run_frontier(
                     path, grid, slo, folder, size=sc["servers"], qps_range=(qps_lo, qps_hi),
                     tolerance=tolerance, seeds=seeds, overrides=overrides,
-                    min_user_tps=min_user_tps, record={"inputs": digest},
+                    min_user_tps=min_user_tps, disagg=shapes, record={"inputs": digest},
                     workers=workers, scheduler=scheduler,
                     progress=(lambda s: err_console.print(f"probe {s}")) if talk else None,
                     run_progress=prog,
@@ -263,11 +274,29 @@ def _emit(
     if res.chosen is None:
         raise InputError("no configuration met the objectives: nothing to emit", source="--emit")
     row = res.frame.iloc[res.chosen]
+    if row["family"] != "aggregated":
+        raise InputError(
+            f"the chosen point is disaggregated ({row['deployment']}): not emitted yet",
+            source="--emit vllm",
+        )
     point = {k: [int(row[k.split(".")[-1]])] for k in grid}
     point["cluster.servers"] = [servers]
     base = [override_text(k, v) for k, v in overrides.items()]
     sc = build_points(path, point, [0], base, None, source="frontier")[0].scenario
     write_emitted(res.folder, sc)
+
+
+def _shapes(text: str | None) -> list[Any]:
+    """``--disagg``'s deployments (:class:`sim.study.frontier.DisaggShape`); InputError
+    naming the option for a malformed one."""
+    from sim.study.frontier import DisaggShape
+
+    if text is None:
+        return []
+    try:
+        return [DisaggShape.parse(item.strip()) for item in text.split(",") if item.strip()]
+    except ValueError as err:
+        raise InputError(str(err), source="--disagg") from None
 
 
 def _load(text: str, set_: list[str] | None) -> dict[str, Any]:
@@ -295,7 +324,7 @@ def _print(res: FrontierResult) -> None:
     one sentence naming the chosen point."""
     t = Table(title="frontier (every column: frontier.csv)", header_style="bold")
     df = res.frame
-    cols = ["tp", "max_num_seqs", *(["max_num_batched_tokens"] if "max_num_batched_tokens"
+    cols = ["deployment", "max_num_seqs", *(["max_num_batched_tokens"] if "max_num_batched_tokens"
             in df.columns else []), "capacity req/s", "tok/s/GPU", "tok/s/user",
             "TTFT p50", "TTFT p99", "TPOT p50", "E2E p99", "frontier"]  # fmt: skip
     for c in cols:
@@ -303,7 +332,7 @@ def _print(res: FrontierResult) -> None:
     for r in df.to_dict("records"):
         mark = "chosen *" if r["chosen"] else ("yes" if r["on_frontier"] else "")
         t.add_row(
-            str(r["tp"]), str(r["max_num_seqs"]),
+            str(r["deployment"]), str(r["max_num_seqs"]),
             *([str(r["max_num_batched_tokens"])] if "max_num_batched_tokens" in r else []),
             _num(r["capacity_rps"], "{:.4g}"), _num(r["tokens_per_s_per_gpu"], "{:.1f}"),
             _num(r["tokens_per_s_per_user"], "{:.1f}"), _ms(r["ttft_p50_s"]),
@@ -316,7 +345,7 @@ def _print(res: FrontierResult) -> None:
     else:
         r = df.iloc[res.chosen]
         console.print(
-            f"chosen: tp={r['tp']}, max_num_seqs={r['max_num_seqs']}: "
+            f"chosen: {r['deployment']}, max_num_seqs={r['max_num_seqs']}: "
             f"{r['tokens_per_s_per_gpu']:.1f} tokens/s/GPU at {r['tokens_per_s_per_user']:.1f} "
             f"tokens/s/user (capacity {r['capacity_rps']:.4g} req/s on {r['gpus']} GPUs)"
         )

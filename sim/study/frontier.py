@@ -1,8 +1,9 @@
 """The throughput / per-user speed frontier of a deployment: ``pdsim frontier``.
 
-For every configuration of the grid (tensor-parallel degree ``cluster.tp`` x
-``replica.max_num_seqs`` x ``replica.max_num_batched_tokens``, aggregated replicas on the
-scenario's cluster), the highest Poisson load that meets the SLOs is found by bisection
+For every configuration of the grid (aggregated replicas: tensor-parallel degree ``cluster.tp``
+x ``replica.max_num_seqs`` x ``replica.max_num_batched_tokens``; disaggregated deployments:
+each :class:`DisaggShape` x the same batch knobs; all on the scenario's cluster), the highest
+Poisson load that meets the SLOs is found by bisection
 (:meth:`sim.study.plan.Planner.max_qpss`, all configurations in lockstep so each round's
 probes run together on Dask or local processes). At that load the configuration's
 
@@ -20,6 +21,7 @@ Cost: each configuration's bisection takes about ``2 + log2(range / tolerance)``
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import json
 import math
@@ -102,12 +104,79 @@ def _plan_spec(
     )
 
 
+@dataclass(frozen=True)
+class DisaggShape:
+    """A disaggregated deployment of the frontier: ``prefill`` x tp ``prefill_tp`` prompt
+    replicas and ``decode`` x tp ``decode_tp`` decode replicas (``disaggregation``)."""
+
+    prefill: int
+    prefill_tp: int
+    decode: int
+    decode_tp: int
+
+    @classmethod
+    def parse(cls, text: str) -> DisaggShape:
+        """``PxT+DxU`` (e.g. ``1x4+1x4``: one tp-4 prefill and one tp-4 decode replica);
+        ValueError otherwise."""
+        try:
+            pre, dec = text.split("+")
+            (pn, pt), (dn, dt) = (tuple(int(v) for v in part.split("x")) for part in (pre, dec))
+        except ValueError:
+            raise ValueError(f"{text!r} is not PxTP+DxTP (e.g. 1x4+1x4)") from None
+        if min(pn, pt, dn, dt) < 1:
+            raise ValueError(f"{text!r}: replicas and tp must be >= 1")
+        return cls(pn, pt, dn, dt)
+
+    def overrides(self) -> dict[str, Any]:
+        """The scenario keys that make this deployment."""
+        return {
+            "disaggregation.enabled": True,
+            "disaggregation.prefill.replicas": self.prefill,
+            "disaggregation.prefill.tp": self.prefill_tp,
+            "disaggregation.decode.replicas": self.decode,
+            "disaggregation.decode.tp": self.decode_tp,
+        }
+
+
+def describe(alt: dict[str, Any]) -> dict[str, Any]:
+    """A configuration's identifying columns: ``family`` (aggregated, disaggregated),
+    ``deployment`` (``agg tp4``, ``P 1xtp4 + D 1xtp4``), ``tp`` (aggregated: the replicas';
+    disaggregated: the decode pool's), ``max_num_seqs`` and, when swept,
+    ``max_num_batched_tokens``."""
+    row: dict[str, Any] = {}
+    if alt.get("disaggregation.enabled"):
+        pn, pt = alt["disaggregation.prefill.replicas"], alt["disaggregation.prefill.tp"]
+        dn, dt = alt["disaggregation.decode.replicas"], alt["disaggregation.decode.tp"]
+        row.update(family="disaggregated", deployment=f"P {pn}xtp{pt} + D {dn}xtp{dt}", tp=dt)
+    else:
+        tp = alt["cluster.tp"]
+        row.update(family="aggregated", deployment=f"agg tp{tp}", tp=tp)
+    row["max_num_seqs"] = alt["cluster.replica.max_num_seqs"]
+    if "cluster.replica.max_num_batched_tokens" in alt:
+        row["max_num_batched_tokens"] = alt["cluster.replica.max_num_batched_tokens"]
+    return row
+
+
+def disagg_alternatives(
+    shapes: Sequence[DisaggShape], grid: dict[str, list[int]]
+) -> list[dict[str, Any]]:
+    """Every disaggregated shape crossed with the grid's batch knobs (not ``cluster.tp``:
+    each pool has its own)."""
+    knobs = {k: v for k, v in grid.items() if k != "cluster.tp"}
+    keys = list(knobs)
+    return [
+        {**shape.overrides(), **dict(zip(keys, combo, strict=True))}
+        for shape in shapes
+        for combo in itertools.product(*(knobs[k] for k in keys))
+    ]
+
+
 def frontier_rows(pl: Any, alts: list[dict[str, Any]], size: int) -> list[dict[str, Any]]:
     """One row per configuration: its capacity (highest passing load) and, at that load, the
     GPUs, tokens/s/GPU, tokens/s/user and latencies; ``reason`` when none passes."""
     rows: list[dict[str, Any]] = []
     for alt, (qmax, boundary) in zip(alts, pl.max_qpss(alts, size), strict=True):
-        row: dict[str, Any] = {k.split(".")[-1]: v for k, v in alt.items()}
+        row = describe(alt)
         at = pl.answer_probe(alt, size, qmax) if qmax is not None else None
         fig = at.figures if at is not None else {}
         gpus = fig.get("gpus")
@@ -159,6 +228,7 @@ def run_frontier(
     seeds: int = 1,
     overrides: dict[str, Any] | None = None,
     min_user_tps: float = 0.0,
+    disagg: Sequence[DisaggShape] = (),
     record: dict[str, Any] | None = None,
     workers: int = 1,
     scheduler: str | None = None,
@@ -177,7 +247,10 @@ def run_frontier(
     pl = Planner(spec, scenario, runner, RunCache(folder), seed_list(spec.seeds, "frontier"),
                  progress, run_progress)  # fmt: skip
     check_plan(spec, pl, "frontier")
-    alts = alternatives(spec)
+    extra = disagg_alternatives(disagg, grid)
+    for alt in extra:  # validated like check_plan's: an unknown key or value is an input error
+        pl.points(alt, size, qps_range[0])
+    alts = alternatives(spec) + extra
     with runner:
         rows = frontier_rows(pl, alts, size)
     df = pd.DataFrame(rows)
@@ -203,6 +276,7 @@ def run_frontier(
     report = {
         **(record or {}),
         "grid": grid,
+        "disaggregated": [dataclasses.asdict(d) for d in disagg],
         "slo": slo.model_dump(mode="json"),
         "size": size,
         "seeds": seeds,

@@ -352,14 +352,17 @@ def _integer_axis(axis: Any, values: list[int], set_lim: Any) -> None:
 
 def pareto_plot(df: pd.DataFrame, path: Path, tpot_limit_s: float | None, title: str) -> Path:
     """``pdsim frontier``'s plot: tokens/s/GPU against tokens/s/user of every configuration
-    at its capacity (one colour per tensor-parallel degree, labelled by max_num_seqs), the
-    Pareto frontier as a line, the chosen point as a star, and the TPOT objective as the
-    vertical line ``1 / TPOT`` tokens/s/user (a median user slower than it misses it)."""
+        at its capacity (one colour per deployment: aggregated tp, or disaggregated pools as
+    squares; each point labelled by max_num_seqs), the
+        Pareto frontier as a line, the chosen point as a star, and the TPOT objective as the
+        vertical line ``1 / TPOT`` tokens/s/user (a median user slower than it misses it)."""
     fig, ax = figure_with_axes(figsize=(7, 4.5))
     ok = df.dropna(subset=["tokens_per_s_per_user", "tokens_per_s_per_gpu"])
-    for tp, g in ok.groupby("tp", sort=True):
-        ax.plot(g["tokens_per_s_per_user"], g["tokens_per_s_per_gpu"], "o", alpha=0.6,
-                label=f"tp={tp}")  # fmt: skip
+    groups = ok.groupby("deployment", sort=False) if "deployment" in ok else ok.groupby("tp")
+    for name, g in groups:
+        disagg = str(name).startswith("P ")
+        ax.plot(g["tokens_per_s_per_user"], g["tokens_per_s_per_gpu"], "s" if disagg else "o",
+                alpha=0.6, label=str(name))  # fmt: skip
         for _, r in g.iterrows():
             ax.annotate(f"{int(r['max_num_seqs'])}", (r["tokens_per_s_per_user"],
                         r["tokens_per_s_per_gpu"]), xytext=(3, 3), textcoords="offset points",
@@ -377,7 +380,8 @@ def pareto_plot(df: pd.DataFrame, path: Path, tpot_limit_s: float | None, title:
             "*",
             ms=16,
             color="tab:red",
-            label=f"chosen: tp={r['tp']}, max_num_seqs={r['max_num_seqs']}",
+            label=f"chosen: {r.get('deployment', 'tp=' + str(r['tp']))}, "
+            f"max_num_seqs={r['max_num_seqs']}",
         )
     if tpot_limit_s:
         ax.axvline(

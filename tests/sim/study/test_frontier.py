@@ -107,7 +107,8 @@ workload:
 
 
 def test_tiny_frontier_end_to_end(tmp_path: Path) -> None:
-    """Two batch caps on 2 GPUs (tp 1): one sequence at a time per replica against four.
+    """Two batch caps on 2 GPUs (tp 1): one sequence at a time per replica against four,
+    aggregated and disaggregated (one prefill and one decode GPU).
     Every figure of a row is recomputed from its answer probe's run record (output tokens/s
     over GPUs, the median user speed), the capacity passes and the next probe above it
     fails, the cap of four carries more per GPU while one sequence is faster per user, the
@@ -118,18 +119,30 @@ def test_tiny_frontier_end_to_end(tmp_path: Path) -> None:
     out = tmp_path / "o"
     r = CliRunner().invoke(
         app,
-        ["frontier", str(scen), "--tp", "1", "--max-num-seqs", "1,4", "--tpot", "8ms",
+        ["frontier", str(scen), "--tp", "1", "--max-num-seqs", "1,4", "--disagg", "1x1+1x1",
+         "--tpot", "8ms",
          "--e2e", "2s", "--qps-lo", "1", "--qps-hi", "80", "--tolerance", "0.1",
          "--out", str(out), "--emit", "vllm", "--json"],
     )  # fmt: skip
     assert r.exit_code == 0, r.output
     res = json.loads(r.output.strip().splitlines()[-1])
-    rows = {row["max_num_seqs"]: row for row in res["frontier"]}
+    disagg = [row for row in res["frontier"] if row["family"] == "disaggregated"]
+    assert [(row["deployment"], row["max_num_seqs"]) for row in disagg] == [
+        ("P 1xtp1 + D 1xtp1", 1),
+        ("P 1xtp1 + D 1xtp1", 4),
+    ]
+    assert all(row["capacity_rps"] is not None and row["gpus"] == 2 for row in disagg)
+    rows = {row["max_num_seqs"]: row for row in res["frontier"] if row["family"] == "aggregated"}
     assert set(rows) == {1, 4}
     recs = [json.loads(p.read_text()) for p in (out / "runs").glob("*.json")]
     for n, row in rows.items():
         assert row["capacity_rps"] is not None and row["gpus"] == 2
-        mine = [x for x in recs if x["params"]["cluster.replica.max_num_seqs"] == n]
+        mine = [
+            x
+            for x in recs
+            if x["params"]["cluster.replica.max_num_seqs"] == n
+            and "disaggregation.enabled" not in x["params"]
+        ]
         at = [x for x in mine if x["params"]["workload.rate"] == row["capacity_rps"]]
         (m,) = [x["metrics"] for x in at]
         assert row["tokens_per_s_per_gpu"] == pytest.approx(
@@ -150,6 +163,7 @@ def test_tiny_frontier_end_to_end(tmp_path: Path) -> None:
     assert rows[1]["tokens_per_s_per_user"] > rows[4]["tokens_per_s_per_user"]
     front = [row for row in res["frontier"] if row["on_frontier"]]
     assert res["chosen"] == max(front, key=lambda row: row["tokens_per_s_per_gpu"])
+    assert res["chosen"]["family"] == "aggregated"  # (a disaggregated one is not emitted)
     csv = pd.read_csv(out / "frontier.csv")
     assert list(csv["max_num_seqs"]) == [row["max_num_seqs"] for row in res["frontier"]]
     assert (out / "frontier.png").stat().st_size > 1000
@@ -191,6 +205,7 @@ def test_llama70b_h200_frontier_best_point_near_aiconfigurator(tmp_path: Path) -
         (["--tpot", "30ms", "--percentile", "p42"], "--percentile: 'p42'; allowed: p50"),
         (["--tpot", "30ms", "--qps-lo", "9", "--qps-hi", "3"], "--qps-lo: 9: must be below"),
         (["--tpot", "30ms", "--emit", "trt"], "--emit: 'trt'; allowed: vllm"),
+        (["--tpot", "30ms", "--disagg", "1x4"], "--disagg: '1x4' is not PxTP+DxTP"),
         (["--tpot", "30ms", "--set", "cluster.tq=3"], "--set cluster.tq=3: unknown key"),
     ],
 )

@@ -19,6 +19,7 @@ from pdsim.cli import cache as _cache
 from pdsim.cli import calibrate as _calibrate
 from pdsim.cli import chaos as _chaos
 from pdsim.cli import cost as _cost
+from pdsim.cli import frontier as _frontier
 from pdsim.cli import model as _model
 from pdsim.cli import plan as _plan
 from pdsim.cli import profile as _profile
@@ -89,6 +90,7 @@ app.command("run", short_help="Simulate a scenario; summary table and run folder
 app.command("sweep", short_help="Runs over a grid of overrides x seeds, cached.")(_sweep.sweep)
 app.command("ab", short_help="Paired A/B runs; B - A with bootstrap CIs.")(_ab.ab)
 app.command("plan", short_help="Smallest cluster for a load, or highest load.")(_plan.plan)
+app.command("frontier", short_help="tokens/s/GPU vs tokens/s/user, Pareto.")(_frontier.frontier)
 app.command("calibrate", short_help="Measure this machine into a profile.")(_calibrate.calibrate)
 app.command("validate", short_help="Real engine vs simulator, with errors.")(_validate.validate)
 app.command("chaos", short_help="Random-fault seeds under the checkers.")(_chaos.chaos)

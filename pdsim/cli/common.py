@@ -37,6 +37,17 @@ def user_errors() -> Iterator[None]:
         raise typer.Exit(code=2) from None
 
 
+def note_local_processes(workers: int, scheduler: str | None) -> None:
+    """Print the one line saying that runs go to local processes because Dask (the ``dist``
+    extra) is missing; :class:`InputError` naming the extra for ``--scheduler`` without it
+    (sim.study.sweep.execute.local_note). Nothing when Dask is there or nothing is parallel."""
+    from sim.study.sweep.execute import local_note
+
+    note = local_note(workers, scheduler)
+    if note is not None:
+        err_console.print(f"note: {escape(note)}", soft_wrap=True)
+
+
 #: most Dask workers of one command (``--workers``)
 MAX_WORKERS = 1024
 #: most bootstrap resamples (``ab --resamples``)
@@ -166,6 +177,7 @@ RESULT_MARKERS: dict[str, tuple[str, ...]] = {
     "sweep": ("sweep-*.json", "sweep.json", "results.parquet"),
     "A/B": ("ab.json",),
     "plan": ("plan.json",),
+    "frontier": ("frontier.json",),
     "chaos": ("chaos.json", "seeds.jsonl"),
 }
 

@@ -9,7 +9,10 @@ mixture-of-experts model's experts over ``N`` GPUs (with ``N > tp``: ``N / tp``
 attention-data-parallel replicas, each running a batch like this one), ``--routing-skew``
 sets how unevenly tokens pick experts. It prints a table (op,
 seconds, share, source: measured table or roofline) or, with ``--json``, one JSON object on
-the last line: ``{"seconds": ..., "ops": {op: seconds}, "sources": {op: source}, ...}``.
+the last line: ``{"seconds": ..., "ops": {op: seconds}, "sources": {op: source}, ...,
+"framework_origin": ...}``. The serving framework's overheads (per iteration, per request
+admitted, per token sampled) are ops like the kernels, with their provenance printed under
+the table (``framework_origin``), or a line saying the profile states none.
 """
 
 from __future__ import annotations
@@ -165,6 +168,8 @@ def cost(
             args = (batch * context, batch * context * context, batch, 0, 0.0)
         ops = cm.breakdown(*args)
     total = sum(secs for _, secs, _ in ops)
+    fw = prof.ops.framework if prof.ops is not None else None
+    origin = fw.origin if fw is not None else None
     if as_json:
         print(
             json.dumps(
@@ -179,6 +184,7 @@ def cost(
                     "phase": phase,
                     "batch": batch,
                     "context": context,
+                    "framework_origin": origin,
                 }
             )
         )
@@ -193,3 +199,12 @@ def cost(
         table.add_row(name, f"{secs * 1e3:.4f}", f"{share:6.1%}", src)
     table.add_row("total", f"{total * 1e3:.4f}", "100.0%", "")
     console.print(table)
+    if origin is not None:
+        console.print(
+            f"framework overheads (iteration_overhead, admission, token_output): {origin}"
+        )
+    else:
+        console.print(
+            f"{prof.name} states no framework overheads (ops.framework): admission and "
+            "token_output are 0 and marked 'none in profile'"
+        )

@@ -21,7 +21,8 @@ ORDER = (
     "requests", "completed", "shed", "rejected", "unfinished", "degraded", "overloaded",
     "stop_reason", "replicas", "gpus",
     "sim_time_s", "throughput", "throughput_rps", "goodput_rps", "tokens_per_s",
-    "slo_attainment", "latency", "e2e", "ttft", "tpot", "tbt", "hit_rate", "bytes_by_tier",
+    "slo_attainment", "latency", "user_tokens_per_s", "e2e", "ttft", "tpot", "tbt", "hit_rate",
+    "bytes_by_tier",
     "param_wait_share", "param_load_p99_s", "utilisation",
 )  # fmt: skip
 PERCENT_WORDS = ("hit_rate", "share", "utilisation", "utilization", "attainment", "fragmentation")
@@ -33,7 +34,7 @@ def _unit(path: str) -> str:
     """``s``, ``rps``, ``tok/s``, ``%``, ``B``, ``tokens`` or ``""`` for dotted key ``path``."""
     parts = path.split(".")
     leaf = parts[-1]
-    if leaf.endswith("tokens_per_s"):
+    if any(p.endswith("tokens_per_s") for p in parts):
         return "tok/s"
     if leaf.endswith("_s") or any(p in SECONDS_SECTIONS for p in parts):
         return "s"
@@ -93,8 +94,13 @@ def fmt_value(path: str, v: Any) -> str:
 
 def _label(path: str) -> str:
     """``per_class.high.latency`` -> ``class high latency``; a trailing ``_s`` (the unit is
-    in the value) and underscores go."""
-    parts = [p[:-2] if p.endswith("_s") and len(p) > 2 else p for p in path.split(".")]
+    in the value) and underscores go; ``tokens_per_s`` reads ``tokens/s``."""
+    parts = [
+        p.replace("tokens_per_s", "tokens/s")
+        if p.endswith("tokens_per_s")
+        else (p[:-2] if p.endswith("_s") and len(p) > 2 else p)
+        for p in path.split(".")
+    ]
     if parts[0] == "per_class":
         parts[0] = "class"
     return " ".join(parts).replace("_", " ").replace("p999", "p99.9")

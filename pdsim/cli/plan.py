@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.console import Console
@@ -22,6 +22,7 @@ from pdsim.cli.common import (
     float_option,
     inputs_digest,
     int_option,
+    note_local_processes,
     out_path,
     result_name,
     user_errors,
@@ -101,6 +102,15 @@ def plan(
             "options); a folder holding another plan's results is refused.",
         ),
     ] = None,
+    emit: Annotated[
+        str | None,
+        typer.Option(
+            "--emit",
+            metavar="ENGINE",
+            help="Also write the launch command of the chosen deployment: vllm (vllm-serve.sh: "
+            "tp, pp, max sequences, token budget, GPU memory share, prefix caching).",
+        ),
+    ] = None,
     quiet: Annotated[bool, typer.Option("--quiet", help="No progress or table.")] = False,
     as_json: Annotated[
         bool,
@@ -117,6 +127,7 @@ def plan(
     from sim.study.planspec import plan_from_file
 
     with user_errors():
+        check_emit(emit)
         if out is not None:
             check_out_dir(out)
         path = resolve_scenario(plan_file, "plan")
@@ -128,6 +139,7 @@ def plan(
         check_out_dir(folder)
         check_out_kind(folder, "plan")
         _check_same_plan(folder, report_spec)
+        note_local_processes(workers, scheduler)
         with run_progress(f"plan {path.stem}", quiet or as_json, batches=True) as prog:
             try:
                 res = run_plan(
@@ -147,6 +159,9 @@ def plan(
     for a in [*res.answers, *res.notes]:
         console.print(a)
     console.print(f"results: {res.folder} (plan.json, frontier.csv, frontier.png)")
+    if emit is not None:
+        with user_errors():
+            _emit_plan(res, spec, scen)
     if as_json:
         typer.echo(json.dumps(plan_json(res)))
     if res.compare is not None and res.compare.get("choice") == "none":
@@ -290,3 +305,45 @@ def _check_same_plan(folder: Path, spec: dict[str, object]) -> None:
             f"--out {folder}: holds plan.json of another plan (its spec differs); give another "
             "folder or leave out --out"
         )
+
+
+#: engines whose launch command ``--emit`` writes
+EMIT_ENGINES = ("vllm",)
+
+
+def check_emit(emit: str | None) -> None:
+    """:class:`InputError` naming ``--emit`` and the engines allowed for any other value."""
+    if emit is not None and emit not in EMIT_ENGINES:
+        raise InputError(f"{emit!r}; allowed: {', '.join(EMIT_ENGINES)}", source="--emit")
+
+
+def write_emitted(folder: Path, sc: object) -> None:
+    """Write and print ``vllm-serve.sh`` for the deployment scenario ``sc``."""
+    from sim.study.emit import vllm_command
+    from sim.study.sweep.resultcache import write_atomic
+
+    text = vllm_command(sc)
+    write_atomic(folder / "vllm-serve.sh", text)
+    console.print(text.rstrip("\n"), markup=False)
+    console.print(f"launch command: {folder / 'vllm-serve.sh'}")
+
+
+def _emit_plan(res: Any, spec: PlanFile, scen: Path) -> None:
+    """``--emit vllm`` of a plan: the chosen min-size answer's deployment; InputError when
+    the plan has none (no min-size question, none met the SLOs, or a compare plan)."""
+    from sim.study.planreport import chosen_row
+    from sim.study.sweep.spec import build_points, override_text
+
+    row = chosen_row(res)
+    if row is None:
+        raise InputError(
+            "no deployment to emit: the plan has no passing min-size answer (compare plans "
+            "are not emitted yet)",
+            source="--emit vllm",
+        )
+    grid = {k: [row[k]] for k in spec.alternatives}
+    grid[spec.size_key] = [int(row["size"])]
+    grid[spec.qps_key] = [row["qps"]]
+    base = [override_text(k, v) for k, v in spec.set.items()]
+    sc = build_points(scen, grid, [0], base, spec.variant, source="plan")[0].scenario
+    write_emitted(res.folder, sc)

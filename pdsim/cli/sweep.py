@@ -21,6 +21,7 @@ from pdsim.cli.common import (
     err_console,
     inputs_digest,
     int_option,
+    note_local_processes,
     out_path,
     result_name,
     user_errors,
@@ -199,6 +200,7 @@ def sweep(
             folder = out
         check_out_dir(folder)
         check_out_kind(folder, "sweep")
+        note_local_processes(workers, scheduler)
         with run_progress(f"sweep {name}", quiet) as prog:
             res = execute(
                 points, folder, workers=workers, scheduler=scheduler, max_runs=max_runs,

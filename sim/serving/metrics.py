@@ -165,6 +165,30 @@ def _latency_arrays(
     return {"e2e": _pct(end - arrival), "ttft": _pct(first - arrival), "tpot": _pct(tpot)}
 
 
+def user_speeds(first: np.ndarray, end: np.ndarray, out: np.ndarray) -> np.ndarray:
+    """Per-user speed of done requests given as aligned arrays: output tokens per second
+    of each request's decode phase, ``(out - 1) / (end - first)`` (its tokens after the
+    first over the time they took: 1 / the request's TPOT), for requests of two or more
+    tokens that took time after their first (others have no decode phase)."""
+    span = end - first
+    keep = (out > 1) & (span > 0)
+    speeds: np.ndarray = (out[keep] - 1) / span[keep]
+    return speeds
+
+
+#: the per-user speed percentiles a summary reports: the median and the slow tail (p10: the
+#: speed 90% of users reach or beat; p1: 99%), then the mean
+SPEED_PERCENTILES: tuple[str, ...] = ("p50", "p10", "p1", "mean")
+
+
+def speed_summary(speeds: np.ndarray) -> dict[str, float | None]:
+    """``{p50, p10, p1, mean}`` of per-user speeds (tokens/s; all None without any)."""
+    if speeds.size == 0:
+        return dict.fromkeys(SPEED_PERCENTILES)
+    q = np.percentile(speeds, [50, 10, 1])
+    return {"p50": float(q[0]), "p10": float(q[1]), "p1": float(q[2]), "mean": float(speeds.mean())}
+
+
 def _limit(classes: dict[str, dict[str, float | None]], cls: str, key: str) -> float:
     """``cls``'s objective ``key``: inf when None; NaN (never met) when ``cls`` has no entry."""
     if cls not in classes:
@@ -228,7 +252,8 @@ def summarize(
     system, per second (so time in the system is not lost throughput); ``overloaded`` when achieved <
     ``OVERLOAD_SHARE`` x offered. ``requests`` counts every request of the run;
     ``throughput.run_rps`` and ``tokens_per_s`` are over the whole run (completed / simulated
-    time), warm-up and drain included.
+    time), warm-up and drain included. ``user_tokens_per_s`` is the per-user speed
+    (:func:`user_speeds`) of the window's done requests: median, slow tail and mean.
 
     Memory: reads ``df``'s columns as arrays and selects with index arrays (a few bytes per
     request), never copying the frame."""
@@ -283,6 +308,7 @@ def summarize(
             "done": len(gd),
             "shed": int(is_shed[g].sum()),
             "latency": lat(gd),
+            "user_tokens_per_s": speed_summary(user_speeds(first[gd], end[gd], out_tok[gd])),
             "goodput_rps": int(ok.sum()) / span,
             "slo_attainment": int(ok.sum()) / len(g) if len(g) else None,
         }
@@ -314,6 +340,7 @@ def summarize(
         "goodput_rps": int(good.sum()) / span,
         "slo_attainment": int(good.sum()) / len(win) if len(win) else None,
         "latency": lat(done),
+        "user_tokens_per_s": speed_summary(user_speeds(first[done], end[done], out_tok[done])),
         "per_model_class": per,
         "per_class": by_class,
         "param_wait_share": m.param_wait / m.busy if m.busy else 0.0,

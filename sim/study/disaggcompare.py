@@ -28,6 +28,10 @@ over the candidate's GPUs, mean over seeds. A family's answer is its passing can
 the fewest GPUs (ties: higher throughput per GPU, then lower P99 TPOT); the **choice** is the
 family whose answer has the higher throughput per GPU (``aggregated`` on a tie; ``none`` if
 neither passes, with the tightest limit that failed and the best figure any run reached).
+Throughput per GPU is measured at the plan's load, so it is that load's goodput per GPU, not
+the candidate's capacity (``pdsim frontier`` and a max-qps plan find capacities). Every row
+and answer also carries the median and P99 latencies, the median tokens/s per user and the
+output tokens/s per GPU measured there.
 """
 
 from __future__ import annotations
@@ -282,7 +286,22 @@ def row(c: Candidate, passed: bool | None, why: list[str], per_gpu: float | None
         "ttft_p99_s": _mean(ms, "latency.ttft.p99"),
         "tpot_p99_s": _mean(ms, "latency.tpot.p99"),
         "e2e_p99_s": _mean(ms, "latency.e2e.p99"),
+        **_more(c),
         "reason": "; ".join(why[:2]) if why else (c.infeasible or None),
+    }
+
+
+def _more(c: Candidate) -> dict[str, float | None]:
+    """A candidate's median latencies, median tokens/s per user and output tokens/s per GPU
+    at the plan's load (means over its seeds)."""
+    ms = c.metrics
+    out_tps = _mean(ms, "throughput.output_tokens_per_s")
+    return {
+        "ttft_p50_s": _mean(ms, "latency.ttft.p50"),
+        "tpot_p50_s": _mean(ms, "latency.tpot.p50"),
+        "e2e_p50_s": _mean(ms, "latency.e2e.p50"),
+        "tokens_per_s_per_user": _mean(ms, "user_tokens_per_s.p50"),
+        "tokens_per_s_per_gpu": out_tps / c.gpus if out_tps is not None and c.gpus else None,
     }
 
 
@@ -300,6 +319,8 @@ def answer(c: Candidate | None, per_gpu: float | None, ms_ok: bool) -> dict[str,
         meets_slo=ms_ok,
         tpot_p99_s=_mean(c.metrics, "latency.tpot.p99"),
         ttft_p99_s=_mean(c.metrics, "latency.ttft.p99"),
+        e2e_p99_s=_mean(c.metrics, "latency.e2e.p99"),
+        **_more(c),
     )
     return out
 

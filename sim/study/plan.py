@@ -41,7 +41,15 @@ from sim.study.planreport import (
     plot_frontier,
     replica_shape,
 )
-from sim.study.planspec import PERCENTILES, RESOURCES, PlanFile, Probe, run_passes, utilisation
+from sim.study.planspec import (
+    PERCENTILES,
+    RESOURCES,
+    PlanFile,
+    Probe,
+    answer_figures,
+    run_passes,
+    utilisation,
+)
 from sim.study.sweep.execute import Progress, Runner, write_parquet
 from sim.study.sweep.resultcache import RunCache, write_atomic
 from sim.study.sweep.spec import Point, build_points, override_text, seed_list
@@ -89,7 +97,7 @@ class Planner:
         """Run the seeds of several probes in one batch (in parallel on the runner's
         workers); :meth:`probe` then finds them in the run cache. Nothing to gain with one
         probe or no parallel runner."""
-        if len(wanted) < 2 or not getattr(self.runner, "uses_dask", False):
+        if len(wanted) < 2 or not self.runner.parallel:
             return
         pts: list[Point] = []
         for alt, size, qps in wanted:
@@ -119,7 +127,7 @@ class Planner:
             self.progress(f"{label + ' ' if label else ''}size={size} qps={qps:g}")
         batch = self.runner.run(pts, self.cache, progress=self.run_progress)
         n_pass, utils, reasons = 0, [], []
-        over, achieved = 0, []
+        over, achieved, measured = 0, [], []
         for p in pts:
             rec = batch.records.get(p.config_hash)
             m = rec["metrics"] if rec is not None and rec.get("status") == "ok" else None
@@ -127,6 +135,7 @@ class Planner:
             n_pass += ok
             reasons += [f"seed {p.seed}: {w}" for w in why]
             if m is not None:
+                measured.append(m)
                 utils.append(utilisation(m))
                 over += bool(m.get("overloaded") or m.get("requests.unfinished"))
                 achieved.append(float(m.get("throughput.achieved_rps") or 0.0))
@@ -136,6 +145,7 @@ class Planner:
         pr.reasons = reasons
         pr.overloaded = over / len(pts)
         pr.achieved = sum(achieved) / len(achieved) if achieved else 0.0
+        pr.figures = answer_figures(measured)
         self._memo[key] = pr
         return pr
 
@@ -173,25 +183,60 @@ class Planner:
 
     def max_qps(self, alt: dict[str, Any], size: int) -> tuple[float | None, Probe]:
         """Highest load (within ``qps_range``) meeting the SLOs at ``size``."""
-        lo, hi = self.spec.qps_range
-        top = self.probe(alt, size, hi)
-        if top.passed:
-            return hi, top
-        bottom = self.probe(alt, size, lo)
-        if not bottom.passed:
-            return None, bottom
-        fail = top
-        # invariant: probe(lo) passes, probe(hi) fails
-        while hi - lo > self.spec.qps_tolerance * hi:
-            mid = _round_sig((lo + hi) / 2)
-            if mid in (lo, hi):
-                break
-            pm = self.probe(alt, size, mid)
-            if pm.passed:
-                lo = mid
-            else:
-                hi, fail = mid, pm
-        return lo, fail
+        return self.max_qpss([alt], size)[0]
+
+    def max_qpss(self, alts: list[dict[str, Any]], size: int) -> list[tuple[float | None, Probe]]:
+        """:meth:`max_qps` of every alternative, the bisections in lockstep so that each
+        round's probes (one per unfinished alternative) run as one batch: the same probes,
+        and so the same answers, as one search after another."""
+        state: list[dict[str, Any]] = [{"stage": "top"} for _ in alts]
+        out: list[tuple[float | None, Probe] | None] = [None] * len(alts)
+        lo0, hi0 = self.spec.qps_range
+        while any(o is None for o in out):
+            wanted = []
+            for alt, st, o in zip(alts, state, out, strict=True):
+                if o is None:
+                    st["next"] = {"top": hi0, "bottom": lo0}.get(st["stage"], st.get("mid"))
+                    wanted.append((alt, size, st["next"]))
+            self.prefetch(wanted)
+            for i, (alt, st) in enumerate(zip(alts, state, strict=True)):
+                if out[i] is None:
+                    out[i] = self._qps_step(st, self.probe(alt, size, st["next"]), lo0, hi0)
+        return [o for o in out if o is not None]
+
+    def answer_probe(self, alt: dict[str, Any], size: int, qps: float) -> Probe | None:
+        """The probe already run at ``(alt, size, qps)`` (a search's answer), else None."""
+        return self._memo.get((json.dumps(alt, sort_keys=True), size, qps))
+
+    def _qps_step(
+        self, st: dict[str, Any], pr: Probe, lo0: float, hi0: float
+    ) -> tuple[float | None, Probe] | None:
+        """One step of a highest-load search over ``[lo0, hi0]``: update its state ``st``
+        with the probe ``pr`` of load ``st["next"]``; the answer once known, else None.
+
+        Stages: ``top`` (does ``hi0`` pass? yes: the answer), ``bottom`` (does ``lo0`` fail?
+        then none), then ``bisect`` with the invariant probe(lo) passes, probe(hi) fails,
+        until the bracket is narrower than ``qps_tolerance`` x its top or its midpoint
+        (rounded to 4 significant digits) is one of its ends."""
+        if st["stage"] == "top":
+            if pr.passed:
+                return hi0, pr
+            st.update(stage="bottom", fail=pr)
+            return None
+        if st["stage"] == "bottom":
+            if not pr.passed:
+                return None, pr
+            st.update(stage="bisect", lo=lo0, hi=hi0)
+        elif pr.passed:
+            st["lo"] = st["mid"]
+        else:
+            st["hi"], st["fail"] = st["mid"], pr
+        lo, hi = st["lo"], st["hi"]
+        mid = _round_sig((lo + hi) / 2)
+        if hi - lo <= self.spec.qps_tolerance * hi or mid in (lo, hi):
+            return lo, st["fail"]
+        st["mid"] = mid
+        return None
 
 
 def _size_step(
@@ -223,11 +268,10 @@ def _size_step(
 def _infeasible(sc: Any) -> str | None:
     """Why the scenario ``sc`` cannot be built (memory, replica shape), or ``None``."""
     from sim.feasible import check_feasible
-    from sim.serving.costmodel import load_profile
-    from sim.serving.models import load_catalogue
+    from sim.study.sweep.execute import cached_resources
 
     try:
-        check_feasible(sc, load_catalogue(sc.catalogue), load_profile(sc.profile))
+        check_feasible(sc, *cached_resources(sc.catalogue, sc.profile))
     except InputError as err:
         text = str(err)
         if err.source and text.startswith(f"{err.source}: "):
@@ -320,10 +364,14 @@ def run_plan(
                 shape = (
                     replica_shape(pl.points(alt, size, q)[0].scenario) if size is not None else None
                 )
-                rows.append(frontier_row("min-size", alt, q, size, boundary, spec, resolved, shape))
+                at = pl.answer_probe(alt, size, q) if size is not None else None
+                rows.append(
+                    frontier_row("min-size", alt, q, size, boundary, spec, resolved, shape, at)
+                )
             for s in spec.sizes:
                 qmax, boundary = pl.max_qps(alt, s)
-                rows.append(frontier_row("max-qps", alt, qmax, s, boundary, spec, resolved))
+                at = pl.answer_probe(alt, s, qmax) if qmax is not None else None
+                rows.append(frontier_row("max-qps", alt, qmax, s, boundary, spec, resolved, at=at))
     df = pd.DataFrame(rows)
     if not df.empty and (spec.costs or spec.gpu_hour_cost is not None):
         ms = df[(df["question"] == "min-size") & df["cost"].notna()]

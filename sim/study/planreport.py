@@ -71,6 +71,30 @@ def _why_none(top: Probe, spec: PlanFile) -> str:
     )
 
 
+#: the figures a row reports at its answer: ``column: flattened summary key`` (mean over the
+#: answer probe's seeds; :data:`sim.study.planspec.ANSWER_FIGURES`)
+AT_ANSWER: dict[str, str] = {
+    "ttft_p50_s": "latency.ttft.p50",
+    "ttft_p99_s": "latency.ttft.p99",
+    "tpot_p50_s": "latency.tpot.p50",
+    "tpot_p99_s": "latency.tpot.p99",
+    "e2e_p50_s": "latency.e2e.p50",
+    "e2e_p99_s": "latency.e2e.p99",
+    "tokens_per_s_per_user": "user_tokens_per_s.p50",
+    "achieved_rps": "throughput.achieved_rps",
+}
+
+
+def at_answer(at: Probe | None) -> dict[str, Any]:
+    """The answer probe's latencies, per-user speed (median tokens/s per user), achieved
+    throughput and output tokens/s per GPU (:data:`AT_ANSWER`); None each without one."""
+    fig = at.figures if at is not None else {}
+    out: dict[str, Any] = {col: fig.get(key) for col, key in AT_ANSWER.items()}
+    tps, gpus = fig.get("throughput.output_tokens_per_s"), fig.get("gpus")
+    out["tokens_per_s_per_gpu"] = tps / gpus if tps is not None and gpus else None
+    return out
+
+
 def frontier_row(
     question: str,
     alt: dict[str, Any],
@@ -80,7 +104,11 @@ def frontier_row(
     spec: PlanFile,
     resolved: dict[str, Any],
     shape: dict[str, int] | None = None,
+    at: Probe | None = None,
 ) -> dict[str, Any]:
+    """One question's row: the answer (``size`` for min-size, ``qps`` -- the capacity -- for
+    max-qps), its cost and shape, what the answer probe ``at`` measured (:func:`at_answer`),
+    and the boundary probe's utilisation with the resource that saturates first."""
     answered = size if question == "min-size" else qps
     cost: float | None = None
     if spec.costs and answered is not None:
@@ -111,6 +139,7 @@ def frontier_row(
         saturates_first=sat,
         **{f"util_{r}": util[r] for r in RESOURCES},
     )
+    row.update(at_answer(at if answered is not None else None))
     return row
 
 
@@ -152,11 +181,31 @@ def answer_sentence(r: dict[str, Any], spec: PlanFile) -> str:
         if r["size"] is None or r["size"] != r["size"]:  # None, or NaN in a frame
             lo, hi = spec.size_range
             return f"{r['qps']:g} QPS{alt}: no {spec.size_key} in [{lo}, {hi}] meets the SLOs: {r['reason']}"
-        return f"{r['qps']:g} QPS{alt}: smallest {spec.size_key} = {int(r['size'])}{gpus}{blame}"
+        return (
+            f"{r['qps']:g} QPS{alt}: smallest {spec.size_key} = {int(r['size'])}{gpus}{blame}"
+            f"{_there(r)}"
+        )
     if r["qps"] is None or r["qps"] != r["qps"]:
         return f"{spec.size_key}={r['size']}{alt}: fails the SLOs even at {spec.qps_range[0]:g} QPS"
     top = " (top of qps_range: capacity not reached)" if r["qps"] >= spec.qps_range[1] else ""
-    return f"{spec.size_key}={r['size']}{alt}: highest QPS = {r['qps']:g}{top}{blame}"
+    return f"{spec.size_key}={r['size']}{alt}: highest QPS = {r['qps']:g}{top}{blame}{_there(r)}"
+
+
+def _ms(v: Any) -> str:
+    return f"{v * 1e3:.3g} ms" if v < 1 else f"{v:.3g} s"
+
+
+def _there(r: dict[str, Any]) -> str:
+    """``; there: TTFT p50 .. / p99 .., TPOT .., E2E .., N tokens/s/user`` from a row's
+    figures at its answer (empty without them)."""
+    parts = []
+    for name, col in (("TTFT", "ttft"), ("TPOT", "tpot"), ("E2E", "e2e")):
+        p50, p99 = r.get(f"{col}_p50_s"), r.get(f"{col}_p99_s")
+        if _present(p50) and _present(p99):
+            parts.append(f"{name} p50 {_ms(p50)} / p99 {_ms(p99)}")
+    if _present(r.get("tokens_per_s_per_user")):
+        parts.append(f"{r['tokens_per_s_per_user']:.1f} tokens/s/user")
+    return f"; there: {', '.join(parts)}" if parts else ""
 
 
 def plan_notes(probes: list[Probe], spec: PlanFile, n_seeds: int) -> list[str]:
@@ -199,6 +248,23 @@ def _integers(row: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def _best(rows: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The cheapest answered row (by cost, else by GPUs; the first of equals), or None."""
+    ok = [r for r in rows if r["answered"]]
+    if not ok:
+        return None
+    return min(ok, key=lambda r: (r["cost"] if r["cost"] is not None else 0, r.get("gpus") or 0))
+
+
+def chosen_row(res: PlanResult) -> dict[str, Any] | None:
+    """The row of :func:`plan_json`'s ``answer`` (the cheapest passing min-size answer of the
+    first load), or None (no min-size question, no passing answer, or a compare plan)."""
+    if res.compare is not None or res.frontier.empty:
+        return None
+    ms = [r for r in res.frontier.to_dict("records") if r["question"] == "min-size"]
+    return _best([r for r in ms if r["qps"] == ms[0]["qps"]]) if ms else None
+
+
 def plan_json(res: PlanResult) -> dict[str, Any]:
     """The plan's answer as one JSON-ready object: ``answer`` (the cheapest passing min-size
     answer of the first load -- by cost, else by GPUs -- or, when none passes, the first
@@ -213,11 +279,8 @@ def plan_json(res: PlanResult) -> dict[str, Any]:
     if ms:
         q0 = ms[0]["qps"]
         first = [r for r in ms if r["qps"] == q0]
-        ok = [r for r in first if r["answered"]]
-        if ok:
-            best = min(
-                ok, key=lambda r: (r["cost"] if r["cost"] is not None else 0, r.get("gpus") or 0)
-            )
+        best = _best(first)
+        if best is not None:
             answer = {
                 "qps": q0,
                 "servers": best.get("servers"),
@@ -229,6 +292,7 @@ def plan_json(res: PlanResult) -> dict[str, Any]:
                 "meets_slo": True,
                 "reason": None,
                 "saturates_first": best.get("saturates_first"),
+                **{k: best.get(k) for k in (*AT_ANSWER, "tokens_per_s_per_gpu")},
             }
         else:
             answer = {

@@ -171,6 +171,9 @@ class Probe:
     overloaded: float = 0.0
     #: the mean achieved throughput over seeds (req/s)
     achieved: float = 0.0
+    #: what the probe's runs measured, each the mean over its seeds that report it
+    #: (:data:`ANSWER_FIGURES`: latencies, per-user speed, output tokens/s)
+    figures: dict[str, float] = field(default_factory=dict)
 
 
 def run_passes(m: dict[str, Any] | None, slo: SloCfg) -> tuple[bool, list[str]]:
@@ -229,6 +232,28 @@ def _sustain_misses(m: dict[str, Any]) -> list[str]:
 
 def _secs(v: float) -> str:
     return f"{v * 1e3:.3g} ms" if v < 1 else f"{v:.3g} s"
+
+
+#: the flattened summary keys a probe keeps (mean over seeds): the latencies, per-user speed
+#: and throughput a plan reports at its answer
+ANSWER_FIGURES: tuple[str, ...] = (
+    *(f"latency.{k}.{p}" for k in KINDS for p in ("p50", "p99", "mean")),
+    *(f"user_tokens_per_s.{p}" for p in ("p50", "p10", "mean")),
+    "throughput.achieved_rps",
+    "throughput.output_tokens_per_s",
+    "gpus",
+)
+
+
+def answer_figures(ms: list[dict[str, Any]]) -> dict[str, float]:
+    """:data:`ANSWER_FIGURES` of the runs ``ms`` (flattened summaries), each the mean over
+    the runs that report it (a figure no run reports is left out)."""
+    out: dict[str, float] = {}
+    for key in ANSWER_FIGURES:
+        vals = [float(m[key]) for m in ms if m.get(key) is not None]
+        if vals:
+            out[key] = sum(vals) / len(vals)
+    return out
 
 
 def utilisation(m: dict[str, Any]) -> dict[str, float]:

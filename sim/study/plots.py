@@ -354,3 +354,56 @@ def _integer_axis(axis: Any, values: list[int], set_lim: Any) -> None:
         axis.set_ticks(range(lo, hi + 1))
     else:
         axis.set_major_locator(MaxNLocator(integer=True))
+
+
+def pareto_plot(df: pd.DataFrame, path: Path, tpot_limit_s: float | None, title: str) -> Path:
+    """``pdsim frontier``'s plot: tokens/s/GPU against tokens/s/user of every configuration
+        at its capacity (one colour per deployment: aggregated tp, or disaggregated pools as
+    squares; each point labelled by max_num_seqs), the
+        Pareto frontier as a line, the chosen point as a star, and the TPOT objective as the
+        vertical line ``1 / TPOT`` tokens/s/user (a median user slower than it misses it)."""
+    fig, ax = figure_with_axes(figsize=(7, 4.5))
+    ok = df.dropna(subset=["tokens_per_s_per_user", "tokens_per_s_per_gpu"])
+    groups = ok.groupby("deployment", sort=False) if "deployment" in ok else ok.groupby("tp")
+    for name, g in groups:
+        disagg = str(name).startswith("P ")
+        ax.plot(g["tokens_per_s_per_user"], g["tokens_per_s_per_gpu"], "s" if disagg else "o",
+                alpha=0.6, label=str(name))  # fmt: skip
+        for _, r in g.iterrows():
+            ax.annotate(f"{int(r['max_num_seqs'])}", (r["tokens_per_s_per_user"],
+                        r["tokens_per_s_per_gpu"]), xytext=(3, 3), textcoords="offset points",
+                        fontsize=7, color="0.35")  # fmt: skip
+    front = ok[ok["on_frontier"]].sort_values("tokens_per_s_per_user")
+    if not front.empty:
+        ax.plot(front["tokens_per_s_per_user"], front["tokens_per_s_per_gpu"], "-", color="k",
+                lw=1.2, label="Pareto frontier")  # fmt: skip
+    best = ok[ok["chosen"]]
+    if not best.empty:
+        r = best.iloc[0]
+        ax.plot(
+            [r["tokens_per_s_per_user"]],
+            [r["tokens_per_s_per_gpu"]],
+            "*",
+            ms=16,
+            color="tab:red",
+            label=f"chosen: {r.get('deployment', 'tp=' + str(r['tp']))}, "
+            f"max_num_seqs={r['max_num_seqs']}",
+        )
+    if tpot_limit_s:
+        ax.axvline(
+            1.0 / tpot_limit_s,
+            color="tab:red",
+            ls="--",
+            lw=1,
+            label=f"TPOT SLO {tpot_limit_s * 1e3:g} ms = {1 / tpot_limit_s:.1f} tok/s/user",
+        )
+    if ok.empty:
+        ax.text(0.5, 0.5, "no configuration meets the SLOs", transform=ax.transAxes,
+                ha="center")  # fmt: skip
+    ax.set(xlabel="tokens/s per user (median decode speed)",
+           ylabel="output tokens/s per GPU", title=title)  # fmt: skip
+    ax.set_ylim(bottom=0)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    return _save(fig, path)

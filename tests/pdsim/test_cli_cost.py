@@ -76,3 +76,43 @@ def test_table_lists_every_op_with_its_source() -> None:
 def test_bad_input_is_one_line_and_exit_2(args: list[str], needle: str) -> None:
     res = runner.invoke(app, ["cost", *args])
     assert res.exit_code == 2 and needle in res.output, res.output
+
+
+def test_framework_overheads_are_ops_with_their_provenance(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """The vLLM profile's framework overheads are ops of the iteration, by hand: a prefill of
+    3 prompts pays 3 admissions and 3 sampled tokens, a decode of 64 sequences 64 sampled
+    tokens, each iteration one iteration overhead; with the terms removed from the profile
+    the iteration costs exactly that much less, and the ops say the profile states none."""
+    prof = load_op_profile("h200-sxm-vllm")
+    fw = prof.ops.framework  # type: ignore[union-attr]
+    assert fw is not None and "vLLM" in fw.origin
+    over = prof.ops.roofline.iteration_overhead_s  # type: ignore[union-attr]
+    assert (over, fw.admission_s, fw.token_output_s) == (1.53e-4, 1.76e-4, 1.27e-5)
+    pre = cost_json("--model", "llama-3.1-8b", "--phase", "prefill", "--batch", "3",
+                    "--context", "512")  # fmt: skip
+    ops, src = pre["ops"], pre["sources"]
+    assert isinstance(ops, dict) and isinstance(src, dict)
+    assert ops["admission"] == pytest.approx(3 * 1.76e-4, rel=1e-12)
+    assert ops["token_output"] == pytest.approx(3 * 1.27e-5, rel=1e-12)
+    assert ops["iteration_overhead"] == 1.53e-4
+    assert src["admission"] == src["token_output"] == src["iteration_overhead"] == "framework"
+    assert "simllm" in str(pre["framework_origin"])
+    dec = cost_json("--model", "llama-3.1-8b", "--batch", "64", "--context", "600")
+    dops = dec["ops"]
+    assert isinstance(dops, dict) and dops["admission"] == 0.0
+    assert dops["token_output"] == pytest.approx(64 * 1.27e-5, rel=1e-12)
+    # the same profile without the terms: the iteration is cheaper by exactly them
+    data = json.loads(prof.model_dump_json())
+    data["ops"]["framework"] = None
+    data["ops"]["roofline"]["iteration_overhead_s"] = 0.0
+    bare = tmp_path / "bare.json"
+    bare.write_text(json.dumps(data))
+    off = cost_json("--model", "llama-3.1-8b", "--batch", "64", "--context", "600",
+                    "--profile", str(bare))  # fmt: skip
+    added = 1.53e-4 + 64 * 1.27e-5
+    assert dec["seconds"] - off["seconds"] == pytest.approx(added, rel=1e-9)  # type: ignore[operator]
+    osrc = off["sources"]
+    assert isinstance(osrc, dict) and off["framework_origin"] is None
+    assert osrc["token_output"] == osrc["iteration_overhead"] == "none in profile"
+    table = runner.invoke(app, ["cost", "--model", "llama-3.1-8b", "--profile", str(bare)])
+    assert "states no framework overheads" in table.output

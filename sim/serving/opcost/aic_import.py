@@ -31,7 +31,10 @@ There are no elementwise tables in the package (it times norms and activations w
 bandwidth formula); the profile's roofline terms take that formula's figures
 (``mem_bw_empirical_scaling_factor`` -> ``memory_efficiency``,
 ``mem_empirical_constant_latency`` -> ``op_floor_s``). Host memory, NVMe and object-store
-figures are not in the package and come from ``base`` (a datasheet profile).
+figures are not in the package and come from ``base`` (a datasheet profile). The serving
+framework's own overheads (``ops.roofline.iteration_overhead_s`` and ``ops.framework``) are
+not in the package either: they come from :mod:`sim.serving.opcost.frameworks` for a backend
+with published figures (``vllm``), else the profile states none.
 """
 
 from __future__ import annotations
@@ -46,6 +49,7 @@ import yaml
 
 from engine.errors import InputError
 from sim.serving.costmodel import GpuProfile, LinkProfile, LinksProfile, Profile
+from sim.serving.opcost.frameworks import framework_terms
 from sim.serving.opcost.tables import (
     AttentionTable,
     CollectiveTable,
@@ -398,12 +402,15 @@ def import_aiconfigurator(
         )
     spec: dict[str, Any] = yaml.safe_load(spec_path.read_text("utf-8")) or {}
     gpu_spec, node = spec.get("gpu", {}), spec.get("node", {})
+    fw = framework_terms(backend)
     ops = OpsProfile(
         roofline=RooflineTerms(
             memory_efficiency=float(gpu_spec.get("mem_bw_empirical_scaling_factor", 0.8)),
             op_floor_s=float(gpu_spec.get("mem_empirical_constant_latency", 3e-6)),
             fused=["rope"],
+            iteration_overhead_s=fw.iteration_overhead_s if fw is not None else 0.0,
         ),
+        framework=fw.terms if fw is not None else None,
         gemm=_gemms(root, system, backend, pkg),
         attention=_attention(root, system, backend, pkg),
         all_reduce=_allreduce(root, system, backend, pkg) + _all_to_all(root, system, backend, pkg),

@@ -29,6 +29,10 @@ lm_head            1         GEMM ``m = n_prompts + n_decode`` (last prompt toke
 iteration_overhead 1         the profile's ``ops.roofline.iteration_overhead_s``
 prompt_overhead    1         ``ops.engine.prompt_overhead_s_per_token`` x prompt tokens (a
                              calibrated engine's work outside the ops, slower after prefills)
+admission          1         ``ops.framework.admission_s`` x ``n_prompts`` (the serving
+                             framework's work per request admitted)
+token_output       1         ``ops.framework.token_output_s`` x ``n_prompts + n_decode`` (its
+                             work per sampled token: scheduling, output, detokenisation)
 ================== ========= ==============================================================
 
 Each op's time comes from the profile's measured tables (:mod:`sim.serving.opcost.tables`) where one
@@ -37,8 +41,10 @@ op_floor_s`` (all-reduce: a ring, ``2 (g - 1) / g * bytes / (nvlink_bw * link_ef
 * nvlink_latency``). :meth:`OpCostModel.iteration_breakdown` says which was used per op:
 ``table``, ``table-extrapolated`` (beyond the last knot), ``table-scaled`` (an attention table
 of the same head size and GQA group with a different head count, scaled by heads),
-``roofline``, ``fused`` (the profile says the engine fuses it: 0 s), ``overhead``, or
-``not run`` (0 s: no prompt tokens, no decodes, or no all-reduce at ``tp = 1``).
+``roofline``, ``fused`` (the profile says the engine fuses it: 0 s), ``overhead``,
+``framework`` (a serving framework's overhead, ``ops.framework``), ``none in profile`` (0 s:
+the profile states no framework overheads), or ``not run`` (0 s: no prompt tokens, no
+decodes, or no all-reduce at ``tp = 1``).
 Peak FLOP/s is the profile's ``flops_fp16`` for 2-byte weights, twice that for 1-byte (fp8)
 weights, ``flops_fp32`` otherwise. TP groups are assumed to sit inside one NVLink domain.
 """
@@ -82,10 +88,18 @@ OP_NAMES: tuple[str, ...] = (
     "iteration_overhead",
     "layer_overhead",
     "prompt_overhead",
+    "admission",
+    "token_output",
 )
 #: ops the memoised part of :meth:`OpCostModel.iteration_time` leaves out (they depend on
 #: more than the token count)
-_NOT_MEMOISED = ("attention_prefill", "attention_decode", "prompt_overhead")
+_NOT_MEMOISED = (
+    "attention_prefill",
+    "attention_decode",
+    "prompt_overhead",
+    "admission",
+    "token_output",
+)
 
 
 @dataclass(frozen=True)
@@ -171,6 +185,12 @@ class OpCostModel:
         self._prompt_overhead = (
             self.engine.prompt_overhead_s_per_token if self.engine is not None else 0.0
         )
+        #: the serving framework's overheads (FrameworkTerms); None: the profile states none
+        self.framework = self.ops.framework
+        fw = self.framework
+        #: seconds per request admitted and per token sampled (0 without framework terms)
+        self._admission = fw.admission_s if fw is not None else 0.0
+        self._token_output = fw.token_output_s if fw is not None else 0.0
         # per dtype: the table timed with weights resident in the smallest cache that holds
         # this model's weights per GPU, else the one timed with cold weights
         weights = model.param_bytes / tp
@@ -416,12 +436,19 @@ class OpCostModel:
             "lm_head",
             *self.gemm_time(n_prompts + n_decode, self.vocab_per_gpu, h, self._head_dtype),
         )
-        add("iteration_overhead", rl.iteration_overhead_s, "overhead")
+        if self.framework is not None:
+            over_src = "framework"
+        else:
+            over_src = "overhead" if rl.iteration_overhead_s else "none in profile"
+        add("iteration_overhead", rl.iteration_overhead_s, over_src)
         per_layer = self.engine.layer_overhead_s if self.engine is not None else 0.0
         add("layer_overhead", per_layer, "overhead" if per_layer else "not run", layers + 2)
         per_tok = self._prompt_overhead
         run = per_tok > 0 and prefill_tokens > 0
         add("prompt_overhead", per_tok * prefill_tokens, "overhead" if run else "not run")
+        stated = "framework" if self.framework is not None else "none in profile"
+        add("admission", self._admission * n_prompts, stated if n_prompts else "not run")
+        add("token_output", self._token_output * (n_prompts + n_decode), stated)
         return out
 
     def _split(self) -> bool:
@@ -513,7 +540,8 @@ class OpCostModel:
         layers = self.shape.n_layers
         attn = self.prefill_attention_time(prefill_tokens, prefill_sq, n_prompts)[0]
         attn += self.decode_attention_time(n_decode, decode_ctx)[0]
-        return fixed + layers * attn + self._prompt_overhead * prefill_tokens
+        framework = self._admission * n_prompts + self._token_output * sampled
+        return fixed + layers * attn + self._prompt_overhead * prefill_tokens + framework
 
     # -- the IterationCost protocol ----------------------------------------------------------
     def work(

@@ -365,6 +365,26 @@ class RooflineTerms(_Strict):
     """Seconds of scheduling/launch work per iteration outside the ops (engine-specific)."""
 
 
+class FrameworkTerms(_Strict):
+    """What the serving framework (vLLM, SGLang, pdsim's engine) spends outside the kernels
+    on the engine loop's critical path, beyond ``ops.roofline.iteration_overhead_s`` (its
+    scheduling and launch time per iteration): per request admitted and per token sampled.
+    Each term is charged as an op of the iteration (:mod:`sim.serving.opcost.iteration`:
+    `admission`, `token_output`), so `pdsim cost` and every plan see it. ``origin`` says
+    where the figures come from, this section's and the iteration overhead's."""
+
+    origin: str = Field(min_length=1)
+    """Provenance of the figures (publication, version, workload, how derived), including
+    `ops.roofline.iteration_overhead_s`."""
+    admission_s: float = Field(default=0.0, ge=0)
+    """Seconds per request admitted (request state, KV-block allocation, prefix hashing),
+    charged in the iteration in which its prefill completes; seconds per request."""
+    token_output_s: float = Field(default=0.0, ge=0)
+    """Seconds per token sampled in the iteration (each completed prompt's first token and
+    each decode's): per-sequence scheduling, output bookkeeping, stop checks, and
+    detokenisation where it runs in the engine loop; seconds per token."""
+
+
 class EngineTerms(_Strict):
     """How one serving engine runs an iteration, beyond its kernels: fitted by `pdsim
     calibrate` on whole engine iterations (measured op tables held fixed), each with its unit.
@@ -486,6 +506,9 @@ class OpsProfile(_Strict):
     one are priced by the roofline."""
     engine: EngineTerms | None = None
     """Engine-specific terms fitted by `pdsim calibrate` (null: a fused vLLM-style engine)."""
+    framework: FrameworkTerms | None = None
+    """The serving framework's overheads per request and per token, with their provenance
+    (null: none known; `pdsim cost` then says so on the ops it would price)."""
 
     @model_validator(mode="after")
     def _unique(self) -> OpsProfile:

@@ -5,6 +5,9 @@
   *processes* with one thread each (a run is pure Python and holds the GIL).
 * ``scheduler="tcp://host:port"``: an existing Dask cluster (workers must have pdsim
   installed; they need not share a filesystem -- only this process reads and writes the cache).
+* Dask not installed (it is the optional extra ``dist``): ``workers=N > 1`` runs on N local
+  processes (``concurrent.futures``) instead; a ``scheduler`` is an :class:`InputError`
+  naming the extra (:data:`DIST_HINT`), never an import traceback.
 
 Runs already in the :class:`~sim.study.sweep.resultcache.RunCache` are not run again; every run is stored
 the moment it finishes, so an interrupted sweep loses at most the runs in flight. A failing run
@@ -16,6 +19,7 @@ hash are run once. The results frame has one row per point that has a record, or
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import json
 import logging
 import os
@@ -43,7 +47,8 @@ Progress = Callable[[int, int], None]
 _RESOURCES: dict[tuple[str | None, str], tuple[Any, Any]] = {}
 
 
-def _resources(catalogue: str | None, profile: str) -> tuple[Any, Any]:
+def cached_resources(catalogue: str | None, profile: str) -> tuple[Any, Any]:
+    """The model catalogue and hardware profile named, read once per process."""
     from sim.serving.costmodel import load_profile
     from sim.serving.models import load_catalogue
 
@@ -70,7 +75,7 @@ def run_point(task: dict[str, Any]) -> dict[str, Any]:
     }
     t0 = time.perf_counter()
     try:
-        cat, prof = _resources(sc.catalogue, sc.profile)
+        cat, prof = cached_resources(sc.catalogue, sc.profile)
         result = run_scenario(sc, task["seed"], catalogue=cat, profile=prof)
         rec.update(status="ok", error=None, metrics=flatten(result.summary))
     except Exception as err:  # a failing run is reported, never lost or fatal
@@ -97,6 +102,32 @@ class Batch:
 
 #: seconds to wait for an existing Dask scheduler (``--scheduler``) to answer
 CONNECT_TIMEOUT_S = 10.0
+
+#: how to install Dask, named by every message about it missing
+DIST_HINT = "pip install -e '.[dist]'"
+
+
+def dask_installed() -> bool:
+    """Whether ``dask.distributed`` can be imported (the optional extra ``dist``)."""
+    try:
+        return importlib.util.find_spec("distributed") is not None and (
+            importlib.util.find_spec("dask") is not None
+        )
+    except (ImportError, ValueError):  # a module set to None in sys.modules, or no spec
+        return False
+
+
+def local_note(workers: int, scheduler: str | None) -> str | None:
+    """The one line to show when runs go to local processes because Dask is missing (or
+    ``None`` when Dask runs them, or they run in-process); :class:`InputError` naming the
+    ``dist`` extra for a ``scheduler`` without Dask."""
+    if dask_installed() or (workers <= 1 and scheduler is None):
+        return None
+    if scheduler is not None:
+        raise InputError(
+            f"needs Dask, which is not installed: {DIST_HINT}", source=f"--scheduler {scheduler}"
+        )
+    return f"Dask is not installed ({DIST_HINT} adds it): running on {workers} local processes"
 
 
 def _connect(address: str) -> Any:
@@ -190,11 +221,29 @@ class Runner:
         self.workers = workers
         self.scheduler = scheduler
         self.counter = str(counter) if counter is not None else None
-        self.uses_dask = scheduler is not None or workers > 1 or force_dask
+        wants_dask = scheduler is not None or workers > 1 or force_dask
+        self.uses_dask = wants_dask and (dask_installed() or scheduler is not None)
+        #: runs go to ``workers`` local processes (Dask missing, ``workers > 1``)
+        self.local_processes = wants_dask and not self.uses_dask and workers > 1
         self._client: Any = None
+        self._pool: Any = None
         self._stack: contextlib.ExitStack | None = None
 
+    @property
+    def parallel(self) -> bool:
+        """Whether runs of one batch execute at the same time (Dask or local processes)."""
+        return self.uses_dask or self.local_processes
+
     def __enter__(self) -> Runner:
+        if self.uses_dask and self.scheduler is not None and not dask_installed():
+            local_note(self.workers, self.scheduler)  # raises: names the extra
+        if self.local_processes:
+            from concurrent.futures import ProcessPoolExecutor
+
+            self._stack = contextlib.ExitStack()
+            with _sigint_ignored():
+                self._pool = ProcessPoolExecutor(self.workers)
+            self._stack.callback(self._pool.shutdown, cancel_futures=True)
         if self.uses_dask:
             self._stack = contextlib.ExitStack()
             try:
@@ -205,13 +254,15 @@ class Runner:
         return self
 
     def __exit__(self, *exc: Any) -> None:
-        stack, self._stack, self._client = self._stack, None, None
+        stack, self._stack, self._client, self._pool = self._stack, None, None, None
         if stack is not None:
             stack.__exit__(*exc)
 
     @property
     def n_workers(self) -> int:
         """Workers runs are spread over (1 in-process)."""
+        if self._pool is not None:
+            return self.workers
         if self._client is None:
             return 1
         return max(1, len(self._client.scheduler_info().get("workers", {})))
@@ -226,6 +277,9 @@ class Runner:
         }
 
     def _iter_results(self, tasks: list[dict[str, Any]]) -> Iterator[dict[str, Any]]:
+        if self._pool is not None:
+            yield from self._iter_local(tasks)
+            return
         if self._client is None:
             for t in tasks:
                 yield run_point(t)
@@ -249,15 +303,7 @@ class Runner:
             try:
                 rec = fut.result()
             except Exception as err:  # the worker died (not the run): report this run
-                rec = {
-                    "config_hash": t["config_hash"],
-                    "seed": t["seed"],
-                    "params": t["params"],
-                    "status": "failed",
-                    "error": f"worker lost: {type(err).__name__}: {err}",
-                    "metrics": {},
-                    "wall_s": None,
-                }
+                rec = _lost(t, err)
             fut.release()
             nxt = next(pending, None)
             if nxt is not None:
@@ -265,6 +311,31 @@ class Runner:
                 by_key[f2.key] = nxt
                 ac.add(f2)
             yield rec
+
+    def _iter_local(self, tasks: list[dict[str, Any]]) -> Iterator[dict[str, Any]]:
+        """Results of ``tasks`` from the local process pool, as they finish (a bounded
+        window in flight, like Dask's); a run whose process died is a ``failed`` record."""
+        from concurrent.futures import FIRST_COMPLETED, wait
+
+        window = 2 * self.workers + 2
+        pending = iter(tasks)
+        by_fut: dict[Any, dict[str, Any]] = {}
+        for t in pending:
+            by_fut[self._pool.submit(run_point, t)] = t
+            if len(by_fut) >= window:
+                break
+        while by_fut:
+            done, _ = wait(list(by_fut), return_when=FIRST_COMPLETED)
+            for fut in done:
+                t = by_fut.pop(fut)
+                try:
+                    rec = fut.result()
+                except Exception as err:  # the process died (not the run): report this run
+                    rec = _lost(t, err)
+                nxt = next(pending, None)
+                if nxt is not None:
+                    by_fut[self._pool.submit(run_point, nxt)] = nxt
+                yield rec
 
     def run(
         self,
@@ -303,6 +374,19 @@ class Runner:
             if progress is not None:
                 progress(done, total)
         return batch
+
+
+def _lost(t: dict[str, Any], err: BaseException) -> dict[str, Any]:
+    """The ``failed`` record of task ``t`` whose worker died with ``err``."""
+    return {
+        "config_hash": t["config_hash"],
+        "seed": t["seed"],
+        "params": t["params"],
+        "status": "failed",
+        "error": f"worker lost: {type(err).__name__}: {err}",
+        "metrics": {},
+        "wall_s": None,
+    }
 
 
 def _column(values: list[Any]) -> list[Any]:

@@ -11,6 +11,7 @@ import json
 
 import numpy as np
 import pandas as pd
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -129,3 +130,45 @@ def test_summary_matches_the_frame_reference(df, w0, width, limits) -> None:
     for c, v in want["per_class"].items():
         for k in ("n", "done", "shed", "latency", "goodput_rps"):
             assert json.dumps(got["per_class"][c][k]) == json.dumps(v[k])
+    # per-user speed against a request-by-request loop
+    arr = df["arrival"].to_numpy()
+    done = df[(arr >= w0) & (arr <= w0 + width) & (df["status"] == "done").to_numpy()]
+    speeds = [
+        (o - 1) / (e - f)
+        for f, e, o in zip(done["first_token"], done["end"], done["output_tokens"], strict=True)
+        if o > 1 and e > f
+    ]
+    us = got["user_tokens_per_s"]
+    if not speeds:
+        assert us == {"p50": None, "p10": None, "p1": None, "mean": None}
+    else:
+        srt = sorted(speeds)
+        assert us["mean"] == pytest.approx(sum(speeds) / len(speeds), rel=1e-8)
+        # (figures are rounded to 9 significant digits)
+        assert min(srt) * (1 - 1e-8) <= us["p1"] <= us["p10"] <= us["p50"] <= max(srt) * (1 + 1e-8)
+        mid = len(srt) // 2
+        median = srt[mid] if len(srt) % 2 else (srt[mid - 1] + srt[mid]) / 2
+        assert us["p50"] == pytest.approx(median, rel=1e-8)
+
+
+def test_user_speed_by_hand() -> None:
+    """Three done requests: 5 tokens with 2 s after the first (4 tokens / 2 s = 2 tok/s), 3
+    tokens with 0.5 s after the first (2 / 0.5 = 4 tok/s), and one of a single token (no
+    decode phase: not counted). Median 3, mean 3; p10 = 2 + 0.1 x (4 - 2) = 2.2 and p1 = 2.02
+    (linear interpolation between the two)."""
+    df = pd.DataFrame(
+        {
+            "model": pd.Categorical.from_codes([0, 0, 0], categories=MODELS),
+            "cls": pd.Categorical.from_codes([0, 0, 0], categories=CLASSES),
+            "arrival": [0.0, 1.0, 1.5],
+            "first_token": [1.0, 2.0, 1.7],
+            "end": [3.0, 2.5, 1.7],
+            "input_tokens": np.array([8, 8, 8], dtype=np.int32),
+            "output_tokens": np.array([5, 3, 1], dtype=np.int32),
+            "status": pd.Categorical.from_codes([1, 1, 1], categories=STATUS),
+        }
+    )
+    got = summarize(df, Metrics(3), 4.0, {"high": dict.fromkeys(("e2e", "ttft", "tpot"))}, {})
+    want = {"p50": 3.0, "p10": 2.2, "p1": 2.02, "mean": 3.0}
+    for key in (got["user_tokens_per_s"], got["per_class"]["high"]["user_tokens_per_s"]):
+        assert key == pytest.approx(want, rel=1e-12)

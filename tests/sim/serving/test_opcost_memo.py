@@ -19,14 +19,18 @@ _CALLS = st.lists(
 
 
 def _reference(cm: OpCostModel, pt: int, sq: int, npr: int, nd: int, ctx: float) -> float:
-    """The unmemoised rule: sum of every op but attention, in order, then the attention."""
+    """The unmemoised rule: sum of every op but attention and the framework's per-request
+    and per-token ops, in order, then the attention, then those two (from the breakdown of
+    the iteration itself: admission counts the prompts ending in it, not the sampled rows)."""
+    per_call = ("admission", "token_output")
     fixed = sum(
         op.seconds
         for op in cm.iteration_breakdown(pt + nd, pt + nd, npr + nd, 0, 0.0)
-        if op.name not in ("attention_prefill", "attention_decode")
+        if op.name not in ("attention_prefill", "attention_decode", *per_call)
     )
     attn = cm.prefill_attention_time(pt, sq, npr)[0] + cm.decode_attention_time(nd, ctx)[0]
-    return fixed + cm.shape.n_layers * attn
+    own = {op.name: op.seconds for op in cm.iteration_breakdown(pt, sq, npr, nd, ctx)}
+    return fixed + cm.shape.n_layers * attn + 0.0 * pt + (own["admission"] + own["token_output"])
 
 
 SPEC = load_catalogue()["llama-2-7b"]

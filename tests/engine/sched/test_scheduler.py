@@ -320,3 +320,19 @@ def test_a_prefill_replica_hands_requests_off_and_a_decode_replica_takes_them_in
         steps += 1
         b = dec.schedule(0)
     assert steps == 4  # the 4 tokens it still owes
+
+
+def test_abort_all_releases_swap_space_and_blocks() -> None:
+    """The swap case above stopped after step 3 (request 1 swapped out with 17 KV tokens,
+    request 0 finished at that step): a crash drops it, and its host swap space is free."""
+    s = _swapping(3, swap_capacity=10**6)
+    s.set_requests([15, 15], [4, 6], [0, 0])
+    s.add_request(0)
+    s.add_request(1)
+    for _ in range(4):
+        s.complete(s.schedule(0))
+    assert s.swap_used == 17 * KVB and list(s.swapped) == [1]
+    queued, running = s.abort_all()
+    assert queued == [1] and running == []
+    assert s.swap_used == 0 and not s.swapped and s.kv.reserved == 0
+    assert s.num_running == s.num_waiting == 0

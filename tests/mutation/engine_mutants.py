@@ -1,5 +1,6 @@
-"""Single-point mutants of ``engine/``: eviction policies, the tier chain, the KV block
-allocator and its admission rules, the hash ring (see :mod:`tests.mutation.mutant`).
+"""Single-point mutants of ``engine/``: every eviction policy, the tier chain and its touch
+replay, the KV block allocator and its admission rules, the hash ring, the heat map and the
+prefetch planner (see :mod:`tests.mutation.mutant`).
 
 ``tests`` are the test files that target the mutated code; ``python -m tests.mutation
 --package engine`` runs each mutant through them.
@@ -15,6 +16,7 @@ from engine.policy.color_lru import ColorLRUPolicy
 from engine.policy.fifo import FIFOPolicy
 from engine.policy.lru import LRUPolicy
 from engine.policy.lruk import LRUKPolicy
+from engine.policy.lruk2 import LRU2Policy
 from engine.policy.opt import BeladyPolicy
 from engine.policy.pin import PinPolicy
 from engine.policy.priority import PriorityPolicy
@@ -35,6 +37,7 @@ ADMIT_T = ("tests/engine/kv/test_admission.py", "tests/engine/sched/test_schedul
 TIER_T = ("tests/engine/tiers",)
 FIFO_T = ("tests/engine/policy/test_fifo.py",)
 LRUK_T = ("tests/engine/policy/test_lruk.py",)
+LRU2_T = ("tests/engine/policy/test_lruk2.py", "tests/engine/policy/test_batch_replay.py")
 OPT_T = ("tests/engine/policy/test_opt.py",)
 PRIO_T = ("tests/engine/policy/test_priority.py",)
 COLOR_T = ("tests/engine/policy/test_color_lru.py",)
@@ -248,6 +251,26 @@ MUTANTS: list[Mutant] = [
         "if crp and now - last < crp:",
         "policy",
         LRUK_T,
+    ),
+    Mutant(
+        "lru2-young-victim-ignores-pins",
+        "LRU-2 (flat slots) may name a pinned page with one reference as the victim",
+        LRU2Policy,
+        "victim",
+        "if not pinned or key not in pinned:",
+        "if True:",
+        "policy",
+        LRU2_T,
+    ),
+    Mutant(
+        "lru2-eviction-forgets-history",
+        "LRU-2 (flat slots) forgets an evicted page's history (as if invalidated)",
+        LRU2Policy,
+        "remove",
+        "self._state[i] = _RET if evicted else _GONE",
+        "self._state[i] = _GONE",
+        "policy",
+        LRU2_T,
     ),
     Mutant(
         "opt-evicts-nearest",

@@ -110,7 +110,8 @@ def chaos(
             kept = len(_finished(folder / "seeds.jsonl", digest))
             err_console.print(
                 f"{kept} finished seeds kept in {folder / 'seeds.jsonl'}; run the same command "
-                "again to resume"
+                "again to resume",
+                soft_wrap=True,
             )
             raise typer.Exit(code=130) from None
     finished = {**done, **{r["seed"]: r for r in new}}

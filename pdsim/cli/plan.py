@@ -228,7 +228,8 @@ def _print_frontier(df: pd.DataFrame, spec: PlanFile) -> None:
     Every column (each resource's utilisation, the reasons) is in frontier.csv."""
     t = Table(title="frontier (every column: frontier.csv)", header_style="bold")
     alts = [k for k in spec.alternatives if k in df.columns]
-    heads = ["question", *alts, "QPS", "size", "GPUs", "cost", "busiest", "boundary: seeds passed"]
+    cost = "cost/h" if spec.gpu_hour_cost is not None else "cost"  # per hour, or in `costs` units
+    heads = ["question", *alts, "QPS", "size", "GPUs", cost, "busiest", "boundary: seeds passed"]
     for c in heads:
         t.add_column(c, justify="left" if c in ("question", "busiest") else "right")
     for r in df.to_dict("records"):

@@ -9,9 +9,10 @@ their SLO), requests lost (shed or never answered), degraded results, faults app
 trace hash, and the replay file written for it (every failing seed; every seed with
 ``all_replays``).
 
-Execution: in-process when ``workers <= 1`` and no ``scheduler``; otherwise on Dask
-(``dask.distributed``): a ``LocalCluster`` of ``workers`` single-threaded processes, or the
-existing scheduler at ``scheduler``. Seeds are independent, so the rows do not depend on how
+Execution: in-process when ``workers <= 1`` and no ``scheduler``; otherwise on Dask through
+:func:`sim.study.sweep.execute.dask_client` (the project's one way to get a client): a
+``LocalCluster`` of ``workers`` single-threaded processes, or the existing scheduler at
+``scheduler``; without the ``dist`` extra, an ``InputError`` naming it. Seeds are independent, so the rows do not depend on how
 they were run (rows come back sorted by seed).
 """
 
@@ -113,17 +114,11 @@ def run_chaos(
             if progress is not None:
                 progress(i + 1, len(seeds))
         return rows
-    from dask.distributed import Client, LocalCluster, as_completed
+    from sim.study.sweep.execute import dask_client
 
-    if scheduler is not None:
-        client = Client(scheduler)
-        cluster = None
-    else:
-        cluster = LocalCluster(
-            n_workers=workers, threads_per_worker=1, processes=True, dashboard_address=None
-        )
-        client = Client(cluster)
-    try:
+    with dask_client(workers, scheduler) as client:
+        from dask.distributed import as_completed
+
         futs = client.map(
             run_seed,
             [data] * len(seeds),
@@ -139,10 +134,6 @@ def run_chaos(
                 on_row(rows[-1])
             if progress is not None:
                 progress(i + 1, len(seeds))
-    finally:
-        client.close()
-        if cluster is not None:
-            cluster.close()
     return sorted(rows, key=lambda r: r["seed"])
 
 

@@ -2,10 +2,10 @@
 
 * ``raft`` -- :data:`tests.sim.control.raft.mutants.MUTANTS` (the chaos route runs them
   through ``pdsim chaos``; here, through their targeted tests);
-* ``engine`` -- :data:`tests.mutation.engine_mutants.MUTANTS` (eviction policies, tiers, the
-  KV block allocator, the hash ring);
-* ``serving`` -- :data:`tests.mutation.serving_mutants.MUTANTS` (token budget, chunked
-  prefill, KV growth, preemption and swap, metrics windows).
+* ``engine`` -- :data:`tests.mutation.engine_mutants.MUTANTS` (every eviction policy, the
+  tier chain, the KV block allocator and admission, the hash ring, heat map and prefetch);
+* ``serving`` -- :data:`tests.mutation.serving_mutants.MUTANTS` (admission and the token
+  budget, chunked prefill, KV growth, preemption by recompute and swap, metrics windows).
 """
 
 from __future__ import annotations

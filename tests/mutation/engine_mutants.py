@@ -1,5 +1,6 @@
-"""Single-point mutants of ``engine/``: eviction policies, the tier chain, the KV block
-allocator and its admission rules, the hash ring (see :mod:`tests.mutation.mutant`).
+"""Single-point mutants of ``engine/``: every eviction policy, the tier chain and its touch
+replay, the KV block allocator and its admission rules, the hash ring, the heat map and the
+prefetch planner (see :mod:`tests.mutation.mutant`).
 
 ``tests`` are the test files that target the mutated code; ``python -m tests.mutation
 --package engine`` runs each mutant through them.
@@ -11,8 +12,16 @@ from engine.hashring import HashRing
 from engine.kv.admission import KvAdmission
 from engine.kv.allocator import KVBlockAllocator
 from engine.policy.arc import ARCPolicy
+from engine.policy.color_lru import ColorLRUPolicy
+from engine.policy.fifo import FIFOPolicy
 from engine.policy.lru import LRUPolicy
-from engine.tiers.chain import TierChain
+from engine.policy.lruk import LRUKPolicy
+from engine.policy.lruk2 import LRU2Policy
+from engine.policy.opt import BeladyPolicy
+from engine.policy.pin import PinPolicy
+from engine.policy.priority import PriorityPolicy
+from engine.prefetch import HeatMap, PrefetchPlanner
+from engine.tiers.chain import TierChain, TouchReplay
 from tests.mutation.mutant import Mutant
 
 LRU_T = ("tests/engine/policy/test_lru.py",)
@@ -24,8 +33,16 @@ ALLOC_T = (
     "tests/engine/kv/test_allocator_release.py",
     "tests/engine/kv/test_allocator_stateful.py",
 )
-ADMIT_T = ("tests/engine/kv/test_admission.py", "tests/engine/runtime/test_scheduler.py")
+ADMIT_T = ("tests/engine/kv/test_admission.py", "tests/engine/sched/test_scheduler.py")
 TIER_T = ("tests/engine/tiers",)
+FIFO_T = ("tests/engine/policy/test_fifo.py",)
+LRUK_T = ("tests/engine/policy/test_lruk.py",)
+LRU2_T = ("tests/engine/policy/test_lruk2.py", "tests/engine/policy/test_batch_replay.py")
+OPT_T = ("tests/engine/policy/test_opt.py",)
+PRIO_T = ("tests/engine/policy/test_priority.py",)
+COLOR_T = ("tests/engine/policy/test_color_lru.py",)
+PIN_T = ("tests/engine/policy/test_pin.py",)
+PREFETCH_T = ("tests/engine/test_prefetch.py",)
 
 MUTANTS: list[Mutant] = [
     Mutant(
@@ -143,5 +160,410 @@ MUTANTS: list[Mutant] = [
             "(engine.tiers.stack, sim.serving.paramstore) removes keys; the check guards "
             "future callbacks"
         ),
+    ),
+    # -- eviction policies ---------------------------------------------------------------
+    Mutant(
+        "fifo-hit-reorders",
+        "a FIFO hit moves the key to the back of the queue (FIFO becomes LRU)",
+        FIFOPolicy,
+        "hit",
+        "if key not in self._queue:",
+        "self._queue.move_to_end(key)\n    if key not in self._queue:",
+        "policy",
+        FIFO_T,
+    ),
+    Mutant(
+        "fifo-victim-ignores-pins",
+        "the FIFO victim may be a pinned key",
+        FIFOPolicy,
+        "victim",
+        "if key not in pinned:",
+        "if True:",
+        "policy",
+        FIFO_T,
+    ),
+    Mutant(
+        "lru-evict-pops-newest",
+        "LRU's one-step evict (nothing pinned) pops the most recent key",
+        LRUPolicy,
+        "evict",
+        "popitem(last=False)",
+        "popitem(last=True)",
+        "policy",
+        LRU_T,
+    ),
+    Mutant(
+        "arc-b1-ghost-no-adapt",
+        "an ARC ghost hit in B1 does not grow T1's target p",
+        ARCPolicy,
+        "insert",
+        "self.p = min(float(c), self.p + size * ratio)",
+        "self.p = min(float(c), self.p)",
+        "policy",
+        ARC_T,
+    ),
+    Mutant(
+        "arc-b2-ghost-grows-p",
+        "an ARC ghost hit in B2 grows T1's target p instead of shrinking it",
+        ARCPolicy,
+        "insert",
+        "self.p = max(0.0, self.p - size * ratio)",
+        "self.p = min(float(c), self.p + size * ratio)",
+        "policy",
+        ARC_T,
+    ),
+    Mutant(
+        "arc-trim-b1-ignores-t1",
+        "ARC trims B1 only when B1 alone exceeds c (not |T1| + |B1|)",
+        ARCPolicy,
+        "_trim",
+        "while b1 and self._s1 + self._g1 > c:",
+        "while b1 and self._g1 > c:",
+        "policy",
+        ARC_T,
+    ),
+    Mutant(
+        "lruk-no-correlation-shift",
+        "LRU-K's uncorrelated hit shifts HIST without the correlated period's adjustment",
+        LRUKPolicy,
+        "hit",
+        "correl = last - page[_H1]",
+        "correl = 0.0",
+        "policy",
+        LRUK_T,
+    ),
+    Mutant(
+        "lruk-young-victim-newest",
+        "LRU-K evicts the most recent of the pages with fewer than K references",
+        LRUKPolicy,
+        "victim",
+        "return next(iter(young))",
+        "return next(reversed(young))",
+        "policy",
+        LRUK_T,
+    ),
+    Mutant(
+        "lruk-crp-boundary",
+        "a reference exactly CRP after LAST counts as correlated",
+        LRUKPolicy,
+        "hit",
+        "if crp and now - last <= crp:",
+        "if crp and now - last < crp:",
+        "policy",
+        LRUK_T,
+    ),
+    Mutant(
+        "lru2-young-victim-ignores-pins",
+        "LRU-2 (flat slots) may name a pinned page with one reference as the victim",
+        LRU2Policy,
+        "victim",
+        "if not pinned or key not in pinned:",
+        "if True:",
+        "policy",
+        LRU2_T,
+    ),
+    Mutant(
+        "lru2-eviction-forgets-history",
+        "LRU-2 (flat slots) forgets an evicted page's history (as if invalidated)",
+        LRU2Policy,
+        "remove",
+        "self._state[i] = _RET if evicted else _GONE",
+        "self._state[i] = _GONE",
+        "policy",
+        LRU2_T,
+    ),
+    Mutant(
+        "opt-evicts-nearest",
+        "Belady's OPT evicts the key used soonest instead of farthest",
+        BeladyPolicy,
+        "_push",
+        "heapq.heappush(heap, (-self._next[pos], pos, key))",
+        "heapq.heappush(heap, (self._next[pos], pos, key))",
+        "policy",
+        OPT_T,
+    ),
+    Mutant(
+        "priority-hit-no-frequency",
+        "a priority-policy hit does not count towards the key's frequency",
+        PriorityPolicy,
+        "hit",
+        "r[_FREQ] += 1",
+        "r[_FREQ] += 0",
+        "policy",
+        PRIO_T,
+    ),
+    Mutant(
+        "priority-rank-ignores-cost",
+        "the priority rank drops the transfer-cost term",
+        PriorityPolicy,
+        "_entry",
+        "(self._a * (r[_LAST] - self._t0) - r[_COST])",
+        "(self._a * (r[_LAST] - self._t0))",
+        "policy",
+        PRIO_T,
+    ),
+    Mutant(
+        "color-over-share-inclusive",
+        "a colour holding exactly its reservation counts as over share",
+        ColorLRUPolicy,
+        "victim",
+        "if self._bytes[c] > reserved.get(c, 0):",
+        "if self._bytes[c] >= reserved.get(c, 0):",
+        "policy",
+        COLOR_T,
+    ),
+    Mutant(
+        "color-no-fallback",
+        "colour LRU returns no victim when every over-share colour is pinned",
+        ColorLRUPolicy,
+        "victim",
+        "return best_any",
+        "return None",
+        "policy",
+        COLOR_T,
+    ),
+    Mutant(
+        "pin-budget-strict",
+        "a key that exactly fills the pinned budget streams instead",
+        PinPolicy,
+        "insert",
+        "if self._pinned_used + size <= self._budget:",
+        "if self._pinned_used + size < self._budget:",
+        "policy",
+        PIN_T,
+    ),
+    Mutant(
+        "pin-evicts-oldest-pinned",
+        "when only pinned-set keys remain, the oldest is evicted instead of the newest",
+        PinPolicy,
+        "victim",
+        "for key in reversed(self._pinned):",
+        "for key in self._pinned:",
+        "policy",
+        PIN_T,
+    ),
+    # -- tier chain ----------------------------------------------------------------------
+    Mutant(
+        "tier-evict-drops",
+        "a level's eviction drops the object instead of demoting it to the next level",
+        TierChain,
+        "_demoter",
+        "if i + 1 < len(self.levels):",
+        "if False:",
+        "tiers",
+        TIER_T,
+    ),
+    Mutant(
+        "tier-promote-reports-from-served",
+        "promotion reports every copy as moved from the serving level, not the one below",
+        TierChain,
+        "promote",
+        "self.on_move(src, j, key, size)",
+        "self.on_move(served, j, key, size)",
+        "tiers",
+        TIER_T,
+    ),
+    Mutant(
+        "tier-locate-keeps-bad-copy",
+        "locate leaves an unusable copy in its level",
+        TierChain,
+        "locate",
+        "cache.remove(key, now)",
+        "pass",
+        "tiers",
+        TIER_T,
+    ),
+    Mutant(
+        "touch-history-short",
+        "the touch replay keeps one use fewer than its history",
+        TouchReplay,
+        "record",
+        "if len(times) > self.history:",
+        "if len(times) >= self.history:",
+        "tiers",
+        TIER_T,
+    ),
+    # -- KV allocator and admission -------------------------------------------------------
+    Mutant(
+        "alloc-counts-matched-cached",
+        "a prompt's cached prefix blocks count both as reused and as evictable room",
+        KVBlockAllocator,
+        "_allocate_general",
+        "len(self._policy) - cached_matched",
+        "len(self._policy)",
+        "kv",
+        ALLOC_T,
+    ),
+    Mutant(
+        "alloc-shares-repeated-block",
+        "a key repeated inside one prompt keeps sharing the same block",
+        KVBlockAllocator,
+        "_plan",
+        "if b in seen:",
+        "if False:",
+        "kv",
+        ALLOC_T,
+    ),
+    Mutant(
+        "alloc-no-copy-on-write",
+        "appending to a shared partial block writes it in place (no copy-on-write)",
+        KVBlockAllocator,
+        "append",
+        "cow = not lazy and n_tokens > 0 and old % bt != 0 and self._ref[table[-1]] > 1",
+        "cow = False",
+        "kv",
+        ALLOC_T,
+    ),
+    Mutant(
+        "alloc-append-many-floor",
+        "append_many sizes block tables with floor division",
+        KVBlockAllocator,
+        "append_many",
+        "grow_by = -(-new // bt) - len(table)",
+        "grow_by = new // bt - len(table)",
+        "kv",
+        ALLOC_T,
+    ),
+    Mutant(
+        "admit-fits-alone-strict",
+        "a sequence that exactly fills an empty replica is said never to fit",
+        KvAdmission,
+        "fits_alone",
+        "return self.size(tokens, bytes_per_token)[0] <= self.capacity",
+        "return self.size(tokens, bytes_per_token)[0] < self.capacity",
+        "kv",
+        ADMIT_T,
+    ),
+    Mutant(
+        "admit-victim-oldest",
+        "the preemption victim is the oldest running sequence",
+        KvAdmission,
+        "victim",
+        "return next(reversed(running))",
+        "return next(iter(running))",
+        "kv",
+        ADMIT_T,
+    ),
+    Mutant(
+        "admit-first-prompt-budget",
+        "an unchunked first prompt larger than the budget never runs",
+        KvAdmission,
+        "budget_allows",
+        "(chunked or first or tokens <= budget)",
+        "(chunked or tokens <= budget)",
+        "kv",
+        ADMIT_T,
+    ),
+    Mutant(
+        "admit-grow-block-uncounted",
+        "a grown block is reserved but not counted in the sequence's blocks",
+        KvAdmission,
+        "grow",
+        "st[2] += 1",
+        "st[2] += 0",
+        "kv",
+        ADMIT_T,
+    ),
+    Mutant(
+        "admit-give-keeps-needed",
+        "releasing a sequence leaves its exact bytes counted (fragmentation drifts)",
+        KvAdmission,
+        "give",
+        "self.needed -= tokens * bytes_per_token",
+        "pass",
+        "kv",
+        ADMIT_T,
+    ),
+    # -- hash ring -----------------------------------------------------------------------
+    Mutant(
+        "ring-capacity-floor",
+        "the bounded-load cap rounds down",
+        HashRing,
+        "capacity",
+        "return math.ceil(self.load_factor * n_keys * r / len(self._nodes))",
+        "return int(self.load_factor * n_keys * r / len(self._nodes))",
+        "ring",
+        RING_T,
+    ),
+    Mutant(
+        "ring-assign-ignores-cap",
+        "bounded-load assignment places replicas on full nodes",
+        HashRing,
+        "assign",
+        "if owner not in chosen and load[owner] < cap:",
+        "if owner not in chosen:",
+        "ring",
+        RING_T,
+    ),
+    Mutant(
+        "ring-primaries-no-wrap",
+        "the vectorised primaries send keys past the last point to the last node",
+        HashRing,
+        "primaries",
+        "idx[idx == len(self._points)] = 0",
+        "idx[idx == len(self._points)] = len(self._points) - 1",
+        "ring",
+        RING_T,
+    ),
+    # -- heat map and prefetch planner ----------------------------------------------------
+    Mutant(
+        "heat-no-decay",
+        "heat never decays",
+        HeatMap,
+        "_decayed",
+        "return float(count * 2.0 ** (-(now - self._stamp[key]) / self.half_life))",
+        "return float(count)",
+        "prefetch",
+        PREFETCH_T,
+    ),
+    Mutant(
+        "heat-record-resets",
+        "recording an access resets the count to 1 instead of adding 1",
+        HeatMap,
+        "record",
+        "self._count[key] = self._decayed(key, now) + 1.0",
+        "self._count[key] = 1.0",
+        "prefetch",
+        PREFETCH_T,
+    ),
+    Mutant(
+        "prefetch-cold-first",
+        "within one priority the planner fetches colder keys first",
+        PrefetchPlanner,
+        "plan",
+        "fresh.sort(key=lambda k: (-self.heat.heat(k, now), k))",
+        "fresh.sort(key=lambda k: (self.heat.heat(k, now), k))",
+        "prefetch",
+        PREFETCH_T,
+    ),
+    Mutant(
+        "prefetch-window-plus-one",
+        "the planner looks one batch past its window",
+        PrefetchPlanner,
+        "plan",
+        "upcoming[: self.window_batches]",
+        "upcoming[: self.window_batches + 1]",
+        "prefetch",
+        PREFETCH_T,
+    ),
+    Mutant(
+        "prefetch-budget-skips",
+        "a key over the byte budget is skipped and planning goes on with smaller ones",
+        PrefetchPlanner,
+        "plan",
+        "return planned  # stop before the first key that does not fit",
+        "continue",
+        "prefetch",
+        PREFETCH_T,
+    ),
+    Mutant(
+        "prefetch-refetches-in-flight",
+        "keys already in flight are planned again",
+        PrefetchPlanner,
+        "plan",
+        "if key in seen or key in resident or key in in_flight:",
+        "if key in seen or key in resident:",
+        "prefetch",
+        PREFETCH_T,
     ),
 ]

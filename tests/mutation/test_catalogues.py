@@ -4,6 +4,8 @@ mutant its tests catch and lets a harmless one survive."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from engine.policy.lru import LRUPolicy
@@ -11,6 +13,7 @@ from tests.mutation.__main__ import run_one
 from tests.mutation.catalogue import PACKAGES, catalogue, find
 from tests.mutation.mutant import Mutant
 
+ROOT = Path(__file__).resolve().parents[2]
 ALL = [(p, m) for p in PACKAGES for m in catalogue(p)]
 
 
@@ -21,6 +24,8 @@ def test_catalogues_hold_distinct_single_line_mutants_with_tests() -> None:
     for _, m in ALL:
         assert m.doc and m.old != m.new and m.tests
         assert m.new.count("\n") - m.old.count("\n") <= 1  # one line changed or added
+        missing = [t for t in m.tests if not (ROOT / t.partition("::")[0]).exists()]
+        assert not missing, f"{m.name}: no such test file {missing}"  # else pytest exits 4
 
 
 @pytest.mark.parametrize(("p", "m"), ALL, ids=[f"{p}:{m.name}" for p, m in ALL])

@@ -285,3 +285,33 @@ def test_plan_progress_counts_runs_over_every_probe(monkeypatch: pytest.MonkeyPa
         for done, total in [(0, 3), (1, 3), (3, 3), (0, 1), (1, 1), (0, 3), (2, 3)]:
             prog(done, total)
     assert [c for c, _ in shown] == [0, 1, 3, 3, 4, 4, 6] and {t for _, t in shown} == {None}
+
+
+def test_the_plan_frontier_table_fits_80_columns_without_the_reasons(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The finding: a 22-column table 164 columns wide with one word per line of ``reason``.
+    The printed frontier has the answer, GPUs, cost (per hour with a GPU-hour price), the
+    busiest resource and the boundary's pass share (whole numbers as integers); every other
+    column stays in frontier.csv."""
+    import io
+    from types import SimpleNamespace
+
+    import pandas as pd
+    from rich.console import Console
+
+    import pdsim.cli.plan as plan_mod
+
+    buf = io.StringIO()
+    monkeypatch.setattr(plan_mod, "console", Console(file=buf, width=80, highlight=False))
+    reason = "p99 e2e 6.2 s above the limit of 5 s at seeds 1, 2 and 3 " * 3
+    row = {"question": "min-size", "qps": 30.0, "size": 62.0, "gpus": 496.0, "cost": 1736.0,
+           "saturates_first": "mbu", "util_mbu": 0.27, "util_flops": 0.1, "reason": reason,
+           "boundary_size": 61, "boundary_qps": 30.0, "boundary_pass_fraction": 2 / 3}  # fmt: skip
+    spec = SimpleNamespace(alternatives={}, gpu_hour_cost=3.5)
+    plan_mod._print_frontier(pd.DataFrame([row]), spec)  # type: ignore[arg-type]
+    text = buf.getvalue()
+    assert max(len(line) for line in text.splitlines()) <= 80, text
+    assert "above the limit" not in text and "62.0" not in text
+    assert "│   62 │  496 │  1,736 │ mbu 27% │" in text and "61 @ 30 QPS: 67%" in text, text
+    assert "cost/h" in text  # the unit: GPUs x gpu_hour_cost per hour

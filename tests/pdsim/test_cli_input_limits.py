@@ -63,6 +63,7 @@ SETS = [
         "workload.steps[0].rate",
     ),
     ("rate 1e6 for 100 s", ["workload.rate=1e6", "workload.duration=100"], "rate x duration"),
+    ("rate 1e9 for 10 s (82 GiB)", ["workload.rate=1e9", "workload.duration=10"], "rate"),
     ("requests 10**18", [f"workload.requests={10**18}"], "workload.requests"),
     ("requests 10**9", ["workload.requests=1000000000"], "workload.requests"),
     ("requests over the limit", [f"workload.requests={MAX_REQUESTS + 1}"], "workload.requests"),

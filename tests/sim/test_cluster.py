@@ -343,10 +343,33 @@ def test_random_small_clusters_keep_request_invariants(
     for node in cl.ctx.nodes:  # everything released at the end
         assert node.running == 0 and node.qlen == 0
         assert node.kv.reserved == 0 and node.kv.needed == 0
-        assert all(b == 0 for b in node.sched.num_decoding) and all(b == 0.0 for b in node.sched.context_base)
+        assert all(b == 0 for b in node.sched.num_decoding) and all(
+            b == 0.0 for b in node.sched.context_base
+        )
         assert node.ws.hbm.used <= node.ws.hbm.capacity
         for m, mr in enumerate(cl.ctx.models):  # O(1) residency counters match the cache
             for layer in range(mr.n_layers):
                 lo, hi = int(mr.layer_start[layer]), int(mr.layer_start[layer + 1])
                 real = sum((mr.base | c) in node.ws.hbm for c in range(lo, hi))
                 assert node.ws.counts[m][layer] == real
+
+
+def test_the_default_steady_window_skips_the_first_tenth_of_the_arrivals() -> None:
+    """Open loop, no ``metrics.warmup``: the window starts a tenth of the arrival span after
+    the first arrival and ends ``cooldown`` before the last; an explicit warmup replaces it."""
+    from pathlib import Path
+
+    from sim.cluster import build
+    from sim.scenario import load_scenario
+    from sim.serving.costmodel import CostModel, load_profile
+    from sim.serving.models import load_catalogue
+
+    root = Path(__file__).resolve().parents[2]
+    for sets, warm in (([], None), (["metrics.warmup=0.5s"], 0.5)):
+        sc = load_scenario(root / "scenarios" / "quickstart.yaml",
+                           ["workload.requests=50", "metrics.cooldown=0.2s", *sets])  # fmt: skip
+        cl = build(sc, 0, load_catalogue(sc.catalogue), load_profile(sc.profile), CostModel, None)
+        first, last = float(cl.wl.arrival[0]), float(cl.wl.arrival[-1])
+        assert last - first > 1.0  # a window both ways
+        w0 = first + 0.1 * (last - first) if warm is None else warm
+        assert cl.window() == (w0, last - 0.2)

@@ -100,6 +100,9 @@ class Batch:
     missing: list[str] = field(default_factory=list)
 
 
+#: the start of the error when Dask is needed but the ``dist`` extra is not installed
+DIST_MISSING = "runs on several workers need Dask (the 'dist' extra), which is not installed"
+
 #: seconds to wait for an existing Dask scheduler (``--scheduler``) to answer
 CONNECT_TIMEOUT_S = 10.0
 
@@ -166,9 +169,17 @@ def dask_client(workers: int, scheduler: str | None = None) -> Iterator[Any]:
     naming it when it is not an address or does not answer within
     :data:`CONNECT_TIMEOUT_S`), else of a ``LocalCluster`` of ``workers`` single-threaded
     processes started with SIGINT ignored (Ctrl-C stops this process, which closes them,
-    not each worker with a traceback of its own). Closed on the way out; quietly (no log of
-    every cancelled task and lost connection) when the block was stopped by Ctrl-C."""
-    from dask.distributed import Client, LocalCluster
+    not each worker with a traceback of its own). Closed on the way out; when the block was
+    stopped by Ctrl-C, quietly (no log of every cancelled task and lost connection) and at
+    once (the local workers are terminated, not waited for).
+    Without ``dask.distributed`` (the ``dist`` extra): :class:`InputError` naming the extra."""
+    try:
+        from dask.distributed import Client, LocalCluster
+    except ImportError:
+        raise InputError(
+            f"{DIST_MISSING}; run with --workers 1, or install it: pip install 'pdsim[dist]'",
+            source=f"--scheduler {scheduler}" if scheduler is not None else f"--workers {workers}",
+        ) from None
 
     cluster: Any = None
     if scheduler is not None:
@@ -197,9 +208,24 @@ def dask_client(workers: int, scheduler: str | None = None) -> Iterator[Any]:
         try:
             client.close()
             if cluster is not None:
+                if interrupted:
+                    _terminate_workers(cluster)
                 cluster.close()
         finally:
             log.setLevel(level)
+
+
+def _terminate_workers(cluster: Any) -> None:
+    """SIGTERM to each worker process of a local ``cluster`` (they ignore SIGINT): a worker
+    busy in a run would otherwise hold ``cluster.close()`` for its grace period (about 4 s),
+    and Ctrl-C is to stop within a second. A worker's half-written result is a temporary
+    file that is never renamed into place (see :mod:`sim.study.sweep.resultcache`)."""
+    for nanny in list(getattr(cluster, "workers", {}).values()):
+        proc = getattr(getattr(nanny, "process", None), "process", None)
+        pid = getattr(proc, "pid", None)
+        if isinstance(pid, int) and pid > 0:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGTERM)
 
 
 class Runner:

@@ -389,3 +389,19 @@ def test_same_calls_give_the_same_block_ids_and_figures() -> None:
         return {s: a.block_table(s) for s in a.sequences()}, a.snapshot()
 
     assert run() == run()
+
+
+def test_a_key_repeated_inside_one_prompt_gets_its_own_block() -> None:
+    """hash_ids [7, 7] (not chained): the first block reuses the cached block of id 7, the
+    second stops sharing there and takes a fresh block -- never the same block twice in one
+    table, which would make the second block's writes overwrite the first's."""
+    from engine.kv.allocator import KVBlockAllocator
+
+    a = KVBlockAllocator(block_tokens=16, bytes_per_token=1, initial_blocks=8)
+    a.allocate("x", 16, hash_ids=[7])
+    (cached,) = a.block_table("x")
+    a.free("x")
+    got = a.allocate("y", 32, hash_ids=[7, 7])
+    table = a.block_table("y")
+    assert table[0] == cached and table[1] != cached
+    assert got.hit_tokens == 16  # one block reused, the second computed

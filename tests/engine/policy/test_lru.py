@@ -108,3 +108,18 @@ def test_lru_evicts_least_recent_hand_checked() -> None:
     cache.pin("c")
     cache.access("e", 1, 5.0)  # LRU order is c, a, d; c is pinned, so a goes
     assert sorted(cache) == ["c", "d", "e"]
+
+
+def test_one_step_evict_removes_what_victim_names_with_and_without_pins() -> None:
+    """``evict`` (the replay loop's one-step eviction) chooses exactly as ``victim``: the
+    least recently referenced key, also on its fast path with nothing pinned."""
+    from engine.policy.lru import LRUPolicy
+
+    pol = LRUPolicy()
+    for t, key in enumerate("abcd"):
+        pol.insert(key, 1, float(t))
+    pol.hit("a", 4.0)  # recency order now b, c, d, a
+    assert pol.victim(5.0) == "b" and pol.evict(5.0) == "b"
+    assert pol.evict(5.0, pinned={"c"}) == "d"
+    assert list(pol) == ["c", "a"] and pol.evict(6.0) == "c"
+    assert list(pol) == ["a"] and pol.evict(6.0) == "a" and pol.evict(6.0) is None

@@ -456,3 +456,16 @@ def test_time_clock_with_ties_equals_reference_clock(
         assert caches["time"].access(key, 1, now) == caches["refs"].access(key, 1, float(index))
     assert evicted["time"] == evicted["refs"]
     assert list(caches["time"]._policy) == list(caches["refs"]._policy)
+
+
+def test_a_reference_exactly_crp_after_last_is_correlated() -> None:
+    """The rule is ``t - LAST(p) > crp`` for an uncorrelated reference: at exactly ``crp``
+    only LAST moves (times chosen so that the differences are exact in binary)."""
+    pol = make_policy("lru-k", k=3, crp=1.0)
+    assert isinstance(pol, LRUKPolicy)
+    pol.attach(10)
+    pol.insert("p", 1, 0.0)
+    pol.hit("p", 1.0)  # 1 - 0 == crp: correlated
+    assert pol.history("p") == (0.0, -INF, -INF) and pol.last("p") == 1.0
+    pol.hit("p", 2.5)  # 2.5 - 1 > crp: uncorrelated, correlation period 1 - 0 = 1
+    assert pol.history("p") == (2.5, 1.0, -INF) and pol.last("p") == 2.5

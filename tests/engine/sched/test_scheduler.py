@@ -320,3 +320,67 @@ def test_a_prefill_replica_hands_requests_off_and_a_decode_replica_takes_them_in
         steps += 1
         b = dec.schedule(0)
     assert steps == 4  # the 4 tokens it still owes
+
+
+def test_abort_all_releases_swap_space_and_blocks() -> None:
+    """The swap case above stopped after step 3 (request 1 swapped out with 17 KV tokens,
+    request 0 finished at that step): a crash drops it, and its host swap space is free."""
+    s = _swapping(3, swap_capacity=10**6)
+    s.set_requests([15, 15], [4, 6], [0, 0])
+    s.add_request(0)
+    s.add_request(1)
+    for _ in range(4):
+        s.complete(s.schedule(0))
+    assert s.swap_used == 17 * KVB and list(s.swapped) == [1]
+    queued, running = s.abort_all()
+    assert queued == [1] and running == []
+    assert s.swap_used == 0 and not s.swapped and s.kv.reserved == 0
+    assert s.num_running == s.num_waiting == 0
+
+
+def test_a_queued_head_that_does_not_fit_holds_back_lower_classes() -> None:
+    """4 blocks: class 0's first 40-token prompt takes 3, its second (3 more) does not fit,
+    and class 1's 10-token prompt (1 block, it would fit) must wait behind it: no class
+    overtakes a higher class's head of line."""
+    s = Scheduler(
+        KvAdmission(4 * BT * KVB, BT),
+        max_num_seqs=4,
+        max_num_batched_tokens=1000,
+        chunked_prefill=False,
+        kv_bytes_per_token=[KVB],
+        dense=[False],
+        num_classes=2,
+    )
+    s.set_requests([40, 40, 10], [3, 3, 3], [0, 0, 1])
+    for rid in range(3):
+        s.add_request(rid)
+    b = s.schedule(0)
+    assert b.admitted == [0] and s.num_waiting == 2 and s.head(0) == 1
+
+
+def test_admission_budget_counts_the_prompt_tokens_still_to_prefill() -> None:
+    """Chunked prefill, budget 64: a 200-token prompt prefills 64 tokens a step (64, 64, 64,
+    8). A second prompt is admitted only in the step where the first's remaining tokens leave
+    budget over (step 3: 64 - 8 = 56), not while the first still needs the whole budget."""
+    s = Scheduler(
+        KvAdmission(10**6, BT),
+        max_num_seqs=4,
+        max_num_batched_tokens=64,
+        chunked_prefill=True,
+        kv_bytes_per_token=[KVB],
+        dense=[False],
+    )
+    s.set_requests([200, 30], [2, 2], [0, 0])
+    s.add_request(0)
+    s.add_request(1)
+    log = []
+    for _ in range(4):
+        b = s.schedule(0)
+        log.append((b.admitted, [(p.request_id, c) for p, c in b.chunks]))
+        s.complete(b)
+    assert log == [
+        ([0], [(0, 64)]),
+        ([], [(0, 64)]),
+        ([], [(0, 64)]),
+        ([1], [(0, 8), (1, 30)]),
+    ]

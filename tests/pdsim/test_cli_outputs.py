@@ -56,7 +56,7 @@ COMMANDS = {
     "sweep": (["sweep", "--scenario", "tiny.yaml", "--grid", "cluster.servers=1,2"], "sim.study.sweep.execute"),
     "ab": (["ab", "tiny.yaml", "--b", "cluster.servers=3", "--seeds", "2"], "sim.study.ab.run_ab"),
     "plan": (["plan", "plan-tiny.yaml"], "sim.study.plan.run_plan"),
-    "validate": (["validate", "--profile", "a100-80gb"], "hwbench.validate.validate_suite"),
+    "validate": (["validate", "--profile", "a100-80gb"], "hwbench.validate.run_suite"),
 }  # fmt: skip
 
 
@@ -210,7 +210,7 @@ def test_validate_writes_under_runs_by_default(here: Path, monkeypatch: pytest.M
     def stop(*_: Any, **__: Any) -> Any:
         raise InputError("stopped by the test")
 
-    monkeypatch.setattr(hwbench.validate, "validate_suite", stop)
+    monkeypatch.setattr(hwbench.validate, "run_suite", stop)
     prof = load_profile("a100-80gb").model_copy(update={"ops": OpsProfile(engine=EngineTerms())})
     (here / "eng.json").write_text(prof.model_dump_json(), encoding="utf-8")
     r = runner.invoke(app, ["validate", "--profile", "eng.json", "--repeats", "1"])

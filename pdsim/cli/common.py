@@ -40,8 +40,8 @@ def user_errors() -> Iterator[None]:
 def note_local_processes(workers: int, scheduler: str | None) -> None:
     """Print the one line saying that runs go to local processes because Dask (the ``dist``
     extra) is missing; :class:`InputError` naming the extra for ``--scheduler`` without it
-    (sim.study.sweep.execute.local_note). Nothing when Dask is there or nothing is parallel."""
-    from sim.study.sweep.execute import local_note
+    (sim.study.sweep.daskclient.local_note). Nothing when Dask is there or nothing is parallel."""
+    from sim.study.sweep.daskclient import local_note
 
     note = local_note(workers, scheduler)
     if note is not None:

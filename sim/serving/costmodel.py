@@ -29,7 +29,8 @@ from engine.limits import CheckedModel
 from engine.units import parse_duration, parse_rate, parse_size
 from sim.serving.itercost import IterationCost, iteration_cost
 from sim.serving.models import ModelSpec
-from sim.serving.opcost.tables import EngineTerms, OpsProfile
+from sim.serving.opcost.tables import OpsProfile
+from sim.serving.opcost.terms import EngineTerms
 from sim.serving.roofline import peak_flops
 
 Size = Annotated[int, BeforeValidator(parse_size), Field(ge=0)]

@@ -7,7 +7,7 @@ objects, each with the same five links and the same bandwidth rules:
 
 * ``pcie``: the profile's PCIe bandwidth x GPUs, divided by ``1 + copy_contention`` (a
   calibrated engine's weight copies run that much slower than its idle link while it
-  computes, :class:`sim.serving.opcost.tables.EngineTerms`; 0 for datasheet profiles);
+  computes, :class:`sim.serving.opcost.terms.EngineTerms`; 0 for datasheet profiles);
 * ``nic``: RDMA bandwidth x GPUs (one NIC per GPU; the scenario's ``cluster.network.rdma``
   where given), latency 0 (the path's far end carries it);
 * ``nvme`` and ``object``: the server's figure x the replica's share of the server;

@@ -10,7 +10,7 @@ trace hash, and the replay file written for it (every failing seed; every seed w
 ``all_replays``).
 
 Execution: in-process when ``workers <= 1`` and no ``scheduler``; otherwise on Dask through
-:func:`sim.study.sweep.execute.dask_client` (the project's one way to get a client): a
+:func:`sim.study.sweep.daskclient.dask_client` (the project's one way to get a client): a
 ``LocalCluster`` of ``workers`` single-threaded processes, or the existing scheduler at
 ``scheduler``; without the ``dist`` extra, an ``InputError`` naming it. Seeds are independent, so the rows do not depend on how
 they were run (rows come back sorted by seed).
@@ -114,7 +114,7 @@ def run_chaos(
             if progress is not None:
                 progress(i + 1, len(seeds))
         return rows
-    from sim.study.sweep.execute import dask_client
+    from sim.study.sweep.daskclient import dask_client
 
     with dask_client(workers, scheduler) as client:
         from dask.distributed import as_completed

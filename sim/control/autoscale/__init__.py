@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from sim.control.autoscale.section import AutoscaleCfg, check_autoscale
 from sim.control.autoscale.loop import Autoscaler, ScalableCluster
 from sim.control.autoscale.policies import POLICIES
+from sim.control.autoscale.section import AutoscaleCfg, check_autoscale
 
 __all__ = ["POLICIES", "AutoscaleCfg", "Autoscaler", "attach", "check_autoscale"]
 

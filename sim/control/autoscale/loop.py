@@ -34,9 +34,9 @@ from typing import TYPE_CHECKING, Any, Protocol
 import numpy as np
 import simpy
 
-from sim.control.autoscale.section import AutoscaleCfg, resolved_source
 from sim.control.autoscale.controller import Controller
 from sim.control.autoscale.policies import POLICIES, Observation
+from sim.control.autoscale.section import AutoscaleCfg, resolved_source
 from sim.serving.coldstart import ColdStart
 from sim.serving.metrics import EV_REPLICA_STATE, EV_SCALE
 

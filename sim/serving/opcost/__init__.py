@@ -13,13 +13,12 @@ from sim.serving.opcost.tables import (
     CollectiveTable,
     Curves,
     ElementwiseTable,
-    EngineTerms,
     GemmTable,
     Grid3,
     OpsProfile,
-    RooflineTerms,
     TableOrigin,
 )
+from sim.serving.opcost.terms import EngineTerms, RooflineTerms
 
 __all__ = [
     "OP_NAMES",

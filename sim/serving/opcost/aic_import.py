@@ -59,9 +59,9 @@ from sim.serving.opcost.tables import (
     MlaTable,
     MoeTable,
     OpsProfile,
-    RooflineTerms,
     TableOrigin,
 )
+from sim.serving.opcost.terms import RooflineTerms
 
 #: m (token) knots kept from a GEMM table when measured there
 M_KNOTS: tuple[int, ...] = (

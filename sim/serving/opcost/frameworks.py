@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from sim.serving.opcost.tables import FrameworkTerms
+from sim.serving.opcost.terms import FrameworkTerms
 
 
 @dataclass(frozen=True)

@@ -51,16 +51,15 @@ weights, ``flops_fp32`` otherwise. TP groups are assumed to sit inside one NVLin
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from engine.errors import InputError
 from sim.serving.iterprice import RooflinePass
 from sim.serving.models import ModelSpec
 from sim.serving.moeparallel import DEFAULT_ROUTING_SKEW, ExpertParallel
 from sim.serving.opcost.moemla import IN_MODULE, MOE_OP_NAMES, MlaOps, MoeOps
-from sim.serving.opcost.shapes import DecoderShape
-from sim.serving.opcost.tables import AttentionTable, ElementwiseTable, GemmTable, OpsProfile
+from sim.serving.opcost.singleops import SingleOps
 from sim.serving.roofline import roofline_pass
 
 if TYPE_CHECKING:
@@ -111,7 +110,7 @@ class OpCost:
     source: str
 
 
-class OpCostModel:
+class OpCostModel(SingleOps):
     """Iteration times of one decoder replica (``tp`` GPUs per stage) on one profile; see the
     module docstring for the op list. The op-table implementation of
     :class:`sim.serving.itercost.IterationCost`: :meth:`work` is the op sum plus the pipeline
@@ -130,32 +129,12 @@ class OpCostModel:
         routing_skew: float = DEFAULT_ROUTING_SKEW,
         gpus_per_server: int | None = None,
     ) -> None:
-        shape = DecoderShape.from_model(model)
-        if tp < 1 or shape.heads % tp:
-            raise InputError(f"tp={tp} must be >= 1 and divide the {shape.heads} heads")
-        self.profile = profile
-        self.model = model
-        self.shape = shape
-        self.tp = tp
+        super().__init__(profile, model, tp)
+        shape = self.shape
         self.counts = counts if counts is not None else roofline_pass(profile, model, tp=tp)
         if self.counts.tp != tp:
             raise ValueError(f"counts are for tp={self.counts.tp}, not tp={tp}")
         self.pp = self.counts.pp
-        self.ops: OpsProfile = profile.ops or OpsProfile()
-        gpu = profile.gpu
-        db = shape.dtype_bytes
-        self.peak = gpu.flops_fp16 * (2.0 if db == 1 else 1.0) if db <= 2 else gpu.flops_fp32
-        self.hbm_bw = gpu.hbm_bandwidth
-        n_attn = max(1, shape.n_layers)
-        kv_elem = (
-            float(model.kv_dtype_bytes)
-            if shape.mla
-            else model.kv_bytes_per_token / (2 * n_attn * shape.kv_heads * shape.head_dim)
-        )
-        self.kv_dtype = "fp8" if kv_elem <= 1 else ("bf16" if kv_elem <= 2 else "fp32")
-        self.kv_elem_bytes = max(1.0, kv_elem)
-        self.q_heads = shape.heads // tp
-        self.kv_heads = max(1, shape.kv_heads // tp)
         hd, h = shape.head_dim, shape.hidden
         self.gemms: dict[str, tuple[int, int]] = {  # name -> (n, k) per GPU
             "qkv_gemm": ((self.q_heads + 2 * self.kv_heads) * hd, h),
@@ -173,13 +152,12 @@ class OpCostModel:
         if split:
             self.gemm_parts["qkv_gemm"] = ((q_n, h), (kv_n, h), (kv_n, h))
             self.gemm_parts["gate_up_gemm"] = ((f_n, h), (f_n, h))
-        self.act_bytes = 2 if db <= 2 else db  # activations are 16-bit unless fp32
         self._expert_and_latent_ops(ep, routing_skew, gpus_per_server)
-        self._ew: dict[str, ElementwiseTable] = {t.op: t for t in self.ops.elementwise}
         self.vocab_per_gpu = -(-shape.vocab // tp)
-        self._gemm_dtype = {1: "fp8", 2: "bf16", 4: "fp32"}.get(db)
-        self._head_dtype = "fp32" if db == 4 else "bf16"  # fp8 models keep a 16-bit lm_head
-        #: the engine's own terms (sim.serving.opcost.tables.EngineTerms); None: fused, none extra
+        self._head_dtype = (
+            "fp32" if shape.dtype_bytes == 4 else "bf16"
+        )  # fp8 models keep a 16-bit lm_head
+        #: the engine's own terms (sim.serving.opcost.terms.EngineTerms); None: fused, none extra
         self.engine = self.ops.engine
         #: seconds of engine overhead per prompt token (EngineTerms; 0 without an engine)
         self._prompt_overhead = (
@@ -191,17 +169,6 @@ class OpCostModel:
         #: seconds per request admitted and per token sampled (0 without framework terms)
         self._admission = fw.admission_s if fw is not None else 0.0
         self._token_output = fw.token_output_s if fw is not None else 0.0
-        # per dtype: the table timed with weights resident in the smallest cache that holds
-        # this model's weights per GPU, else the one timed with cold weights
-        weights = model.param_bytes / tp
-        self._gemm_tables: dict[str, GemmTable] = {}
-        for t in sorted(self.ops.gemm, key=lambda t: (t.resident_bytes == 0, t.resident_bytes)):
-            if (t.resident_bytes == 0 or weights <= t.resident_bytes) and (
-                t.dtype not in self._gemm_tables
-            ):
-                self._gemm_tables[t.dtype] = t
-        self._attn = {phase: self._attention_table(phase) for phase in ("prefill", "decode")}
-        self._ar = {t.group: t for t in self.ops.all_reduce if t.op == "all_reduce"}
         self._gemm_cache: dict[int, dict[str, tuple[float, str]]] = {}
         # (tokens, logits rows) -> seconds of every op but attention
         self._fixed_cache: dict[tuple[int, int], float] = {}
@@ -215,8 +182,6 @@ class OpCostModel:
         shape = self.shape
         if shape.n_dense_layers == 0:  # every block has experts: no dense MLP to price
             del self.gemm_parts["gate_up_gemm"], self.gemm_parts["down_gemm"]
-        #: MLA attention ops (None: GQA)
-        self.mla: MlaOps | None = None
         if shape.mla:
             self.mla = MlaOps(self)
             self.gemm_parts["qkv_gemm"] = self.mla.qkv_parts
@@ -232,121 +197,6 @@ class OpCostModel:
             self.moe = MoeOps(self, self.layout, routing_skew, cross_node=cross)
             at = OP_NAMES.index("down_gemm") + 1
             self.op_names = (*OP_NAMES[:at], *MOE_OP_NAMES, *OP_NAMES[at:])
-
-    # -- single ops ------------------------------------------------------------------------------
-    def roofline_time(self, flops: float, nbytes: float, eff: float) -> float:
-        """``max(flops / (peak x eff), bytes / (hbm_bw x memory_efficiency)) + op_floor_s``."""
-        rl = self.ops.roofline
-        return (
-            max(flops / (self.peak * eff), nbytes / (self.hbm_bw * rl.memory_efficiency))
-            + rl.op_floor_s
-        )
-
-    def gemm_time(self, m: int, n: int, k: int, dtype: str | None = None) -> tuple[float, str]:
-        """Seconds for one ``m x k @ k x n`` GEMM with weights of ``dtype`` (default: the
-        model's) and its source (``table``, ``table-extrapolated`` or ``roofline``)."""
-        if m <= 0:
-            return 0.0, "not run"
-        dtype = dtype or self._gemm_dtype
-        table = self._gemm_tables.get(dtype or "")
-        if table is not None:
-            secs, extra = table.grid.lookup(m, n, k)
-            return secs, "table-extrapolated" if extra else "table"
-        wbytes = {"fp8": 1, "bf16": 2, "fp32": 4}.get(dtype or "", self.shape.dtype_bytes)
-        act = 2  # activations stay 16-bit
-        nbytes = n * k * wbytes + (m * k + m * n) * act
-        return self.roofline_time(2.0 * m * n * k, nbytes, self.ops.roofline.gemm_efficiency), (
-            "roofline"
-        )
-
-    def elementwise_time(self, tokens: int, dim_in: int, dim_out: int) -> float:
-        """Seconds for an elementwise kernel reading ``dim_in`` and writing ``dim_out``
-        activation elements per token (always a roofline: memory-bound)."""
-        if tokens <= 0:
-            return 0.0
-        nbytes = tokens * (dim_in + dim_out) * self.act_bytes
-        return self.roofline_time(0.0, nbytes, 1.0)
-
-    def table_elementwise(
-        self, op: str, tokens: int, width: int, fallback: float
-    ) -> tuple[float, str]:
-        """Seconds of elementwise ``op`` (an :class:`ElementwiseTable` op) over ``tokens`` rows
-        of ``width`` from the profile's table for it, else ``fallback`` (a roofline)."""
-        if tokens <= 0:
-            return 0.0, "not run"
-        table = self._ew.get(op)
-        if table is None:
-            return fallback, "roofline"
-        secs, extra = table.lookup(float(tokens * width))
-        return secs, "table-extrapolated" if extra else "table"
-
-    def allreduce_time(self, nbytes: float, group: int) -> tuple[float, str]:
-        """Seconds to all-reduce ``nbytes`` bytes across ``group`` GPUs, and its source."""
-        if group <= 1 or nbytes <= 0:
-            return 0.0, "not run"
-        table = self._ar.get(group)
-        if table is not None:
-            secs, extra = table.lookup(nbytes)
-            return secs, "table-extrapolated" if extra else "table"
-        link = self.profile.links.nvlink
-        eff = self.ops.roofline.link_efficiency
-        steps = 2 * (group - 1)
-        return steps / group * nbytes / (link.bandwidth * eff) + steps * link.latency, "roofline"
-
-    def _attention_table(self, phase: str) -> tuple[AttentionTable, float] | None:
-        """The table for this layout (scale 1), else one of the same head size, KV dtype and
-        GQA group with the nearest head count (scale = heads ratio), else None."""
-        group = self.q_heads // self.kv_heads
-        best: tuple[AttentionTable, float] | None = None
-        for t in self.ops.attention:
-            if (t.phase, t.head_dim, t.kv_dtype) != (phase, self.shape.head_dim, self.kv_dtype):
-                continue
-            if (t.heads, t.kv_heads) == (self.q_heads, self.kv_heads):
-                return t, 1.0
-            if t.kv_heads * group == t.heads:
-                scale = self.q_heads / t.heads
-                if best is None or abs(scale - 1) < abs(best[1] - 1):
-                    best = (t, scale)
-        return best
-
-    def prefill_attention_time(self, tokens: int, sq: float, n_prompts: int) -> tuple[float, str]:
-        """Seconds of causal attention for prompt chunks of ``tokens`` tokens in all whose
-        squared lengths sum to ``sq``, on one layer. Looked up as ``T**2 / sq`` prompts of
-        ``sq / T`` tokens (exact for equal prompts). MLA: :meth:`MlaOps.prefill_time`."""
-        if tokens <= 0:
-            return 0.0, "not run"
-        if self.mla is not None:
-            return self.mla.prefill_time(tokens, sq)
-        sq = max(float(sq), float(tokens))
-        found = self._attn["prefill"]
-        if found is not None:
-            table, scale = found
-            secs, extra = table.curves.lookup(tokens * tokens / sq, sq / tokens, x_power=2.0)
-            src = "table-scaled" if scale != 1.0 else "table"
-            return secs * scale, "table-extrapolated" if extra else src
-        hd, qh, kvh = self.shape.head_dim, self.q_heads, self.kv_heads
-        flops = 4.0 * qh * hd * sq / 2  # QK^T and PV over the causal half
-        nbytes = tokens * (2 * qh + 2 * kvh) * hd * 2 + tokens * 2 * kvh * hd * self.kv_elem_bytes
-        return self.roofline_time(flops, nbytes, self.ops.roofline.attention_efficiency), "roofline"
-
-    def decode_attention_time(self, batch: int, context: float) -> tuple[float, str]:
-        """Seconds of paged decode attention for ``batch`` sequences holding ``context``
-        tokens of KV in all, on one layer (looked up at the mean context per sequence).
-        MLA: :meth:`MlaOps.decode_time`."""
-        if batch <= 0:
-            return 0.0, "not run"
-        if self.mla is not None:
-            return self.mla.decode_time(batch, context)
-        found = self._attn["decode"]
-        if found is not None:
-            table, scale = found
-            secs, extra = table.curves.lookup(batch, max(1.0, context / batch), x_power=1.0)
-            src = "table-scaled" if scale != 1.0 else "table"
-            return secs * scale, "table-extrapolated" if extra else src
-        hd, qh, kvh = self.shape.head_dim, self.q_heads, self.kv_heads
-        flops = 4.0 * qh * hd * context
-        nbytes = context * 2 * kvh * hd * self.kv_elem_bytes + batch * 2 * qh * hd * 2
-        return self.roofline_time(flops, nbytes, self.ops.roofline.attention_efficiency), "roofline"
 
     # -- iterations ------------------------------------------------------------------------------
     def _layer_gemms(self, m: int) -> dict[str, tuple[float, str]]:
@@ -436,20 +286,38 @@ class OpCostModel:
             "lm_head",
             *self.gemm_time(n_prompts + n_decode, self.vocab_per_gpu, h, self._head_dtype),
         )
+        self._overhead_ops(add, prefill_tokens, n_prompts, n_decode)
+        return out
+
+    def _overhead_ops(
+        self,
+        add: Callable[..., None],
+        prefill_tokens: int,
+        n_prompts: int,
+        n_decode: int,
+    ) -> None:
+        """The ops outside the kernels: the iteration's and each layer's overhead, the
+        engine's per-prompt-token work, and the serving framework's per-request and
+        per-token work (``ops.framework``)."""
+        rl = self.ops.roofline
         if self.framework is not None:
             over_src = "framework"
         else:
             over_src = "overhead" if rl.iteration_overhead_s else "none in profile"
         add("iteration_overhead", rl.iteration_overhead_s, over_src)
         per_layer = self.engine.layer_overhead_s if self.engine is not None else 0.0
-        add("layer_overhead", per_layer, "overhead" if per_layer else "not run", layers + 2)
+        add(
+            "layer_overhead",
+            per_layer,
+            "overhead" if per_layer else "not run",
+            self.shape.n_layers + 2,
+        )
         per_tok = self._prompt_overhead
         run = per_tok > 0 and prefill_tokens > 0
         add("prompt_overhead", per_tok * prefill_tokens, "overhead" if run else "not run")
         stated = "framework" if self.framework is not None else "none in profile"
         add("admission", self._admission * n_prompts, stated if n_prompts else "not run")
         add("token_output", self._token_output * (n_prompts + n_decode), stated)
-        return out
 
     def _split(self) -> bool:
         """Whether iterations run as a prefill part plus a decode part (EngineTerms)."""

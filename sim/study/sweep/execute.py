@@ -7,7 +7,7 @@
   installed; they need not share a filesystem -- only this process reads and writes the cache).
 * Dask not installed (it is the optional extra ``dist``): ``workers=N > 1`` runs on N local
   processes (``concurrent.futures``) instead; a ``scheduler`` is an :class:`InputError`
-  naming the extra (:data:`DIST_HINT`), never an import traceback.
+  naming the extra (:data:`sim.study.sweep.daskclient.DIST_HINT`), never an import traceback.
 
 Runs already in the :class:`~sim.study.sweep.resultcache.RunCache` are not run again; every run is stored
 the moment it finishes, so an interrupted sweep loses at most the runs in flight. A failing run
@@ -19,13 +19,9 @@ hash are run once. The results frame has one row per point that has a record, or
 from __future__ import annotations
 
 import contextlib
-import importlib.util
 import json
-import logging
 import os
-import signal
 import tempfile
-import threading
 import time
 import traceback
 from collections.abc import Callable, Iterator
@@ -35,7 +31,7 @@ from typing import Any
 
 import pandas as pd
 
-from engine.errors import InputError
+from sim.study.sweep.daskclient import dask_client, dask_installed, local_note, sigint_ignored
 from sim.study.sweep.flatten import flatten
 from sim.study.sweep.resultcache import RunCache, as_umask, write_atomic
 from sim.study.sweep.spec import Point
@@ -101,131 +97,6 @@ class Batch:
 
 
 #: the start of the error when Dask is needed but the ``dist`` extra is not installed
-DIST_MISSING = "runs on several workers need Dask (the 'dist' extra), which is not installed"
-
-#: seconds to wait for an existing Dask scheduler (``--scheduler``) to answer
-CONNECT_TIMEOUT_S = 10.0
-
-#: how to install Dask, named by every message about it missing
-DIST_HINT = "pip install -e '.[dist]'"
-
-
-def dask_installed() -> bool:
-    """Whether ``dask.distributed`` can be imported (the optional extra ``dist``)."""
-    try:
-        return importlib.util.find_spec("distributed") is not None and (
-            importlib.util.find_spec("dask") is not None
-        )
-    except (ImportError, ValueError):  # a module set to None in sys.modules, or no spec
-        return False
-
-
-def local_note(workers: int, scheduler: str | None) -> str | None:
-    """The one line to show when runs go to local processes because Dask is missing (or
-    ``None`` when Dask runs them, or they run in-process); :class:`InputError` naming the
-    ``dist`` extra for a ``scheduler`` without Dask."""
-    if dask_installed() or (workers <= 1 and scheduler is None):
-        return None
-    if scheduler is not None:
-        raise InputError(
-            f"needs Dask, which is not installed: {DIST_HINT}", source=f"--scheduler {scheduler}"
-        )
-    return f"Dask is not installed ({DIST_HINT} adds it): running on {workers} local processes"
-
-
-def _connect(address: str) -> Any:
-    """A Dask client of the scheduler at ``address``; :class:`InputError` naming the address
-    when it is not one (``tcp://HOST:PORT``) or nothing answers within
-    :data:`CONNECT_TIMEOUT_S`."""
-    from dask.distributed import Client
-
-    try:
-        return Client(address, timeout=CONNECT_TIMEOUT_S)
-    except (OSError, ValueError, TimeoutError) as err:
-        raise InputError(
-            f"cannot connect: {err}; allowed: the address of a running Dask scheduler, "
-            "tcp://HOST:PORT",
-            source=f"--scheduler {address}",
-        ) from None
-
-
-@contextlib.contextmanager
-def _sigint_ignored() -> Iterator[None]:
-    """SIGINT ignored meanwhile (in the main thread; elsewhere nothing changes): processes
-    started now inherit it, and Python leaves an ignored SIGINT ignored."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    old = signal.signal(signal.SIGINT, signal.SIG_IGN)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGINT, old)
-
-
-@contextlib.contextmanager
-def dask_client(workers: int, scheduler: str | None = None) -> Iterator[Any]:
-    """A Dask client for the block: of the scheduler at ``scheduler`` (:class:`InputError`
-    naming it when it is not an address or does not answer within
-    :data:`CONNECT_TIMEOUT_S`), else of a ``LocalCluster`` of ``workers`` single-threaded
-    processes started with SIGINT ignored (Ctrl-C stops this process, which closes them,
-    not each worker with a traceback of its own). Closed on the way out; when the block was
-    stopped by Ctrl-C, quietly (no log of every cancelled task and lost connection) and at
-    once (the local workers are terminated, not waited for).
-    Without ``dask.distributed`` (the ``dist`` extra): :class:`InputError` naming the extra."""
-    try:
-        from dask.distributed import Client, LocalCluster
-    except ImportError:
-        raise InputError(
-            f"{DIST_MISSING}; run with --workers 1, or install it: pip install 'pdsim[dist]'",
-            source=f"--scheduler {scheduler}" if scheduler is not None else f"--workers {workers}",
-        ) from None
-
-    cluster: Any = None
-    if scheduler is not None:
-        client = _connect(scheduler)
-    else:
-        with _sigint_ignored():
-            cluster = LocalCluster(
-                n_workers=workers,
-                threads_per_worker=1,
-                processes=True,
-                dashboard_address=None,
-                silence_logs=logging.CRITICAL,  # a failed run comes back as a record
-            )
-        client = Client(cluster)
-    interrupted = False
-    try:
-        yield client
-    except KeyboardInterrupt:
-        interrupted = True
-        raise
-    finally:
-        log = logging.getLogger("distributed")
-        level = log.level
-        if interrupted:
-            log.setLevel(logging.CRITICAL + 1)
-        try:
-            client.close()
-            if cluster is not None:
-                if interrupted:
-                    _terminate_workers(cluster)
-                cluster.close()
-        finally:
-            log.setLevel(level)
-
-
-def _terminate_workers(cluster: Any) -> None:
-    """SIGTERM to each worker process of a local ``cluster`` (they ignore SIGINT): a worker
-    busy in a run would otherwise hold ``cluster.close()`` for its grace period (about 4 s),
-    and Ctrl-C is to stop within a second. A worker's half-written result is a temporary
-    file that is never renamed into place (see :mod:`sim.study.sweep.resultcache`)."""
-    for nanny in list(getattr(cluster, "workers", {}).values()):
-        proc = getattr(getattr(nanny, "process", None), "process", None)
-        pid = getattr(proc, "pid", None)
-        if isinstance(pid, int) and pid > 0:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGTERM)
 
 
 class Runner:
@@ -267,7 +138,7 @@ class Runner:
             from concurrent.futures import ProcessPoolExecutor
 
             self._stack = contextlib.ExitStack()
-            with _sigint_ignored():
+            with sigint_ignored():
                 self._pool = ProcessPoolExecutor(self.workers)
             self._stack.callback(self._pool.shutdown, cancel_futures=True)
         if self.uses_dask:

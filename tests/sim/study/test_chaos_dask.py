@@ -1,10 +1,9 @@
 """Chaos runs on several workers get their Dask client from the project's one helper
-(``sim.study.sweep.execute.dask_client``): without the ``dist`` extra they stop with one line
+(``sim.study.sweep.daskclient.dask_client``): without the ``dist`` extra they stop with one line
 naming it (issue 41)."""
 
 from __future__ import annotations
 
-import importlib
 import sys
 from pathlib import Path
 
@@ -15,8 +14,8 @@ from engine.errors import InputError
 from pdsim.cli import app
 from sim.scenario import load_scenario
 from sim.study.chaos import run_chaos
+from sim.study.sweep import daskclient
 
-execute = importlib.import_module("sim.study.sweep.execute")
 ROOT = Path(__file__).resolve().parents[3]
 
 
@@ -31,8 +30,8 @@ def test_run_chaos_without_the_dist_extra_names_it(monkeypatch: pytest.MonkeyPat
     with pytest.raises(InputError) as err:
         run_chaos(sc, [1, 2], workers=2)
     msg = str(err.value)
-    assert msg.startswith("--workers 2: " + execute.DIST_MISSING)
-    assert "pip install 'pdsim[dist]'" in msg and "\n" not in msg
+    assert msg.startswith("--workers 2: " + daskclient.DIST_MISSING)
+    assert daskclient.DIST_HINT in msg and "\n" not in msg
     with pytest.raises(InputError, match=r"^--scheduler tcp://127\.0\.0\.1:1: runs on several"):
         run_chaos(sc, [1], scheduler="tcp://127.0.0.1:1")
 
@@ -44,7 +43,7 @@ def test_run_chaos_asks_the_one_helper_for_its_client(monkeypatch: pytest.Monkey
         asked.append((workers, scheduler))
         raise InputError("no client here")
 
-    monkeypatch.setattr(execute, "dask_client", refuse)
+    monkeypatch.setattr(daskclient, "dask_client", refuse)
     sc = load_scenario(ROOT / "scenarios" / "chaos-partition.yaml")
     with pytest.raises(InputError, match="no client here"):
         run_chaos(sc, [1, 2, 3], workers=3)
@@ -61,7 +60,7 @@ def test_pdsim_chaos_without_the_dist_extra_prints_one_line(
     )
     assert r.exit_code == 2, r.output
     assert (
-        r.output == f"error: --workers 2: {execute.DIST_MISSING}; run with --workers 1, "
-        "or install it: pip install 'pdsim[dist]'\n"
+        r.output == f"error: --workers 2: {daskclient.DIST_MISSING}; run with --workers 1, "
+        f"or install it: {daskclient.DIST_HINT}\n"
     )
     assert not out.exists()

@@ -6,8 +6,8 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
-from sim.control.autoscale.section import AutoscaleCfg
 from sim.control.autoscale.controller import Controller
+from sim.control.autoscale.section import AutoscaleCfg
 
 
 class ControllerMachine(RuleBasedStateMachine):

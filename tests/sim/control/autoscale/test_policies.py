@@ -6,8 +6,8 @@ import math
 
 import pytest
 
-from sim.control.autoscale.section import AutoscaleCfg, ScheduleStep
 from sim.control.autoscale.policies import POLICIES, Observation
+from sim.control.autoscale.section import AutoscaleCfg, ScheduleStep
 from sim.runner import run_scenario
 from tests.sim.control.autoscale.conftest import scenario
 

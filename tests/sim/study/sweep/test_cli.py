@@ -113,10 +113,10 @@ def test_cli_sweep_plot_is_written_and_another_grid_keeps_the_first(
 def test_cli_unreachable_scheduler_is_one_line_naming_it(
     tiny: Path, tmp_path: Path, address: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import importlib
 
-    ex = importlib.import_module("sim.study.sweep.execute")  # the package exports execute()
-    monkeypatch.setattr(ex, "CONNECT_TIMEOUT_S", 0.5)  # nothing listens on port 1
+    from sim.study.sweep import daskclient
+
+    monkeypatch.setattr(daskclient, "CONNECT_TIMEOUT_S", 0.5)  # nothing listens on port 1
     out = tmp_path / "o"
     r = runner.invoke(
         app, ["sweep", "--scenario", str(tiny), "--grid", "workload.rate=5,10",

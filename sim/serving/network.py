@@ -120,6 +120,39 @@ class Link:
         self._network: Network | None = None
         self._idx = -1  # position in its network's link list, once attached
 
+    @property
+    def network(self) -> Network | None:
+        """The network the link belongs to (``None`` until its first transfer or
+        ``Network.add_link``)."""
+        return self._network
+
+    @property
+    def index(self) -> int:
+        """The link's number in its network (``Network`` numbers links 0, 1, ... as they are
+        attached); -1 while it belongs to none."""
+        return self._idx
+
+    def bind(self, network: Network, index: int) -> None:
+        """Make the link ``network``'s link number ``index``; a link belongs to one network for
+        good (``ValueError`` if it is bound already)."""
+        if self._network is not None:
+            raise ValueError(f"link {self.name!r} belongs to a network already")
+        self._network = network
+        self._idx = index
+
+    def add_flow(self, flow: _Flow) -> None:
+        """Count ``flow`` among the transfers using the link (from its start, latency
+        included, to its end)."""
+        self._flows[flow.fid] = flow
+
+    def remove_flow(self, flow: _Flow) -> None:
+        """Stop counting ``flow`` (it ended or failed); ``KeyError`` if it was not counted."""
+        del self._flows[flow.fid]
+
+    def flows(self) -> list[_Flow]:
+        """The transfers using the link now, in the order they were added (a copy)."""
+        return list(self._flows.values())
+
     def __repr__(self) -> str:
         return f"Link({self.name!r}, {self.bandwidth:.3g} B/s, {self.latency:.3g} s)"
 
@@ -134,14 +167,14 @@ class Link:
         if mode not in ("drop", "hold"):
             raise ValueError(f"mode must be 'drop' or 'hold', got {mode!r}")
         if self._network is not None:
-            self._network._link_changed(self, up=False, mode=mode)
+            self._network.set_link_state(self, up=False, mode=mode)
         else:
             self.up, self.down_mode = False, mode
 
     def set_up(self) -> None:
         """Restore the link; held transfers resume."""
         if self._network is not None:
-            self._network._link_changed(self, up=True, mode=None)
+            self._network.set_link_state(self, up=True, mode=None)
         else:
             self.up, self.down_mode = True, None
 
@@ -150,15 +183,14 @@ class Link:
         if not bandwidth > 0 or not math.isfinite(bandwidth):
             raise ValueError(f"link {self.name!r}: bandwidth must be a finite number > 0 B/s")
         if self._network is not None:
-            self._network._advance()
-        self.bandwidth = float(bandwidth)
-        if self._network is not None:
-            self._network._reallocate()
+            self._network.set_link_bandwidth(self, float(bandwidth))
+        else:
+            self.bandwidth = float(bandwidth)
 
     def carried(self, now: float | None = None) -> float:
         """Bytes carried up to ``now`` (default ``env.now``), counting in-flight progress."""
         t = self.env.now if now is None else now
-        last = self._network._last if self._network is not None else t
+        last = self._network.accounted_until if self._network is not None else t
         return self.bytes_carried + self.rate * max(0.0, t - last)
 
     def utilisation(self, now: float | None = None) -> float:
@@ -211,12 +243,12 @@ class Network:
         return link
 
     def _attach(self, link: Link) -> None:
-        if link._network is None:
-            link._network = self
-            link._idx = len(self._link_list)
+        owner = link.network
+        if owner is None:
+            link.bind(self, len(self._link_list))
             self._link_list.append(link)
             self.links.setdefault(link.name, link)
-        elif link._network is not self:
+        elif owner is not self:
             raise ValueError(f"link {link.name!r} belongs to another network")
 
     # -- transfers ----------------------------------------------------------------------------
@@ -244,12 +276,12 @@ class Network:
             return event
         weight = 1.0 if self.priority_mode == "strict" else self.priority_weight ** (-priority)
         flow = _Flow(self._next_id, links, int(nbytes), int(priority), weight)
-        flow.lix = tuple(lk._idx for lk in links)
+        flow.lix = tuple(lk.index for lk in links)
         flow.cls = self._classes.setdefault((flow.lix, weight), len(self._classes))
         self._next_id += 1
         flow.event = event
         for link in links:
-            link._flows[flow.fid] = flow
+            link.add_flow(flow)
         delay = after + sum(lk.latency for lk in links)
         jitters = [lk.jitter for lk in links if lk.jitter > 0]
         if jitters:
@@ -274,6 +306,30 @@ class Network:
         if not path:
             return 0.0
         return sum(lk.latency for lk in path) + nbytes / min(lk.bandwidth for lk in path)
+
+    @property
+    def accounted_until(self) -> float:
+        """The time up to which flow progress and link counters are accounted (the last
+        start, end or link change); progress since then is ``rate x elapsed``."""
+        return self._last
+
+    def set_link_state(self, link: Link, up: bool, mode: Literal["drop", "hold"] | None) -> None:
+        """Bring ``link`` up (``mode`` None) or down in ``mode`` (see :meth:`Link.set_down`),
+        accounting progress up to now first; a drop fails the link's transfers; rates are
+        re-shared at once."""
+        self._advance()
+        link.up, link.down_mode = up, mode
+        if not up and mode == "drop":
+            for flow in link.flows():
+                self._fail(flow, link)
+        self._reallocate()
+
+    def set_link_bandwidth(self, link: Link, bandwidth: float) -> None:
+        """Give ``link`` ``bandwidth`` (B/s, validated by :meth:`Link.set_bandwidth`) from now
+        on: progress up to now at the old rates, then rates re-shared at once."""
+        self._advance()
+        link.bandwidth = bandwidth
+        self._reallocate()
 
     @property
     def active_flows(self) -> int:
@@ -327,7 +383,7 @@ class Network:
                 link.bytes_carried += flow.remaining
             else:
                 link.bytes_carried += flow.nbytes
-            del link._flows[flow.fid]
+            link.remove_flow(flow)
         flow.remaining = 0.0
         flow.rate = 0.0
         self._flows.pop(flow.fid, None)
@@ -337,18 +393,10 @@ class Network:
 
     def _fail(self, flow: _Flow, link: Link) -> None:
         for lk in flow.path:
-            del lk._flows[flow.fid]
+            lk.remove_flow(flow)
         flow.rate = 0.0
         self._flows.pop(flow.fid, None)
         flow.event.fail(LinkDown(link.name, self.env.now))
-
-    def _link_changed(self, link: Link, up: bool, mode: Literal["drop", "hold"] | None) -> None:
-        self._advance()
-        link.up, link.down_mode = up, mode
-        if not up and mode == "drop":
-            for flow in list(link._flows.values()):
-                self._fail(flow, link)
-        self._reallocate()
 
     def _on_timer(self, gen: int) -> None:
         if gen != self._timer_gen:

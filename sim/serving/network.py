@@ -116,7 +116,6 @@ class Link:
         self.busy_time = 0.0
         self.created_at = float(env.now)
         self.rate = 0.0  # sum of the rates of the flows on this link (<= bandwidth)
-        self._flows: dict[int, _Flow] = {}  # flows using this link, pending ones included
         self._network: Network | None = None
         self._idx = -1  # position in its network's link list, once attached
 
@@ -140,26 +139,13 @@ class Link:
         self._network = network
         self._idx = index
 
-    def add_flow(self, flow: _Flow) -> None:
-        """Count ``flow`` among the transfers using the link (from its start, latency
-        included, to its end)."""
-        self._flows[flow.fid] = flow
-
-    def remove_flow(self, flow: _Flow) -> None:
-        """Stop counting ``flow`` (it ended or failed); ``KeyError`` if it was not counted."""
-        del self._flows[flow.fid]
-
-    def flows(self) -> list[_Flow]:
-        """The transfers using the link now, in the order they were added (a copy)."""
-        return list(self._flows.values())
-
     def __repr__(self) -> str:
         return f"Link({self.name!r}, {self.bandwidth:.3g} B/s, {self.latency:.3g} s)"
 
     @property
     def n_flows(self) -> int:
         """Number of transfers currently using the link (waiting for latency or flowing)."""
-        return len(self._flows)
+        return 0 if self._network is None else self._network.flows_on(self)
 
     def set_down(self, mode: Literal["drop", "hold"] = "drop") -> None:
         """Cut the link: ``"drop"`` fails its transfers with :class:`LinkDown`, ``"hold"``
@@ -221,7 +207,10 @@ class Network:
         self.priority_weight = float(priority_weight)
         self.rng = rng
         self.links: dict[str, Link] = {}
-        self._link_list: list[Link] = []  # every attached link, by Link._idx
+        self._link_list: list[Link] = []  # every attached link, by its index
+        self._index: dict[Link, int] = {}  # attached link -> its index (Link.index)
+        # by link index: the flows using the link (pending ones included), in start order
+        self._on_link: list[dict[int, _Flow]] = []
         self._flows: dict[int, _Flow] = {}  # started flows, in start order
         self._next_id = 0
         self._last = float(env.now)  # time up to which flow progress is accounted
@@ -245,8 +234,11 @@ class Network:
     def _attach(self, link: Link) -> None:
         owner = link.network
         if owner is None:
-            link.bind(self, len(self._link_list))
+            i = len(self._link_list)
+            link.bind(self, i)
             self._link_list.append(link)
+            self._index[link] = i
+            self._on_link.append({})
             self.links.setdefault(link.name, link)
         elif owner is not self:
             raise ValueError(f"link {link.name!r} belongs to another network")
@@ -267,8 +259,10 @@ class Network:
             event.succeed(nbytes)
             return event
         links = tuple(path)
+        index = self._index
         for link in links:
-            self._attach(link)
+            if link not in index:
+                self._attach(link)
         self.transfers_started += 1
         dead = next((lk for lk in links if not lk.up and lk.down_mode == "drop"), None)
         if dead is not None:
@@ -276,12 +270,13 @@ class Network:
             return event
         weight = 1.0 if self.priority_mode == "strict" else self.priority_weight ** (-priority)
         flow = _Flow(self._next_id, links, int(nbytes), int(priority), weight)
-        flow.lix = tuple(lk.index for lk in links)
+        flow.lix = tuple(index[lk] for lk in links)
         flow.cls = self._classes.setdefault((flow.lix, weight), len(self._classes))
         self._next_id += 1
         flow.event = event
-        for link in links:
-            link.add_flow(flow)
+        on = self._on_link
+        for j in flow.lix:
+            on[j][flow.fid] = flow
         delay = after + sum(lk.latency for lk in links)
         jitters = [lk.jitter for lk in links if lk.jitter > 0]
         if jitters:
@@ -307,6 +302,12 @@ class Network:
             return 0.0
         return sum(lk.latency for lk in path) + nbytes / min(lk.bandwidth for lk in path)
 
+    def flows_on(self, link: Link) -> int:
+        """Transfers using ``link`` now (waiting for their latency or flowing); 0 for a link
+        of no or another network."""
+        i = self._index.get(link)
+        return 0 if i is None else len(self._on_link[i])
+
     @property
     def accounted_until(self) -> float:
         """The time up to which flow progress and link counters are accounted (the last
@@ -320,7 +321,7 @@ class Network:
         self._advance()
         link.up, link.down_mode = up, mode
         if not up and mode == "drop":
-            for flow in link.flows():
+            for flow in list(self._on_link[self._index[link]].values()):
                 self._fail(flow, link)
         self._reallocate()
 
@@ -378,12 +379,13 @@ class Network:
 
     def _finish(self, flow: _Flow) -> None:
         # Credit the rounding residue so each link gets exactly nbytes for this flow.
-        for link in flow.path:
+        on = self._on_link
+        for link, j in zip(flow.path, flow.lix, strict=True):
             if flow.started:
                 link.bytes_carried += flow.remaining
             else:
                 link.bytes_carried += flow.nbytes
-            link.remove_flow(flow)
+            del on[j][flow.fid]
         flow.remaining = 0.0
         flow.rate = 0.0
         self._flows.pop(flow.fid, None)
@@ -392,8 +394,9 @@ class Network:
         flow.event.succeed(flow.nbytes)
 
     def _fail(self, flow: _Flow, link: Link) -> None:
-        for lk in flow.path:
-            lk.remove_flow(flow)
+        on = self._on_link
+        for j in flow.lix:
+            del on[j][flow.fid]
         flow.rate = 0.0
         self._flows.pop(flow.fid, None)
         flow.event.fail(LinkDown(link.name, self.env.now))

@@ -256,10 +256,7 @@ class _Models:
 
     def valid(self, key: Key, data: np.ndarray) -> bool:
         model, cid = cast(tuple[str, int], key)
-        rec = self.stores[model]._records[cid]
-        if int(data.size) != rec.size:
-            return False
-        return chunk_checksums(np.ascontiguousarray(data).data) == (rec.crc32c, rec.sha256)
+        return self.stores[model].matches(cid, data)
 
 
 class ChunkStore:
@@ -299,6 +296,14 @@ class ChunkStore:
         models.stores[manifest.model] = self
 
     # -- keys ------------------------------------------------------------------------------
+    def matches(self, chunk_id: int, data: np.ndarray) -> bool:
+        """Whether ``data`` is chunk ``chunk_id`` as the manifest records it: its size and
+        both checksums (CRC32C and SHA-256)."""
+        rec = self._records[chunk_id]
+        if int(data.size) != rec.size:
+            return False
+        return chunk_checksums(np.ascontiguousarray(data).data) == (rec.crc32c, rec.sha256)
+
     def key(self, chunk_id: int) -> tuple[str, int]:
         """Cache key of chunk ``chunk_id``."""
         return (self.manifest.model, chunk_id)

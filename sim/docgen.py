@@ -35,7 +35,6 @@ from engine.policy import policy_class, policy_names
 from engine.units import MAX_DURATION, MAX_RATE, MAX_SIZE, parse_duration, parse_rate, parse_size
 from sim.control.faults import KINDS as FAULT_KINDS
 from sim.scenario import Scenario, WorkloadCfg
-from sim.serving import models as _models
 from sim.serving.costmodel import SHIPPED_PROFILES, Profile, load_profile
 from sim.serving.models import CatalogueFile, load_catalogue
 from sim.serving.placement import PLACEMENTS
@@ -47,7 +46,6 @@ REGENERATE = "python -m sim.docgen > docs/scenario-reference.md"
 # Unit-parsing validators -> the type name shown (sizes, rates and durations accept units).
 _UNIT_TYPES: dict[Any, str] = {
     parse_size: "size",
-    _models._size: "size",
     parse_rate: "rate",
     parse_duration: "duration",
 }

@@ -34,7 +34,14 @@ from simpy.events import NORMAL, URGENT, Event, EventPriority, Process, ProcessG
 from engine.errors import SimulationStalled
 from engine.limits import MIN_INTERVAL
 
-__all__ = ["STALL_EVENTS", "CountingEnvironment", "SimProcess", "SimTimeout", "SimulationStalled"]
+__all__ = [
+    "STALL_EVENTS",
+    "CountingEnvironment",
+    "ReadyEvent",
+    "SimProcess",
+    "SimTimeout",
+    "SimulationStalled",
+]
 
 #: events at one instant after which a guarded run (``run(until, stall_events)``) counts the
 #: simulation as stalled, unless its caller knows more may come at once (many arrivals)
@@ -92,9 +99,7 @@ class CountingEnvironment(simpy.Environment):
         at = until if isinstance(until, int) else float(until)
         if at <= self._now:
             raise ValueError(f"until ({at}) must be greater than the current simulation time")
-        stop = Event(self)  # the stop event, ahead of every regular event at `at`
-        stop._ok = True
-        stop._value = None
+        stop = ReadyEvent(self)  # the stop event, ahead of every regular event at `at`
         self.schedule(stop, URGENT, at - self._now)
         stop.callbacks.append(StopSimulation.callback)
         try:
@@ -156,6 +161,16 @@ class CountingEnvironment(simpy.Environment):
             limit -= 1
 
 
+class ReadyEvent(Event):
+    """An event triggered at creation (succeeded with ``value``) and not yet scheduled: the
+    creator schedules it (with the priority and delay it needs) and adds its callbacks."""
+
+    def __init__(self, env: simpy.Environment, value: Any = None) -> None:
+        super().__init__(env)
+        self._ok = True
+        self._value = value
+
+
 class SimTimeout(Timeout):
     """SimPy's :class:`~simpy.events.Timeout`: triggered at creation, processed ``delay``
     later with ``value``; a negative delay is a ``ValueError``."""
@@ -183,6 +198,13 @@ class SimProcess(Process):
     anything that is not an event is a ``RuntimeError``.
     """
 
+    def resume_with(self, event: Event) -> None:
+        """Stop waiting for the current target (a pending or triggered event, which then
+        fires without resuming this process) and resume now with ``event``'s outcome, as an
+        interrupt resumes a process but without an exception."""
+        self._target.callbacks.remove(self._resume)
+        self._resume(event)
+
     def _resume(self, event: Event) -> None:
         env = self.env
         env._active_proc = self
@@ -193,8 +215,8 @@ class SimProcess(Process):
                 if event._ok:
                     nxt = gen.send(event._value)
                 else:
-                    event._defused = True  # the process handles (or dies of) the failure
-                    nxt = gen.throw(_copy_failure(event._value))
+                    event.defused = True  # the process handles (or dies of) the failure
+                    nxt = gen.throw(_copy_failure(_failure(event)))
             except StopIteration as stop:
                 self._ok = True
                 self._value = stop.args[0] if stop.args else None
@@ -249,4 +271,12 @@ def _copy_failure(exc: BaseException) -> BaseException:
 
 def _crash(event: Event) -> None:
     """Raise a copy of failed ``event``'s exception, chained to it (its traceback stays)."""
-    raise _copy_failure(event._value)
+    raise _copy_failure(_failure(event))
+
+
+def _failure(event: Event) -> BaseException:
+    """The exception a failed ``event`` holds (its ``value``)."""
+    err = event.value
+    if not isinstance(err, BaseException):
+        raise TypeError(f"{event} failed with a value that is not an exception: {err!r}")
+    return err

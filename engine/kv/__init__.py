@@ -24,7 +24,6 @@ from engine.kv.prefix import (
     ROOT,
     id_block_keys,
     num_blocks,
-    shared_prefix,
     token_block_keys,
     trace_block_keys,
 )
@@ -61,7 +60,6 @@ __all__ = [
     "next_pool_size",
     "num_blocks",
     "paged_decode_attention",
-    "shared_prefix",
     "split_chunks",
     "token_block_keys",
     "trace_block_keys",

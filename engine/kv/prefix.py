@@ -42,7 +42,7 @@ from engine.errors import InputError
 IntOrArray = TypeVar("IntOrArray", int, np.ndarray)
 
 if TYPE_CHECKING:
-    from engine.kv.allocator import KVBlockAllocator
+    pass
 
 BlockKey = Hashable
 
@@ -139,16 +139,3 @@ def trace_block_keys(
         t = (end - 1) // tb
         keys.append((ids[t], end - t * tb))
     return keys
-
-
-def shared_prefix(a: KVBlockAllocator, num_tokens: int, hash_ids: Sequence[Hashable]) -> list[int]:
-    """Pool blocks that ``a.allocate(seq, num_tokens, hash_ids=hash_ids)`` would share now (the
-    longest prefix of the prompt's keys held by used or cached blocks), without changing ``a``.
-    Prefix blocks held only by an offload tier end the list (they would be loaded, not shared).
-    """
-    keys = id_block_keys(hash_ids, num_tokens, a.block_tokens, a.chain_hash_ids)
-    plan, _ = a._plan(keys)  # the allocator's own matching rule, read-only
-    for i, b in enumerate(plan):
-        if b < 0:
-            return plan[:i]
-    return plan

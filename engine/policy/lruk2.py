@@ -27,7 +27,14 @@ from engine.policy.lruk import LRUKPolicy
 from engine.policy.lruk2_fast import GONE as _GONE
 from engine.policy.lruk2_fast import OLD as _OLD
 from engine.policy.lruk2_fast import RET as _RET
-from engine.policy.lruk2_fast import BatchCounts, make_evict, make_hit, make_insert, replay_batch
+from engine.policy.lruk2_fast import (
+    BatchCounts,
+    Pages,
+    make_evict,
+    make_hit,
+    make_insert,
+    replay_batch,
+)
 from engine.policy.rankheap import MASK as _MASK
 from engine.policy.rankheap import SHIFT as _SHIFT
 from engine.policy.rankheap import compact as _compact
@@ -104,7 +111,7 @@ class LRU2Policy(LRUKPolicy):
         self._bind()  # replaces the base class's own fast paths
 
     # -- copies: the closures are rebuilt over the copy's structures ---------------------
-    _BOUND = ("insert", "hit", "evict")
+    _BOUND = ("insert", "hit", "evict", "_structs")
 
     def __getstate__(self) -> dict[str, Any]:
         return {k: v for k, v in self.__dict__.items() if k not in self._BOUND}
@@ -113,9 +120,17 @@ class LRU2Policy(LRUKPolicy):
         self.__dict__.update(state)
         self._bind()
 
+    @property
+    def pages(self) -> Pages:
+        """The per-page structures the bound operations work on (see :class:`Pages`); the
+        same arrays for the policy's life, new ``ids``/``keys`` after a switch to mapped
+        mode (the operations are rebound then)."""
+        return self._structs
+
     # -- ids -----------------------------------------------------------------------------
-    def _find(self, key: Key) -> int | None:
-        """The id of ``key`` if it has one (no new id is made)."""
+    def find(self, key: Key) -> int | None:
+        """The id of ``key`` if it has one (no new id is made); a key that is not an int
+        switches the policy to mapped mode first (another type may equal a key)."""
         if self._ids is None:
             if type(key) is int:
                 return key if 0 <= key < len(self._state) else None
@@ -156,6 +171,20 @@ class LRU2Policy(LRUKPolicy):
         self._grow(hi + 1)
         return seq
 
+    def id_for(self, key: Key) -> int:
+        """The id of ``key``, giving it a new one (``GONE`` slots) if it has none: in dense
+        mode a non-negative int the slots may grow to is its own id; any other key switches
+        the policy to mapped mode for good (the operations are rebound; the arrays stay the
+        same objects, so the ids a caller holds stay valid)."""
+        if self._ids is None:
+            if type(key) is int and key >= 0 and self._dense_fits(key, 1):
+                self._grow(key + 1)
+                return key
+            self._to_mapped()
+        assert self._ids is not None
+        found = self._ids.get(key)
+        return found if found is not None else self._mapped_keys((key,))[0]
+
     def _mapped_keys(self, keys: Iterable[Key]) -> list[int]:
         """The ids of ``keys`` (mapped mode), giving new keys new ids."""
         ids, kl = self._ids, self._keys
@@ -176,6 +205,21 @@ class LRU2Policy(LRUKPolicy):
     def _bind(self) -> None:
         """Bind ``insert``, ``hit`` and ``evict`` as closures over the structures, for the
         current mode (see :mod:`engine.policy.lruk2_fast`)."""
+        self._structs = Pages(
+            self._state,
+            self._h1t,
+            self._h1r,
+            self._h2t,
+            self._h2r,
+            self._live,
+            self._young,
+            self._heap,
+            self._count,
+            self._refc,
+            self._compact_limit,
+            self._ids,
+            self._keys,
+        )
         self.insert = make_insert(self)  # type: ignore[method-assign]
         self.hit = make_hit(self)  # type: ignore[method-assign]
         self.evict = make_evict(self)  # type: ignore[method-assign]
@@ -204,7 +248,7 @@ class LRU2Policy(LRUKPolicy):
     # -- introspection -------------------------------------------------------------------
     def _known_id(self, key: Key) -> int | None:
         """The id of ``key`` when it has history (resident or retained), else ``None``."""
-        i = self._find(key)
+        i = self.find(key)
         return None if i is None or self._state[i] == _GONE else i
 
     def _key(self, i: int) -> Key:
@@ -223,7 +267,7 @@ class LRU2Policy(LRUKPolicy):
         return None if i is None else self._h1t[i]
 
     def retained(self, key: Key, now: float) -> bool:
-        i = self._find(key)
+        i = self.find(key)
         return i is not None and self._state[i] == _RET
 
     # -- protocol ------------------------------------------------------------------------
@@ -237,7 +281,7 @@ class LRU2Policy(LRUKPolicy):
         return None if found is None else self._key(found)
 
     def remove(self, key: Key, now: float, evicted: bool) -> None:
-        i = self._find(key)
+        i = self.find(key)
         if i is None or not self._state[i] & 1:
             raise KeyError(key)
         if self._state[i] == _OLD:
@@ -251,7 +295,7 @@ class LRU2Policy(LRUKPolicy):
             _compact(self._heap, self._live, self._compact_limit)
 
     def __contains__(self, key: object) -> bool:
-        i = self._find(key)
+        i = self.find(key)
         return i is not None and self._state[i] & 1 == 1
 
     def __len__(self) -> int:

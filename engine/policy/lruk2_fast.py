@@ -6,18 +6,23 @@ attribute loads on the hot path) and returns one operation; the policy rebinds t
 mode changes (see :meth:`engine.policy.lruk2.LRU2Policy._bind`). No closure holds the policy
 itself, only a weak reference: a policy is freed as soon as its last user drops it, without
 waiting for the cyclic garbage collector. The operations share the reference counter
-``_refc`` (a one-element list: the last reference number given) and the resident count
-``_count``, so any mix of single calls and batches numbers references as the calls one by
+``refc`` (a one-element list: the last reference number given) and the resident count
+``resident``, so any mix of single calls and batches numbers references as the calls one by
 one would.
 
-The states, arrays and heap are those documented on :class:`engine.policy.lruk2.LRU2Policy`.
+The structures are a policy's :class:`Pages` (``LRU2Policy.pages``): the states, arrays and
+heap documented on :class:`engine.policy.lruk2.LRU2Policy`. Ids for keys the arrays do not
+hold yet come from the policy's public id methods (``id_for``, ``find``), which may grow the
+arrays in place or switch the policy to mapped mode (it then rebinds the operations).
 """
 
 from __future__ import annotations
 
+from array import array
+from collections import OrderedDict
 from collections.abc import Container, Iterable, Sequence
 from heapq import heappush
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, NamedTuple, Protocol
 from weakref import ref as weak_ref
 
 from engine.policy.base import Key
@@ -29,11 +34,40 @@ if TYPE_CHECKING:
     from engine.policy.lruk2 import LRU2Policy
 
 NEG_INF = float("-inf")
-#: a page's state byte (``_state[id]``): no history (unknown or invalidated), resident young,
+#: a page's state byte (``Pages.state[id]``): no history (unknown or invalidated), resident young,
 #: evicted (history kept), resident old; resident is ``state & 1``
 GONE, YOUNG, RET, OLD = 0, 1, 2, 3
 #: ``(misses, bytes_hit, bytes_missed, refused, bytes_refused, used)`` of a batch replay
 BatchCounts = tuple[int, int, int, int, int, int]
+
+
+class Pages(NamedTuple):
+    """One :class:`engine.policy.lruk2.LRU2Policy`'s per-page structures, shared with its
+    bound operations (which update them in place).
+
+    ``state``/``h1t``/``h1r``/``h2t``/``h2r``/``live`` are indexed by page id and always have
+    the same length (``LRU2Policy.id_for`` grows them together); ``young`` holds the young
+    resident ids by REF(p,1); ``heap`` the entries ``rank << 32 | id`` of old pages (an
+    entry is live when its rank equals ``live[id]``); ``resident`` (resident pages),
+    ``refc`` (the last reference number given) and ``compact_limit`` (the heap length that
+    triggers dropping stale entries) are one-element lists. ``ids`` is ``None`` in dense mode
+    (a key is its own id), else key -> id with ``keys`` id -> key. A policy's ``Pages`` are
+    replaced (same arrays, new ``ids``/``keys``) only when it switches to mapped mode.
+    """
+
+    state: bytearray
+    h1t: array[float]
+    h1r: array[int]
+    h2t: array[float]
+    h2r: array[int]
+    live: array[int]
+    young: OrderedDict[int, None]
+    heap: list[int]
+    resident: list[int]
+    refc: list[int]
+    compact_limit: list[int]
+    ids: dict[Key, int] | None
+    keys: list[Key]
 
 
 class InsertFn(Protocol):
@@ -66,9 +100,10 @@ def _owner(me: weak_ref[LRU2Policy]) -> LRU2Policy:
 def make_insert(p: LRU2Policy) -> InsertFn:
     """``insert(key, size, now, color=None, cost=0.0)`` over ``p``'s structures: a new page
     starts young; a retained one shifts its history and is old."""
-    state, h1t, h1r, h2t, h2r = p._state, p._h1t, p._h1r, p._h2t, p._h2r
-    live, young, heap, compact_at = p._live, p._young, p._heap, p._compact_limit
-    refc, count, ids = p._refc, p._count, p._ids
+    pg = p.pages
+    state, h1t, h1r, h2t, h2r = pg.state, pg.h1t, pg.h1r, pg.h2t, pg.h2r
+    live, young, heap, compact_at = pg.live, pg.young, pg.heap, pg.compact_limit
+    refc, count, ids = pg.refc, pg.resident, pg.ids
     me = weak_ref(p)
 
     def insert(
@@ -77,17 +112,11 @@ def make_insert(p: LRU2Policy) -> InsertFn:
         if ids is not None:
             i = ids.get(key)
             if i is None:
-                i = _owner(me)._mapped_keys((key,))[0]
+                i = _owner(me).id_for(key)
         elif type(key) is int and 0 <= key < len(state):
             i = key
-        else:  # a new slot, or the map from now on (the rebound closures carry on)
-            policy = _owner(me)
-            if type(key) is int and key >= 0 and policy._dense_fits(key, 1):
-                policy._grow(key + 1)
-                i = key
-            else:
-                policy._to_mapped()
-                return policy.insert(key, size, now, color, cost)
+        else:  # a new slot, or the map from now on (the arrays stay the same objects)
+            i = _owner(me).id_for(key)
         r = refc[0] = refc[0] + 1
         count[0] += 1
         if state[i] == RET:  # shift the retained history: the page is old
@@ -115,8 +144,9 @@ def make_insert(p: LRU2Policy) -> InsertFn:
 def make_hit(p: LRU2Policy) -> HitFn:
     """``hit(key, now)`` over ``p``'s structures: HIST(p,2) = HIST(p,1), HIST(p,1) = now
     (their numbers likewise); a young page's second reference makes it old."""
-    state, h1t, h1r, h2t, h2r = p._state, p._h1t, p._h1r, p._h2t, p._h2r
-    live, young, heap, refc, ids = p._live, p._young, p._heap, p._refc, p._ids
+    pg = p.pages
+    state, h1t, h1r, h2t, h2r = pg.state, pg.h1t, pg.h1r, pg.h2t, pg.h2r
+    live, young, heap, refc, ids = pg.live, pg.young, pg.heap, pg.refc, pg.ids
     me = weak_ref(p)
 
     def hit(key: Key, now: float) -> None:
@@ -128,10 +158,11 @@ def make_hit(p: LRU2Policy) -> HitFn:
             i = key
             if not 0 <= i < len(state) or not state[i] & 1:
                 raise KeyError(key)
-        else:  # another type may equal a key: look it up in the map from now on
-            policy = _owner(me)
-            policy._to_mapped()
-            return policy.hit(key, now)
+        else:  # another type may equal a key: the policy looks it up in the map from now on
+            found = _owner(me).find(key)
+            if found is None or not state[found] & 1:
+                raise KeyError(key)
+            i = found
         r = refc[0] = refc[0] + 1
         q = h1r[i]
         if state[i] == YOUNG:  # its second reference: the page becomes old
@@ -150,8 +181,9 @@ def make_hit(p: LRU2Policy) -> HitFn:
 def make_evict(p: LRU2Policy) -> EvictFn:
     """``evict(now, pinned=())`` over ``p``'s structures: ``victim`` + ``remove(evicted=True)``
     in one step (the same choice)."""
-    state, h2r, live, young, heap = p._state, p._h2r, p._live, p._young, p._heap
-    count, ids, kl = p._count, p._ids, p._keys
+    pg = p.pages
+    state, h2r, live, young, heap = pg.state, pg.h2r, pg.live, pg.young, pg.heap
+    count, ids, kl = pg.resident, pg.ids, pg.keys
     pop_young = young.popitem
     me = weak_ref(p)
 
@@ -191,10 +223,11 @@ def replay_batch(
 
     Per access exactly the steps of ``hit``, ``evict(t, ())`` and ``insert``, inlined; the
     reference counter and resident count are brought up to date even if it raises."""
-    st, h1t, h1r, h2t, h2r = p._state, p._h1t, p._h1r, p._h2t, p._h2r
-    live, young, heap, compact_at = p._live, p._young, p._heap, p._compact_limit
+    pg = p.pages
+    st, h1t, h1r, h2t, h2r = pg.state, pg.h1t, pg.h1r, pg.h2t, pg.h2r
+    live, young, heap, compact_at = pg.live, pg.young, pg.heap, pg.compact_limit
     push, pop_young, pop_resident = heappush, young.popitem, resident.pop
-    pop_top, neg_inf, refc, count = _pop_top, NEG_INF, p._refc, p._count
+    pop_top, neg_inf, refc, count = _pop_top, NEG_INF, pg.refc, pg.resident
     r, before = refc[0], len(resident)
     misses = bytes_hit = bytes_missed = refused = bytes_refused = 0
     try:

@@ -35,40 +35,43 @@ def _check_fits(
     spec: Any, prof: Any, tp: int, phase: str, batch: int, context: int, ep: int = 1
 ) -> None:
     """:class:`InputError` when the step is not one a replica can run: ``context`` beyond the
-    model's window, or weights (experts over ``max(tp, ep)`` GPUs), KV of the batch and
-    activation workspace (the simulator's rule, :mod:`sim.serving.gpumemory`, at its default
-    ``memory_utilization``) above one GPU's memory at ``tp`` -- naming the numbers and what
-    would fit."""
+    model's window; a replica at ``tp`` (experts over ``max(tp, ep)`` GPUs) whose memory plan
+    (:func:`sim.serving.gpumemory.plan_replica`, the one ``pdsim run`` uses, at the scenario
+    defaults and a token budget of this step's tokens and sequences) does not fit, with ``run``'s message; or the KV of
+    ``batch`` sequences of ``context`` tokens above that plan's KV capacity."""
     from sim.sections import GpuCfg
-    from sim.serving.gpumemory import weights_per_gpu, workspace_bytes
+    from sim.serving.gpumemory import ReplicaShape, plan_replica
 
     if spec.max_context and context > spec.max_context:
         raise InputError(
             f"--context {context}: above {spec.name}'s context window of "
             f"{spec.max_context:,} tokens; allowed: 1..{spec.max_context}"
         )
-    util = GpuCfg.model_fields["memory_utilization"].default
-    budget = int(prof.gpu.hbm_bytes * util)
-    weights = weights_per_gpu([spec], tp, 1, ep)
-    where = f"a {prof.name} GPU holds {budget / 1e9:.1f} GB ({prof.gpu.hbm_bytes / 1e9:.1f} GB x {util})"
-    if weights >= budget:
-        need = 1 << (-(-spec.param_bytes // budget) - 1).bit_length()
-        raise InputError(
-            f"--tp {tp}: {spec.name}'s weights need {weights / 1e9:.1f} GB per GPU but {where}; "
-            f"use --tp {need} or more" + (" (or a larger --ep)" if spec.n_experts else "")
-        )
+    gpu = GpuCfg()
     tokens = batch * (context if phase == "prefill" else 1)
-    kv_heads = spec.kv_heads or tp
-    kv = batch * context * spec.kv_bytes_per_token * max(1, tp // kv_heads) // tp
-    ws = workspace_bytes(spec, tokens, batch, tp)
-    if weights + kv + ws > budget:
-        per_seq = context * spec.kv_bytes_per_token // tp + ws // batch
-        most = max(0, (budget - weights) // max(per_seq, 1))
+    shape = ReplicaShape(
+        tp=tp,
+        pp=1,
+        memory_utilization=gpu.memory_utilization,
+        workspace=None,
+        tokens=tokens,
+        seqs=batch,
+        coupled=True,
+        weight_cache_fraction=gpu.weight_cache_fraction,
+        chunk_size=0,
+        ep=ep,
+    )
+    where = {"tokens": f"--batch {batch}", "tp": f"--tp {tp}"}
+    mem = plan_replica(shape, [spec], int(prof.gpu.hbm_bytes), prof.name, where=where)
+    kv = batch * context * spec.kv_bytes_per_token
+    if kv > mem.kv:
+        most = mem.kv // max(context * spec.kv_bytes_per_token, 1)
         raise InputError(
-            f"--batch {batch}: weights ({weights / 1e9:.1f} GB), the KV of {batch:,} x "
-            f"{context:,} tokens ({kv / 1e9:,.1f} GB) and the activations "
-            f"({ws / 1e9:,.1f} GB) per GPU do not fit: {where}; about {most:,} sequences "
-            f"of {context:,} tokens fit at tp={tp}"
+            f"--batch {batch}: the KV of {batch:,} x {context:,} tokens ({kv / 1e9:,.1f} GB) "
+            f"does not fit the {mem.kv / 1e9:,.1f} GB a tp={tp} replica of {spec.name} keeps "
+            f"for KV on {prof.name} GPUs (weights {mem.weights_gpu / 1e9:.1f} GB and "
+            f"workspace {mem.workspace_gpu / 1e9:.1f} GB per GPU first); about {most:,} "
+            f"sequences of {context:,} tokens fit"
         )
 
 

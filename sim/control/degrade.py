@@ -83,16 +83,11 @@ class Degrader:
             self.waiting.append((rid, now + self.deadline))
             self._kick()
             return False
-        m = int(self.cl.wl.model[rid])
-        node = sch.policy.choose(m, live, now)
-        cls = int(self.cl.wl.cls[rid])
-        if sch.deg.enabled and not self.ctx.protected[cls] and sch._overloaded(node, now):
-            self.shed += 1
-            sch._shed(rid, now)
-            return False
-        self.migrated += 1
-        sch._place(rid, node, now)
-        return True
+        if sch.redispatch(rid, live, now):
+            self.migrated += 1
+            return True
+        self.shed += 1
+        return False
 
     def _kick(self) -> None:
         if self.waiting and not self._retrying:

@@ -148,8 +148,7 @@ class Control(FaultActions):
         peer = names[(names.index(node.name) + 1) % len(names)]
         while True:
             yield self.env.timeout(self.cfg.raft.lease_interval)
-            q = self.meta._queues.get(node.name)
-            if node.up and not q:
+            if node.up and not self.meta.queued(node.name):
                 k += 1
                 if k % 3 == 0:
                     self.meta.submit(node.name, "get", f"ring/{peer}")

@@ -212,6 +212,11 @@ class MetaService:
         if w is not None and not w.triggered:
             w.succeed()
 
+    def queued(self, host: str) -> int:
+        """Operations from ``host`` queued and not yet sent (0 for a host that sent none)."""
+        q = self._queues.get(host)
+        return 0 if q is None else len(q)
+
     def client_on(self, host: str, **kwargs: float) -> Any:
         """A new Raft client endpoint on ``host`` (kwargs go to :class:`sim.control.raft.RaftClient`)."""
         c = self.group.client(**kwargs)

@@ -20,7 +20,7 @@ from collections.abc import Callable
 import numpy as np
 from simpy.events import URGENT, Event
 
-from sim.simenv import CountingEnvironment, SimTimeout
+from sim.simenv import CountingEnvironment, ReadyEvent, SimTimeout
 
 #: arrivals are read this many at a time as plain Python lists
 SLICE = 4096
@@ -60,9 +60,7 @@ class OpenLoop:
 
     def start(self) -> None:
         """Schedule the first wake-up: an urgent event now, as a process's start."""
-        ev = Event(self.env)
-        ev._ok = True
-        ev._value = None
+        ev = ReadyEvent(self.env)
         ev.callbacks.append(self._wake)
         self.env.schedule(ev, URGENT)
 

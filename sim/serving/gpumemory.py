@@ -28,7 +28,7 @@ replica's KV capacity, capped by the model's context window.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from engine.errors import InputError
@@ -89,32 +89,89 @@ class ReplicaMemory:
     kv: int
 
 
+@dataclass(frozen=True)
+class ReplicaShape:
+    """What a replica's memory plan depends on besides its models and GPUs: parallelism,
+    the budget's share of HBM, the activation workspace (given, or ``None``: sized by the
+    token budget ``tokens`` and ``seqs`` sequences), and the weights' mode (``coupled``:
+    resident; else ``pd`` with ``weight_cache_fraction`` of the rest as weight cache)."""
+
+    tp: int
+    pp: int
+    memory_utilization: float
+    workspace: int | None
+    tokens: int
+    seqs: int
+    coupled: bool
+    weight_cache_fraction: float
+    chunk_size: int
+    ep: int = 1
+    """expert parallelism: experts spread over ``max(tp, ep)`` GPUs per stage"""
+
+    @classmethod
+    def of(cls, sc: Scenario) -> ReplicaShape:
+        """The shape of a replica of scenario ``sc``."""
+        c = sc.cluster
+        return cls(
+            tp=c.tp,
+            pp=c.pp,
+            memory_utilization=c.gpu.memory_utilization,
+            workspace=c.gpu.workspace,
+            tokens=c.replica.max_num_batched_tokens,
+            seqs=c.replica.max_num_seqs,
+            coupled=sc.mode == "coupled",
+            weight_cache_fraction=c.gpu.weight_cache_fraction,
+            chunk_size=sc.chunks.size,
+            ep=c.ep,
+        )
+
+
+#: where a plan that does not fit points: the scenario's fields (``pdsim cost`` names its
+#: own options instead); keys ``tokens`` (the workspace) and ``tp`` (the weights)
+SCENARIO_FIELDS: Mapping[str, str] = {
+    "tokens": "cluster.replica.max_num_batched_tokens",
+    "tp": "cluster.tp",
+}
+
+
 def plan_memory(sc: Scenario, specs: list[ModelSpec], hbm: int, profile_name: str) -> ReplicaMemory:
     """The memory plan of a replica of ``sc`` serving ``specs`` on GPUs of ``hbm`` usable
     bytes; :class:`InputError` (naming the field, with the numbers) when it cannot fit."""
-    c = sc.cluster
-    tp, pp = c.tp, c.pp
+    return plan_replica(ReplicaShape.of(sc), specs, hbm, profile_name, sc.source, SCENARIO_FIELDS)
+
+
+def plan_replica(
+    shape: ReplicaShape,
+    specs: list[ModelSpec],
+    hbm: int,
+    profile_name: str,
+    source: str | None = None,
+    where: Mapping[str, str] = SCENARIO_FIELDS,
+) -> ReplicaMemory:
+    """The memory plan (module docstring) of a replica of ``shape`` serving ``specs`` on GPUs
+    of ``hbm`` usable bytes; :class:`InputError` with the numbers when the workspace or the
+    weights do not fit, pointing at ``source`` and ``where[\"tokens\"]`` or ``where[\"tp\"]``."""
+    tp, pp = shape.tp, shape.pp
     g = tp * pp
-    rc = c.replica
-    budget = int(hbm * c.gpu.memory_utilization)
-    if c.gpu.workspace is not None:
-        ws = c.gpu.workspace
+    util = shape.memory_utilization
+    budget = int(hbm * util)
+    if shape.workspace is not None:
+        ws = shape.workspace
     else:
-        ws = max(workspace_bytes(s, rc.max_num_batched_tokens, rc.max_num_seqs, tp) for s in specs)
+        ws = max(workspace_bytes(s, shape.tokens, shape.seqs, tp) for s in specs)
     free = budget - ws
-    where = "cluster.tp"
     if free <= 0:
         raise InputError(
-            f"the activation workspace for max_num_batched_tokens={rc.max_num_batched_tokens} "
-            f"needs {ws / 1e9:.1f} GB per GPU but a {profile_name} GPU has {budget / 1e9:.1f} GB "
-            f"(hbm {hbm / 1e9:.1f} GB x memory_utilization {c.gpu.memory_utilization}); "
+            f"the activation workspace for {shape.tokens:,} batched tokens needs "
+            f"{ws / 1e9:.1f} GB per GPU but a {profile_name} GPU has {budget / 1e9:.1f} GB "
+            f"(hbm {hbm / 1e9:.1f} GB x memory_utilization {util}); "
             "lower the token budget or raise tp",
-            source=sc.source,
-            where="cluster.replica.max_num_batched_tokens",
+            source=source,
+            where=where["tokens"],
         )
     total = sum(s.param_bytes for s in specs)
-    if sc.mode == "coupled":
-        weights = weights_per_gpu(specs, tp, pp, c.ep)
+    if shape.coupled:
+        weights = weights_per_gpu(specs, tp, pp, shape.ep)
         if weights >= free:
             names = " + ".join(f"{s.name} ({_dtype(s)})" for s in specs)
             need_g = max(1, math.ceil(total / free))
@@ -123,23 +180,25 @@ def plan_memory(sc: Scenario, specs: list[ModelSpec], hbm: int, profile_name: st
             raise InputError(
                 f"{names} at tp={tp} pp={pp} needs {weights / 1e9:.1f} GB of weights per GPU "
                 f"(+ {ws / 1e9:.1f} GB activation workspace); a {profile_name} GPU has "
-                f"{hbm / 1e9:.1f} GB usable x memory_utilization {c.gpu.memory_utilization} = "
+                f"{hbm / 1e9:.1f} GB usable x memory_utilization {util} = "
                 f"{budget / 1e9:.1f} GB: {hint}",
-                source=sc.source,
-                where=where,
+                source=source,
+                where=where["tp"],
             )
         cache_gpu = weights
-        weight_cache = total + max(sc.chunks.size, 1) * len(specs)
+        weight_cache = total + max(shape.chunk_size, 1) * len(specs)
     else:
-        cache_gpu = int(free * c.gpu.weight_cache_fraction)
+        cache_gpu = int(free * shape.weight_cache_fraction)
         weight_cache = cache_gpu * g
     kv_gpu = free - cache_gpu
-    rep = max((_kv_replication(s, tp) for s in specs), default=1)
+    rep = max((kv_replication(s, tp) for s in specs), default=1)
     kv = max(kv_gpu * g // rep, 1)
     return ReplicaMemory(budget, ws, cache_gpu, kv_gpu, weight_cache, kv)
 
 
-def _kv_replication(spec: ModelSpec, tp: int) -> int:
+def kv_replication(spec: ModelSpec, tp: int) -> int:
+    """How many TP ranks hold a copy of each KV head (more ranks than KV heads: each keeps a
+    copy of its head); 1 otherwise."""
     return max(1, tp // spec.kv_heads) if spec.kv_heads else 1
 
 

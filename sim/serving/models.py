@@ -61,7 +61,7 @@ from __future__ import annotations
 import math
 from importlib import resources
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
 
@@ -78,12 +78,7 @@ from sim.serving.decoderblock import (
     kv_elements_per_token,
 )
 
-
-def _size(value: Any) -> int:
-    return parse_size(value)
-
-
-Bytes = Annotated[int, BeforeValidator(_size), Field(ge=0)]
+Bytes = Annotated[int, BeforeValidator(parse_size), Field(ge=0)]
 
 
 class LayerSpec(CheckedModel, BaseModel):  # BaseModel named too, for linters

@@ -116,9 +116,28 @@ class Link:
         self.busy_time = 0.0
         self.created_at = float(env.now)
         self.rate = 0.0  # sum of the rates of the flows on this link (<= bandwidth)
-        self._flows: dict[int, _Flow] = {}  # flows using this link, pending ones included
         self._network: Network | None = None
         self._idx = -1  # position in its network's link list, once attached
+
+    @property
+    def network(self) -> Network | None:
+        """The network the link belongs to (``None`` until its first transfer or
+        ``Network.add_link``)."""
+        return self._network
+
+    @property
+    def index(self) -> int:
+        """The link's number in its network (``Network`` numbers links 0, 1, ... as they are
+        attached); -1 while it belongs to none."""
+        return self._idx
+
+    def bind(self, network: Network, index: int) -> None:
+        """Make the link ``network``'s link number ``index``; a link belongs to one network for
+        good (``ValueError`` if it is bound already)."""
+        if self._network is not None:
+            raise ValueError(f"link {self.name!r} belongs to a network already")
+        self._network = network
+        self._idx = index
 
     def __repr__(self) -> str:
         return f"Link({self.name!r}, {self.bandwidth:.3g} B/s, {self.latency:.3g} s)"
@@ -126,7 +145,7 @@ class Link:
     @property
     def n_flows(self) -> int:
         """Number of transfers currently using the link (waiting for latency or flowing)."""
-        return len(self._flows)
+        return 0 if self._network is None else self._network.flows_on(self)
 
     def set_down(self, mode: Literal["drop", "hold"] = "drop") -> None:
         """Cut the link: ``"drop"`` fails its transfers with :class:`LinkDown`, ``"hold"``
@@ -134,14 +153,14 @@ class Link:
         if mode not in ("drop", "hold"):
             raise ValueError(f"mode must be 'drop' or 'hold', got {mode!r}")
         if self._network is not None:
-            self._network._link_changed(self, up=False, mode=mode)
+            self._network.set_link_state(self, up=False, mode=mode)
         else:
             self.up, self.down_mode = False, mode
 
     def set_up(self) -> None:
         """Restore the link; held transfers resume."""
         if self._network is not None:
-            self._network._link_changed(self, up=True, mode=None)
+            self._network.set_link_state(self, up=True, mode=None)
         else:
             self.up, self.down_mode = True, None
 
@@ -150,15 +169,14 @@ class Link:
         if not bandwidth > 0 or not math.isfinite(bandwidth):
             raise ValueError(f"link {self.name!r}: bandwidth must be a finite number > 0 B/s")
         if self._network is not None:
-            self._network._advance()
-        self.bandwidth = float(bandwidth)
-        if self._network is not None:
-            self._network._reallocate()
+            self._network.set_link_bandwidth(self, float(bandwidth))
+        else:
+            self.bandwidth = float(bandwidth)
 
     def carried(self, now: float | None = None) -> float:
         """Bytes carried up to ``now`` (default ``env.now``), counting in-flight progress."""
         t = self.env.now if now is None else now
-        last = self._network._last if self._network is not None else t
+        last = self._network.accounted_until if self._network is not None else t
         return self.bytes_carried + self.rate * max(0.0, t - last)
 
     def utilisation(self, now: float | None = None) -> float:
@@ -189,7 +207,10 @@ class Network:
         self.priority_weight = float(priority_weight)
         self.rng = rng
         self.links: dict[str, Link] = {}
-        self._link_list: list[Link] = []  # every attached link, by Link._idx
+        self._link_list: list[Link] = []  # every attached link, by its index
+        self._index: dict[Link, int] = {}  # attached link -> its index (Link.index)
+        # by link index: the flows using the link (pending ones included), in start order
+        self._on_link: list[dict[int, _Flow]] = []
         self._flows: dict[int, _Flow] = {}  # started flows, in start order
         self._next_id = 0
         self._last = float(env.now)  # time up to which flow progress is accounted
@@ -211,12 +232,15 @@ class Network:
         return link
 
     def _attach(self, link: Link) -> None:
-        if link._network is None:
-            link._network = self
-            link._idx = len(self._link_list)
+        owner = link.network
+        if owner is None:
+            i = len(self._link_list)
+            link.bind(self, i)
             self._link_list.append(link)
+            self._index[link] = i
+            self._on_link.append({})
             self.links.setdefault(link.name, link)
-        elif link._network is not self:
+        elif owner is not self:
             raise ValueError(f"link {link.name!r} belongs to another network")
 
     # -- transfers ----------------------------------------------------------------------------
@@ -235,8 +259,10 @@ class Network:
             event.succeed(nbytes)
             return event
         links = tuple(path)
+        index = self._index
         for link in links:
-            self._attach(link)
+            if link not in index:
+                self._attach(link)
         self.transfers_started += 1
         dead = next((lk for lk in links if not lk.up and lk.down_mode == "drop"), None)
         if dead is not None:
@@ -244,12 +270,13 @@ class Network:
             return event
         weight = 1.0 if self.priority_mode == "strict" else self.priority_weight ** (-priority)
         flow = _Flow(self._next_id, links, int(nbytes), int(priority), weight)
-        flow.lix = tuple(lk._idx for lk in links)
+        flow.lix = tuple(index[lk] for lk in links)
         flow.cls = self._classes.setdefault((flow.lix, weight), len(self._classes))
         self._next_id += 1
         flow.event = event
-        for link in links:
-            link._flows[flow.fid] = flow
+        on = self._on_link
+        for j in flow.lix:
+            on[j][flow.fid] = flow
         delay = after + sum(lk.latency for lk in links)
         jitters = [lk.jitter for lk in links if lk.jitter > 0]
         if jitters:
@@ -274,6 +301,36 @@ class Network:
         if not path:
             return 0.0
         return sum(lk.latency for lk in path) + nbytes / min(lk.bandwidth for lk in path)
+
+    def flows_on(self, link: Link) -> int:
+        """Transfers using ``link`` now (waiting for their latency or flowing); 0 for a link
+        of no or another network."""
+        i = self._index.get(link)
+        return 0 if i is None else len(self._on_link[i])
+
+    @property
+    def accounted_until(self) -> float:
+        """The time up to which flow progress and link counters are accounted (the last
+        start, end or link change); progress since then is ``rate x elapsed``."""
+        return self._last
+
+    def set_link_state(self, link: Link, up: bool, mode: Literal["drop", "hold"] | None) -> None:
+        """Bring ``link`` up (``mode`` None) or down in ``mode`` (see :meth:`Link.set_down`),
+        accounting progress up to now first; a drop fails the link's transfers; rates are
+        re-shared at once."""
+        self._advance()
+        link.up, link.down_mode = up, mode
+        if not up and mode == "drop":
+            for flow in list(self._on_link[self._index[link]].values()):
+                self._fail(flow, link)
+        self._reallocate()
+
+    def set_link_bandwidth(self, link: Link, bandwidth: float) -> None:
+        """Give ``link`` ``bandwidth`` (B/s, validated by :meth:`Link.set_bandwidth`) from now
+        on: progress up to now at the old rates, then rates re-shared at once."""
+        self._advance()
+        link.bandwidth = bandwidth
+        self._reallocate()
 
     @property
     def active_flows(self) -> int:
@@ -322,12 +379,13 @@ class Network:
 
     def _finish(self, flow: _Flow) -> None:
         # Credit the rounding residue so each link gets exactly nbytes for this flow.
-        for link in flow.path:
+        on = self._on_link
+        for link, j in zip(flow.path, flow.lix, strict=True):
             if flow.started:
                 link.bytes_carried += flow.remaining
             else:
                 link.bytes_carried += flow.nbytes
-            del link._flows[flow.fid]
+            del on[j][flow.fid]
         flow.remaining = 0.0
         flow.rate = 0.0
         self._flows.pop(flow.fid, None)
@@ -336,19 +394,12 @@ class Network:
         flow.event.succeed(flow.nbytes)
 
     def _fail(self, flow: _Flow, link: Link) -> None:
-        for lk in flow.path:
-            del lk._flows[flow.fid]
+        on = self._on_link
+        for j in flow.lix:
+            del on[j][flow.fid]
         flow.rate = 0.0
         self._flows.pop(flow.fid, None)
         flow.event.fail(LinkDown(link.name, self.env.now))
-
-    def _link_changed(self, link: Link, up: bool, mode: Literal["drop", "hold"] | None) -> None:
-        self._advance()
-        link.up, link.down_mode = up, mode
-        if not up and mode == "drop":
-            for flow in list(link._flows.values()):
-                self._fail(flow, link)
-        self._reallocate()
 
     def _on_timer(self, gen: int) -> None:
         if gen != self._timer_gen:

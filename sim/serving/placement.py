@@ -224,6 +224,18 @@ class Scheduler:
                 return
         self._place(rid, node, now, m)
 
+    def redispatch(self, rid: int, live: list[ComputeNode], now: float) -> bool:
+        """Place displaced request ``rid`` (its node went down) on one of the ``live`` nodes
+        (non-empty) that the placement policy chooses, or shed it when degradation is on, its
+        class is not protected and that node is overloaded; True if placed."""
+        node = self.policy.choose(ctx_model(self.ctx, rid), live, now)
+        cls = ctx_cls(self.ctx, rid)
+        if self.deg.enabled and not self.ctx.protected[cls] and self._overloaded(node, now):
+            self._shed(rid, now)
+            return False
+        self._place(rid, node, now)
+        return True
+
     def _place(self, rid: int, node: ComputeNode, now: float, m: int = -1) -> None:
         """Send ``rid`` to ``node`` (``m``: its model index if known, else read there)."""
         ctx = self.ctx

@@ -45,7 +45,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from engine.kv.allocator import KVBlockAllocator
-from engine.kv.prefix import num_blocks, shared_prefix, trace_block_keys
+from engine.kv.prefix import num_blocks, trace_block_keys
 
 if TYPE_CHECKING:
     from engine.sched.scheduler import Prefill
@@ -102,7 +102,7 @@ class PrefixCache:
         nb = num_blocks(tokens, self.block_tokens)
         if a is None:
             return nb * self.block_tokens * bpt
-        on_used = sum(1 for b in shared_prefix(a, tokens, self.keys(rid)) if a.refcount(b))
+        on_used = sum(1 for b in a.shared_prefix(tokens, self.keys(rid)) if a.refcount(b))
         return (nb - on_used) * self.block_tokens * bpt
 
     def take(self, rid: int, m: int, tokens: int, bpt: int, prefill: bool = True) -> int:

@@ -321,6 +321,12 @@ class ComputeNode:
             if intr.cause != "kill":
                 raise
 
+    def take_woke(self) -> bool:
+        """Whether the turn starting now follows an idle spell (the node waited for a
+        request since the last turn began); reading it clears it."""
+        woke, self._woke = self._woke, False
+        return woke
+
     def continues(self, m: int) -> bool:
         """Whether the process loop runs model ``m`` again at once, without picking: no
         stream isolation, ``m`` is the current model, its quantum is not used up and it has

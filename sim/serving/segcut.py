@@ -13,8 +13,9 @@ when processed, if ``proc`` still waits on ``seg`` it stops waiting on it and re
 nothing happens. ``seg`` itself still fires later, with no one waiting on it, as an
 interrupted timeout does.
 
-It reads :attr:`simpy.Process.target` (the event the process waits on) and the process's
-callback there, ``_resume``, which SimPy's own ``Interruption`` uses too (SimPy 4.1 on);
+It reads :attr:`simpy.Process.target` (the event the process waits on) and resumes the
+process through :meth:`sim.simenv.SimProcess.resume_with` (as SimPy's own ``Interruption``
+does with the process's ``_resume``, SimPy 4.1 on);
 ``tests/sim/serving/test_segcut.py`` pins the behaviour against SimPy's interrupt.
 """
 
@@ -24,6 +25,8 @@ from typing import Any
 
 import simpy
 from simpy.events import URGENT, Event
+
+from sim.simenv import SimProcess
 
 __all__ = ["CUT", "SegmentCut"]
 
@@ -55,5 +58,6 @@ class SegmentCut(Event):
         proc, seg = self.proc, self.seg
         if proc.target is not seg:  # the segment ended, or the process did
             return
-        seg.callbacks.remove(proc._resume)
-        proc._resume(self)
+        if not isinstance(proc, SimProcess):  # env.process of a CountingEnvironment makes one
+            raise TypeError(f"SegmentCut needs a sim.simenv.SimProcess, got {type(proc).__name__}")
+        proc.resume_with(self)

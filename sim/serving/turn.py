@@ -67,7 +67,7 @@ def turn(node: ComputeNode, m: int) -> Generator[simpy.Event, Any, None]:
             bw = ws.links["pcie"].bandwidth
             for b in batch.swap_bytes:
                 extra += b / bw
-        woke, node._woke = node._woke, False
+        woke = node.take_woke()
         used = ws.hbm.used + sched.kv.reserved
         if used > met.peak_hbm:
             met.peak_hbm = used

@@ -116,3 +116,44 @@ def test_framework_overheads_are_ops_with_their_provenance(tmp_path) -> None:  #
     assert osrc["token_output"] == osrc["iteration_overhead"] == "none in profile"
     table = runner.invoke(app, ["cost", "--model", "llama-3.1-8b", "--profile", str(bare)])
     assert "states no framework overheads" in table.output
+
+
+def _run_and_cost(tmp_path: object, tp: int, batch: int, tokens: int) -> tuple[str, str]:
+    """The last line of ``pdsim run llama70b-h200`` and of ``pdsim cost`` for one replica
+    shape: ``tp``, and a token budget of ``tokens`` over ``batch`` sequences (a decode step
+    of ``batch`` sequences is ``tokens == batch``)."""
+    sets = [f"cluster.tp={tp}", f"cluster.replica.max_num_batched_tokens={tokens}",
+            f"cluster.replica.max_num_seqs={batch}", "workload.duration=0.01s"]  # fmt: skip
+    args = ["run", "llama70b-h200", "--out", str(tmp_path), "--seed", "1"]
+    for s in sets:
+        args += ["--set", s]
+    run = runner.invoke(app, args).output.strip().splitlines()
+    cost = runner.invoke(
+        app, ["cost", "-m", "llama-3.1-70b", "-p", "h200-sxm-vllm", "--tp", str(tp),
+              "--batch", str(batch), "--context", "2048"],
+    ).output.strip().splitlines()  # fmt: skip
+    return run[-1], cost[-1]
+
+
+def test_cost_and_run_refuse_the_same_replica_with_the_same_message(tmp_path: object) -> None:
+    # 70B bf16 is 141.1 GB of weights: one H200 (149.3 GB x 0.9 = 134.3 GB) cannot hold it
+    run, cost = _run_and_cost(tmp_path, tp=1, batch=1, tokens=1)
+    body = "llama-3.1-70b (bf16) at tp=1 pp=1 needs 141.1 GB of weights per GPU"
+    assert body in run and body in cost, (run, cost)
+    assert run.endswith(cost.split("--tp 1: ", 1)[1]), (run, cost)  # the same message
+    assert "cluster.tp" in run and "use tp >= 2" in run
+
+
+def test_cost_and_run_both_accept_a_replica_that_fits() -> None:
+    from sim.feasible import check_feasible
+    from sim.scenario import load_scenario
+    from sim.serving.costmodel import load_profile
+    from sim.shipped import resolve_scenario
+
+    # tp=2: 70.6 GB of weights per GPU and a 1-sequence workspace fit 134.3 GB
+    sets = ["cluster.tp=2", "cluster.replica.max_num_batched_tokens=1",
+            "cluster.replica.max_num_seqs=1"]  # fmt: skip
+    sc = load_scenario(resolve_scenario("llama70b-h200"), sets)
+    check_feasible(sc, load_catalogue(), load_profile("h200-sxm-vllm"))  # what run checks first
+    out = cost_json("-m", "llama-3.1-70b", "-p", "h200-sxm-vllm", "--tp", "2", "--batch", "1")
+    assert out["tp"] == 2 and float(str(out["seconds"])) > 0

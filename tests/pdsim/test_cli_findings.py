@@ -154,10 +154,10 @@ def test_ctrl_c_ends_a_command_with_one_line_and_status_130(
 @pytest.mark.parametrize(
     ("args", "start"),
     [
-        (["--tp", "1"], "error: --tp 1: llama-3.1-70b's weights need 141.1 GB per GPU"),
+        (["--tp", "1"], "error: --tp 1: llama-3.1-70b (bf16) at tp=1 pp=1 needs 141.1 GB of weights"),
         (["--tp", "8", "--context", "200000"],
          "error: --context 200000: above llama-3.1-70b's context window of 131,072 tokens"),
-        (["--tp", "8", "--batch", "60000"], "error: --batch 60000: weights (17.6 GB)"),
+        (["--tp", "8", "--batch", "60000"], "error: --batch 60000: the KV of 60,000 x 2,048 tokens"),
     ],
 )  # fmt: skip
 def test_cost_refuses_a_step_no_replica_can_run(args: list[str], start: str) -> None:

@@ -16,7 +16,6 @@ from engine.kv import (
     KVBlockAllocator,
     id_block_keys,
     num_blocks,
-    shared_prefix,
     token_block_keys,
     trace_block_keys,
 )
@@ -123,8 +122,8 @@ def test_trace_keys_for_smaller_equal_and_larger_blocks() -> None:
 def test_shared_prefix_is_what_allocate_then_shares() -> None:
     a = KVBlockAllocator(block_tokens=8, initial_blocks=4)
     a.allocate("x", 40, hash_ids=[1, 2, 3, 4, 5])
-    assert shared_prefix(a, 24, [1, 2, 9]) == a.block_table("x")[:2]
+    assert a.shared_prefix(24, [1, 2, 9]) == a.block_table("x")[:2]
     a.free("x")  # cached blocks are shared too
-    before = shared_prefix(a, 40, [1, 2, 3, 4])
+    before = a.shared_prefix(40, [1, 2, 3, 4])
     a.allocate("y", 40, hash_ids=[1, 2, 3, 4])
     assert before == a.block_table("y")[:4] and a.refcount(before[0]) == 1

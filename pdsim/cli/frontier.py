@@ -79,6 +79,15 @@ def frontier(
     tp: Annotated[
         str, typer.Option("--tp", metavar="LIST", help="Tensor-parallel degrees, e.g. 2,4,8.")
     ] = "1,2,4,8",
+    ep: Annotated[
+        str | None,
+        typer.Option(
+            "--ep",
+            metavar="LIST",
+            help="Expert-parallel degrees of a mixture-of-experts model, e.g. 1,8 (each must "
+            "divide or be a multiple of every --tp; default: the scenario's).",
+        ),
+    ] = None,
     max_num_seqs: Annotated[
         str,
         typer.Option(
@@ -201,7 +210,7 @@ def frontier(
         bool, typer.Option("--json", help="Print the result as one JSON object on the last line.")
     ] = False,
 ) -> None:
-    """The Pareto frontier of tokens/s/GPU against tokens/s/user: each tp x max_num_seqs at
+    """The Pareto frontier of tokens/s/GPU against tokens/s/user: each tp (x ep) x max_num_seqs at
     the highest load meeting the objectives (bisection per configuration); writes
     frontier.csv and frontier.png (SLO line, chosen point)."""
     from sim.scenario import parse_override
@@ -216,6 +225,17 @@ def frontier(
             "cluster.tp": _ints("--tp", tp, 1, 512),
             "cluster.replica.max_num_seqs": _ints("--max-num-seqs", max_num_seqs, 1, 10_000_000),
         }
+        if ep is not None:
+            eps = _ints("--ep", ep, 1, 512)
+            for t in grid["cluster.tp"]:
+                bad = [e for e in eps if e % t and t % e]
+                if bad:
+                    raise InputError(
+                        f"{bad[0]} neither divides nor is a multiple of tp {t}; allowed: "
+                        "expert-parallel degrees that divide or are multiples of every --tp",
+                        source="--ep",
+                    )
+            grid["cluster.ep"] = eps
         if max_num_batched_tokens is not None:
             grid["cluster.replica.max_num_batched_tokens"] = _ints(
                 "--max-num-batched-tokens", max_num_batched_tokens, 1, 1_000_000_000
@@ -259,6 +279,8 @@ def frontier(
             _emit(res, path, grid, overrides, sc["servers"])
     if as_json:
         typer.echo(json.dumps(_json(res)))
+    if res.chosen is None:
+        raise typer.Exit(1)  # no configuration meets the objectives: the rows say why
 
 
 def _emit(

@@ -8,6 +8,8 @@ scenario                                    ``vllm serve``
 =========================================== =========================================
 ``cluster.tp``                              ``--tensor-parallel-size``
 ``cluster.pp``                              ``--pipeline-parallel-size``
+``cluster.ep`` > 1                          ``--enable-expert-parallel`` (experts over
+                                            the tp x data-parallel ranks)
 replicas per server (``gpus_per_server`` /  ``--data-parallel-size`` (when > 1)
 ``tp x pp``)
 ``cluster.replica.max_num_seqs``            ``--max-num-seqs``
@@ -41,6 +43,8 @@ def vllm_args(sc: Any) -> list[str]:
     ]  # fmt: skip
     if per_server > 1 and c.tp * c.pp <= c.gpus_per_server:
         args += ["--data-parallel-size", str(per_server)]
+    if c.ep > 1:
+        args.append("--enable-expert-parallel")
     args += [
         "--max-num-seqs", str(r.max_num_seqs),
         "--max-num-batched-tokens", str(r.max_num_batched_tokens),

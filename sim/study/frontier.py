@@ -1,7 +1,7 @@
 """The throughput / per-user speed frontier of a deployment: ``pdsim frontier``.
 
 For every configuration of the grid (aggregated replicas: tensor-parallel degree ``cluster.tp``
-x ``replica.max_num_seqs`` x ``replica.max_num_batched_tokens``; disaggregated deployments:
+x expert parallelism ``cluster.ep`` (mixture-of-experts models) x ``replica.max_num_seqs`` x ``replica.max_num_batched_tokens``; disaggregated deployments:
 each :class:`DisaggShape` x the same batch knobs; all on the scenario's cluster), the highest
 Poisson load that meets the SLOs is found by bisection
 (:meth:`sim.study.plan.Planner.max_qpss`, all configurations in lockstep so each round's
@@ -40,6 +40,7 @@ from sim.study.sweep.spec import seed_list
 #: the grid keys of a frontier, in the order they are shown
 GRID_KEYS: tuple[str, ...] = (
     "cluster.tp",
+    "cluster.ep",
     "cluster.replica.max_num_seqs",
     "cluster.replica.max_num_batched_tokens",
 )
@@ -140,8 +141,8 @@ class DisaggShape:
 
 def describe(alt: dict[str, Any]) -> dict[str, Any]:
     """A configuration's identifying columns: ``family`` (aggregated, disaggregated),
-    ``deployment`` (``agg tp4``, ``P 1xtp4 + D 1xtp4``), ``tp`` (aggregated: the replicas';
-    disaggregated: the decode pool's), ``max_num_seqs`` and, when swept,
+    ``deployment`` (``agg tp4``, ``agg tp1 ep8``, ``P 1xtp4 + D 1xtp4``), ``tp`` (aggregated:
+    the replicas'; disaggregated: the decode pool's), ``ep`` when swept, ``max_num_seqs`` and, when swept,
     ``max_num_batched_tokens``."""
     row: dict[str, Any] = {}
     if alt.get("disaggregation.enabled"):
@@ -149,8 +150,11 @@ def describe(alt: dict[str, Any]) -> dict[str, Any]:
         dn, dt = alt["disaggregation.decode.replicas"], alt["disaggregation.decode.tp"]
         row.update(family="disaggregated", deployment=f"P {pn}xtp{pt} + D {dn}xtp{dt}", tp=dt)
     else:
-        tp = alt["cluster.tp"]
-        row.update(family="aggregated", deployment=f"agg tp{tp}", tp=tp)
+        tp, ep = alt["cluster.tp"], alt.get("cluster.ep", 1)
+        name = f"agg tp{tp}" + (f" ep{ep}" if ep > 1 else "")
+        row.update(family="aggregated", deployment=name, tp=tp)
+        if "cluster.ep" in alt:
+            row["ep"] = ep
     row["max_num_seqs"] = alt["cluster.replica.max_num_seqs"]
     if "cluster.replica.max_num_batched_tokens" in alt:
         row["max_num_batched_tokens"] = alt["cluster.replica.max_num_batched_tokens"]
@@ -161,8 +165,9 @@ def disagg_alternatives(
     shapes: Sequence[DisaggShape], grid: dict[str, list[int]]
 ) -> list[dict[str, Any]]:
     """Every disaggregated shape crossed with the grid's batch knobs (not ``cluster.tp``:
-    each pool has its own)."""
-    knobs = {k: v for k, v in grid.items() if k != "cluster.tp"}
+    each pool has its own; not ``cluster.ep``: expert parallelism is not modelled with
+    disaggregation)."""
+    knobs = {k: v for k, v in grid.items() if k not in ("cluster.tp", "cluster.ep")}
     keys = list(knobs)
     return [
         {**shape.overrides(), **dict(zip(keys, combo, strict=True))}

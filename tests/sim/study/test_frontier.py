@@ -205,6 +205,7 @@ def test_llama70b_h200_frontier_best_point_near_aiconfigurator(tmp_path: Path) -
         (["--tpot", "30ms", "--percentile", "p42"], "--percentile: 'p42'; allowed: p50"),
         (["--tpot", "30ms", "--qps-lo", "9", "--qps-hi", "3"], "--qps-lo: 9: must be below"),
         (["--tpot", "30ms", "--emit", "trt"], "--emit: 'trt'; allowed: vllm"),
+        (["--tp", "2,4", "--ep", "1,6", "--tpot", "30ms"], "--ep: 6 neither divides nor is a"),
         (["--tpot", "30ms", "--disagg", "1x4"], "--disagg: '1x4' is not PxTP+DxTP"),
         (["--tpot", "30ms", "--set", "cluster.tq=3"], "--set cluster.tq=3: unknown key"),
     ],
@@ -220,3 +221,31 @@ def test_bad_frontier_options_are_one_line_and_write_nothing(
     lines = [ln for ln in r.output.splitlines() if ln.strip()]
     assert len(lines) == 1 and match in lines[0], r.output
     assert not out.exists()
+
+
+def test_ep_is_a_grid_knob_and_no_passing_point_exits_1(tmp_path: Path) -> None:
+    """``--ep`` crosses expert parallelism with tp: each configuration is named ``agg tpT epE``;
+    on a dense model every ep > 1 configuration is infeasible (the row names cluster.ep) and,
+    nothing meeting the objectives, the command exits 1."""
+    out = tmp_path / "o"
+    r = CliRunner().invoke(
+        app,
+        [
+            "frontier",
+            "quickstart",
+            "--tp",
+            "1",
+            "--ep",
+            "2",
+            "--max-num-seqs",
+            "8",
+            "--tpot",
+            "30ms",
+            "--out",
+            str(out),
+        ],
+    )
+    assert r.exit_code == 1, r.output
+    df = pd.read_csv(out / "frontier.csv")
+    assert list(df["deployment"]) == ["agg tp1 ep2"] and list(df["ep"]) == [2]
+    assert "cluster.ep" in str(df["reason"].iloc[0])

@@ -15,6 +15,8 @@ from sim.scenario import load_scenario
 from sim.study.emit import vllm_args
 from sim.study.sweep.spec import build_points
 
+ROOT = Path(__file__).resolve().parents[3]
+
 SCEN = """name: tiny-plan
 profile: h200-sxm-vllm
 mode: coupled
@@ -55,6 +57,10 @@ def test_vllm_args_map_the_scenario_knobs(tmp_path: Path) -> None:
     ]  # fmt: skip
     one = load_scenario(scen)  # tp 1 on 2-GPU servers, prefix caching off
     assert vllm_args(one)[4:6] == ["--data-parallel-size", "2"]
+    moe = load_scenario(ROOT / "scenarios" / "deepseek-v3-h200.yaml")  # tp 8, ep 8
+    assert vllm_args(moe)[:5] == [
+        "--tensor-parallel-size", "8", "--pipeline-parallel-size", "1", "--enable-expert-parallel",
+    ]  # fmt: skip
 
 
 def test_plan_reports_figures_at_its_answer_and_emits_vllm(tmp_path: Path) -> None:

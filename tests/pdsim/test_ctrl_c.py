@@ -55,7 +55,6 @@ def _interrupt(
     return rc, err_path.read_text(), took
 
 
-@pytest.mark.slow
 @pytest.mark.timing
 def test_ctrl_c_stops_the_largest_run_at_once(tmp_path: Path) -> None:
     rc, err, took = _interrupt(
@@ -68,7 +67,6 @@ def test_ctrl_c_stops_the_largest_run_at_once(tmp_path: Path) -> None:
     assert not (tmp_path / "run").exists()  # nothing half-written
 
 
-@pytest.mark.slow
 @pytest.mark.timing
 def test_ctrl_c_stops_a_plan_on_two_workers_with_one_line(tmp_path: Path) -> None:
     rc, err, took = _interrupt(
@@ -82,7 +80,6 @@ def test_ctrl_c_stops_a_plan_on_two_workers_with_one_line(tmp_path: Path) -> Non
     assert took < EXIT_WITHIN_S, took
 
 
-@pytest.mark.slow
 @pytest.mark.timing
 def test_ctrl_c_stops_chaos_on_two_workers_and_says_how_to_resume(tmp_path: Path) -> None:
     out = tmp_path / "chaos"

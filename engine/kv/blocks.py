@@ -24,8 +24,8 @@ copies, which the allocator makes (:meth:`BlockStates.take_copies`).
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from collections.abc import Hashable, Iterable, Sequence
+from dataclasses import asdict, dataclass
 
 from engine.cache import TierCache
 from engine.kv.offload import OffloadChain
@@ -67,12 +67,15 @@ class BlockStates:
 
     def __init__(
         self,
+        block_tokens: int,
         block_bytes: int,
         pool: BlockPool,
         policy: EvictionPolicy,
         offload_tiers: Sequence[TierCache] | None,
         record_moves: bool,
     ) -> None:
+        #: tokens per block
+        self.block_tokens = block_tokens
         self.block_bytes = block_bytes
         self.record_moves = record_moves
         self._pool = pool
@@ -114,6 +117,11 @@ class BlockStates:
     def _held(self) -> Iterable[list[int]]:
         """The block tables holding blocks (one hold per entry); the allocator's tables."""
         return ()
+
+    def _sequence_tables(self) -> list[tuple[Hashable, list[int], int]]:
+        """Each live sequence's id, block table and token count, oldest first; the
+        allocator's (none here)."""
+        return []
 
     # -- queries ------------------------------------------------------------------------------
     @property
@@ -248,3 +256,114 @@ class BlockStates:
                     free.append(b)
                 else:
                     self._policy.insert(key, size, now)
+
+    # -- figures and invariants ----------------------------------------------------------------
+    def snapshot(self) -> dict[str, float]:
+        """Fragmentation and traffic figures (R10, R20): one flat dict of numbers, ready for a
+        time series (O(total table entries)). Keys:
+
+        * pool: ``pool_blocks``, ``cap_blocks`` (0 = unbounded), ``used_blocks``,
+          ``free_blocks``, ``cached_blocks`` (used + free + cached == pool), ``sequences``,
+          ``growth_events``;
+        * fragmentation: ``slot_waste_tokens`` -- token slots of used blocks that hold no
+          token (the partial last blocks; a shared block counts once, filled as far as its
+          fullest holder); ``slot_waste_fraction`` -- that over all token slots of used
+          blocks; ``pool_free_fraction`` = free / pool blocks; ``pool_reclaimable_fraction``
+          = (free + cached) / pool blocks; ``largest_contiguous_free_run`` -- longest run of
+          consecutive free block ids;
+        * bytes: ``block_bytes``, ``pool_bytes``, ``used_bytes``, ``cached_bytes``;
+        * counters: ``prefix_hit_rate`` and every :class:`engine.kv.blocks.KVStats` field;
+        * per offload tier ``<name>_bytes_in``, ``_bytes_out``, ``_bytes_loaded_back``,
+          ``_bytes_dropped``, ``_blocks_loaded_back``, ``_resident_bytes``
+          (see :mod:`engine.kv.offload`).
+        """
+        bt = self.block_tokens
+        fill: dict[int, int] = {}
+        tables = self._sequence_tables()
+        for _, table, n in tables:
+            for i, b in enumerate(table):
+                f = min(bt, n - i * bt)
+                if f > fill.get(b, -1):
+                    fill[b] = f
+        used = self.num_used_blocks
+        waste = sum(bt - f for f in fill.values())
+        pool = self.pool_blocks
+        free = self.num_free_blocks
+        cached = self.num_cached_blocks
+        out: dict[str, float] = {
+            "pool_blocks": pool,
+            "cap_blocks": 0 if self.cap_blocks == UNBOUNDED else self.cap_blocks,
+            "used_blocks": used,
+            "free_blocks": free,
+            "cached_blocks": cached,
+            "sequences": len(tables),
+            "growth_events": self._pool.growth_events,
+            "slot_waste_tokens": waste,
+            "slot_waste_fraction": waste / (used * bt) if used else 0.0,
+            "pool_free_fraction": free / pool,
+            "pool_reclaimable_fraction": (free + cached) / pool,
+            "largest_contiguous_free_run": self._pool.largest_free_run(),
+            "block_bytes": self.block_bytes,
+            "pool_bytes": pool * self.block_bytes,
+            "used_bytes": used * self.block_bytes,
+            "cached_bytes": cached * self.block_bytes,
+            "prefix_hit_rate": self.stats.prefix_hit_rate,
+        }
+        out.update(asdict(self.stats))
+        if self._offload is not None:
+            resident = self._offload.resident_bytes()
+            for name, counters in self._offload.moved.items():
+                for k, v in counters.items():
+                    out[f"{name}_{k}"] = v
+                out[f"{name}_resident_bytes"] = resident[name]
+        return out
+
+    def check_invariants(self) -> None:
+        """Raise ``AssertionError`` naming the first broken invariant (O(pool); for tests;
+        explicit raises, so the check also runs under ``python -O``).
+
+        Checked: pool size within the cap; each table as long as its tokens need, holding
+        no block twice; refcount = number of tables holding the block; the free list without
+        duplicates; the key maps inverse to each other; a used block never free nor cached, an
+        idle unkeyed block free, an idle keyed block cached; used + free + cached == pool. And
+        a block held by more than one sequence has a content key (sharing happens only
+        through ``_kblock``; a key is dropped only by ``_evict``, at refcount 0):
+        ``_drop``'s fast path relies on it.
+        """
+        ref, bkey, size = self._ref, self._bkey, self.pool_blocks
+        _ensure(len(ref) == size == len(bkey) <= self.cap_blocks, "pool size / cap")
+        holders = [0] * size
+        for seq, table, n in self._sequence_tables():
+            need = -(-n // self.block_tokens)
+            _ensure(len(table) == need, f"{seq!r}: table length")
+            _ensure(len(set(table)) == len(table), f"{seq!r} holds a block twice")
+            for b in table:
+                holders[b] += 1
+        _ensure(holders == ref, "refcount != number of sequences holding the block")
+        free = set(self._free)  # membership only
+        _ensure(len(free) == len(self._free), "a block is on the free list twice")
+        policy = self._policy
+        for b in range(size):
+            key = bkey[b]
+            if key is not None:
+                _ensure(self._kblock.get(key) == b, f"key map broken at block {b}")
+            if ref[b] > 0:  # used: never free, never cached
+                idle = b in free or (key is not None and key in policy)
+                _ensure(not idle, f"used block {b} idle")
+            elif key is None:
+                _ensure(b in free, f"unkeyed idle block {b} is not free")
+            else:
+                _ensure(key in policy and b not in free, f"keyed idle block {b} is not cached")
+        _ensure(len(self._kblock) == sum(k is not None for k in bkey), "key map has stale keys")
+        used = sum(r > 0 for r in ref)
+        _ensure(used == self.num_used_blocks, "used count")
+        _ensure(used + len(self._free) + len(policy) == size, "used + free + cached != pool")
+        for b, r in enumerate(ref):
+            if r > 1 and bkey[b] is None:
+                raise AssertionError(f"block {b} is shared by {r} sequences but has no key")
+
+
+def _ensure(ok: bool, what: str) -> None:
+    """Raise ``AssertionError`` for a broken allocator invariant ``what`` unless ``ok``."""
+    if not ok:
+        raise AssertionError(f"KV allocator invariant broken: {what}")

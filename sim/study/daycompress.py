@@ -145,6 +145,12 @@ def choose(
             f"{s1:.3g} > {MAX_CATCH_UP:g} already (R {r:g} s)",
         )
     c = MAX_FACTOR if s1 <= 0 else max(1, min(MAX_FACTOR, math.floor(MAX_CATCH_UP / s1 + 1e-9)))
+    if c == 1:
+        why = (
+            f"day not compressed: at c = 2 the catch-up share would be {2 * s1:.3g} > "
+            f"{MAX_CATCH_UP:g} (R {r:g} s)"
+        )
+        return Compression(1, r, s1, why)
     return Compression(
         c,
         r,

@@ -23,7 +23,9 @@ Speed: each candidate is one simulated day per seed, played compressed by the la
 factor ``c`` that keeps the autoscaler quasi-static (:mod:`sim.study.daycompress`: rates
 kept, durations divided by ``c``, GPU-hours multiplied back by ``c``); ``compress: false``
 plays the day as given. The answer names ``c`` and why (``compression``), and a plan whose
-runs measured a slower scale-out than the estimate behind ``c`` says so in one line.
+runs measured a slower scale-out than the estimate behind ``c`` says so in one line. An
+overload lasts ``c`` times less compressed (:data:`OVERLOAD_NOTE`, printed with a compressed
+answer): the static count may be one short at the edge, the saving a lower bound.
 """
 
 from __future__ import annotations
@@ -44,6 +46,14 @@ from sim.study.sweep.spec import Point, build_points
 if TYPE_CHECKING:
     from sim.study.planspec import PlanFile
     from sim.study.sweep.execute import Runner
+
+
+#: the answer line of a compressed plan on what compression does not keep (docs/design/autoscaling.md)
+OVERLOAD_NOTE = (
+    "note: an overload (the peak above a static count, or above an autoscaler at its max) "
+    "lasts {c}x less and queues {c}x less deep compressed: the static count may be one short "
+    "at the edge, the saving a lower bound"
+)
 
 
 class DayCfg(CheckedModel, BaseModel):  # BaseModel named too, for linters
@@ -265,6 +275,8 @@ def run_day(spec: PlanFile, planner: DayPlanner) -> tuple[pd.DataFrame, dict[str
         "reason": comp.reason,
     }
     lines = [comp.reason]
+    if comp.factor > 1:
+        lines.append(OVERLOAD_NOTE.format(c=comp.factor))
     late = _late_start_line(planner, comp)
     if late:
         lines.append(late)

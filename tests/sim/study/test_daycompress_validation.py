@@ -1,5 +1,5 @@
 """The compressed day plan against the day played as given: every setting's GPU-hours and
-attainment, and the answer (slow: the uncompressed day is 48,000 requests a run)."""
+attainment, and the answer (slow: the uncompressed day is 144,000 requests a run)."""
 
 from __future__ import annotations
 
@@ -22,13 +22,13 @@ def _plan(tmp_path: Path, compress: bool) -> PlanFile:
     sc["cluster"]["gpu"] = {"weight_cache_fraction": 0.9}
     sc["autoscale"]["cold_start"] = {"load_from": "peers"}
     sc["autoscale"]["max_replicas"] = 6
-    # a 4,800 s day: cosine from 0.2 to 1 of its peak at 15:00, a flash crowd at 09:00
+    # a 3,600 s day at 40 req/s mean: cosine from 0.2 to 1 of its peak at 15:00, a flash crowd at 09:00
     sc["workload"] = {
         "kind": "profile",
-        "rate": 10,
-        "duration": 4800,
+        "rate": 40,
+        "duration": 3600,
         "rate_profile": {
-            "day": 4800,
+            "day": 3600,
             "trough_ratio": 0.2,
             "peak_hour": 15,
             "surges": [
@@ -70,14 +70,20 @@ def test_compressed_plan_matches_the_day_played_as_given(tmp_path: Path) -> None
     a = fast.frontier.set_index(key)
     b = full.frontier.set_index(key)
     common = a.index.intersection(b.index)
-    assert len(common) >= 3
+    assert len(common) >= 4
     for idx in common:
         # GPU-hours: the lag covers a c times larger share of the day, at most the catch-up
-        # share of the replica-time; attainment: at most that share of requests arrives
-        # while the cluster catches up
+        # share of the replica-time
         ga, gb = a.loc[idx, "gpu_hours"], b.loc[idx, "gpu_hours"]
         assert abs(ga / gb - 1) <= bound, (idx, ga, gb)
+    for idx in [i for i in common if i[0] == "autoscaled"]:
+        # attainment: at most that share of the requests arrives while the cluster catches up
         assert abs(a.loc[idx, "attainment"] - b.loc[idx, "attainment"]) <= bound, idx
-    assert fast.compare["static_replicas"] == full.compare["static_replicas"]
+        assert a.loc[idx, "meets_slo"] == b.loc[idx, "meets_slo"], idx
     assert fast.compare["choice"] == full.compare["choice"]
     assert fast.compare["autoscale"] == full.compare["autoscale"]
+    # a static count the peak overloads builds a queue c times shallower compressed: the
+    # compressed count may be one short at the edge (here 3 against 4), never more
+    n_fast, n_full = fast.compare["static_replicas"], full.compare["static_replicas"]
+    assert n_full - 1 <= n_fast <= n_full
+    assert fast.compare["saved"] <= full.compare["saved"]  # so the saving is a lower bound

@@ -59,6 +59,8 @@ class GivenDay:
     day_s: float
     warmup_s: float | None
     cooldown_s: float
+    stretch: float = 1.0
+    """How many times slower than the scenario file this day is played (``real_day``)."""
 
     @classmethod
     def of(cls, raw: dict[str, Any]) -> GivenDay | None:
@@ -76,9 +78,17 @@ class GivenDay:
             parse_duration(m.get("cooldown", 0.0)),
         )
 
+    def stretched(self, k: float) -> GivenDay:
+        """The same day played ``k`` times slower (``k < 1``: faster)."""
+        warm = None if self.warmup_s is None else self.warmup_s * k
+        return GivenDay(
+            self.duration_s * k, self.day_s * k, warm, self.cooldown_s * k, self.stretch * k
+        )
+
     def overrides(self, factor: float) -> list[str]:
-        """``--set`` strings that play the day ``factor`` times faster (none at 1)."""
-        if factor == 1:
+        """``--set`` strings that play the day ``factor`` times faster (none at 1 unless
+        stretched)."""
+        if factor == 1 and self.stretch == 1:
             return []
         out = [
             override_text("workload.duration", self.duration_s / factor),

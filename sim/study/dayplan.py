@@ -32,13 +32,14 @@ from __future__ import annotations
 
 import itertools
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import pandas as pd
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 
 from engine.errors import InputError
 from engine.limits import CheckedModel
+from engine.units import parse_duration
 from sim.study.daycompress import MAX_CATCH_UP, Compression, GivenDay, choose
 from sim.study.sweep.resultcache import RunCache
 from sim.study.sweep.spec import Point, build_points
@@ -74,6 +75,10 @@ class DayCfg(CheckedModel, BaseModel):  # BaseModel named too, for linters
     compress: bool = True
     """Play the day compressed by the largest factor that keeps the autoscaler
     quasi-static (sim/study/daycompress.py; GPU-hours scaled back); false: as given."""
+    real_day: Annotated[float, BeforeValidator(parse_duration), Field(gt=0)] | None = None
+    """Real length of the scenario's `workload.rate_profile.day` when the scenario plays its
+    day faster (e.g. `24h` for a scenario whose day lasts `1h`): the plan stretches the day
+    to it, then compresses; GPU-hours are real-time ones. null: the day as given is real."""
 
 
 def _servers(base: Any, replicas: int) -> int:
@@ -118,6 +123,8 @@ class DayPlanner:
 
         raw = apply_overrides(load_raw(self.scenario), self.base, str(self.scenario))
         given = GivenDay.of(raw)
+        if given is not None and self.day.real_day is not None:
+            given = given.stretched(self.day.real_day / given.day_s)
         probe = 1.0 if given is None else given.probe_factor()
         more = [] if given is None else given.overrides(probe)
         sc = self._build({}, more)[0].scenario

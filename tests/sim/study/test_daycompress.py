@@ -132,6 +132,10 @@ def test_given_day_overrides_divide_every_duration() -> None:
     assert sc.workload.duration == 1800 and sc.workload.rate_profile.day == 1800
     assert sc.metrics.warmup == 150 and sc.metrics.cooldown == 15
     assert GivenDay.of(copy.deepcopy(BASE)) is None
+    real = given.stretched(12)  # a 2 h day that stands for 24 h
+    assert real.overrides(1) != [] and real.duration_s == 86_400
+    sc = validate(apply_overrides(data, real.overrides(8), "<test>"))
+    assert sc.workload.duration == 10_800 and sc.metrics.warmup == 900
 
 
 def test_total_variation_by_hand() -> None:

@@ -40,7 +40,7 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 from engine.errors import InputError
 from engine.limits import CheckedModel
 from engine.units import parse_duration
-from sim.study.daycompress import MAX_CATCH_UP, Compression, GivenDay, choose
+from sim.study.daycompress import Compression, GivenDay, bound_for, choose
 from sim.study.sweep.resultcache import RunCache
 from sim.study.sweep.spec import Point, build_points
 
@@ -129,7 +129,9 @@ class DayPlanner:
         more = [] if given is None else given.overrides(probe)
         sc = self._build({}, more)[0].scenario
         cold = load_profile(sc.profile).coldstart
-        comp = choose(sc, probe, self.seeds, cold.provision_s, cold.warmup_s)
+        comp = choose(
+            sc, probe, self.seeds, cold.provision_s, cold.warmup_s, bound_for(self.day.attainment)
+        )
         if not self.day.compress:
             why = "day not compressed (compress: false)"
             comp = Compression(1, comp.reaction_s, comp.share, why)
@@ -313,12 +315,13 @@ def _late_start_line(planner: DayPlanner, comp: Compression) -> str | None:
     a = planner.base_points({})[0].scenario.autoscale
     measured = a.interval + max(a.cooldown + planner.slowest_start_s, a.scale_in_delay)
     share = comp.share * measured / comp.reaction_s
-    if share <= MAX_CATCH_UP:
+    bound = bound_for(planner.day.attainment)
+    if share <= bound:
         return None
     return (
         f"warning: a scale-out took {planner.slowest_start_s:.3g} s to serve, so R is "
         f"{measured:.3g} s and the catch-up share at c = {comp.factor} is {share:.3g} > "
-        f"{MAX_CATCH_UP:g}; rerun with compress: false to check"
+        f"{bound:g}; rerun with compress: false to check"
     )
 
 

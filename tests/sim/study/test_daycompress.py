@@ -12,7 +12,7 @@ import pytest
 
 from sim.scenario import Scenario, apply_overrides, validate
 from sim.serving.rateprofile import RateTable, day_table, profile_arrivals
-from sim.study.daycompress import MAX_CATCH_UP, GivenDay, choose, reaction_s
+from sim.study.daycompress import MAX_CATCH_UP, GivenDay, bound_for, choose, reaction_s
 from tests.sim.control.autoscale.conftest import BASE
 
 # interval 2 + max(cooldown 5 + provision 2 + warm-up 1, scale_in_delay 6) (conftest BASE)
@@ -57,6 +57,16 @@ def test_a_step_surge_compresses_by_the_hand_computed_factor() -> None:
     assert comp.factor == math.floor(MAX_CATCH_UP / s1) == 18
     assert comp.share == pytest.approx(18 * s1)
     assert comp.reason.startswith("day compressed 18x")
+
+
+def test_the_plans_miss_allowance_tightens_the_bound() -> None:
+    # the same day as above under attainment 0.99: at most 1% of the load may meet a lagging
+    # cluster, so c = floor(0.01 / s(1)) = 3
+    assert bound_for(0.9) == MAX_CATCH_UP and bound_for(0.99) == pytest.approx(0.01)
+    s1 = R * 40 / 150_000
+    comp = choose(_sc(10_000.0, surges=[STEP]), 1.0, [1], 2.0, 1.0, bound_for(0.99))
+    assert comp.factor == math.floor(0.01 / s1) == 3
+    assert choose(_sc(10_000.0, surges=[STEP]), 1.0, [1], 2.0, 1.0, bound_for(1.0)).factor == 1
 
 
 def test_a_ramp_of_the_same_height_gets_the_same_factor() -> None:

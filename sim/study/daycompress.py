@@ -16,7 +16,8 @@ scale-in for the stabilisation window.
 
 **Catch-up share** ``s(c) = c R TV / Lambda``: ``TV`` is the total variation of the day's
 rate table (requests/s summed over every step and tabulated slope: noise edges, bursts,
-surges, the diurnal shape) and ``Lambda`` its expected requests. After a rate change of
+surges, the diurnal shape) plus its first rate (the day starts from a cluster at
+``min_replicas``, a step from nothing) and ``Lambda`` its expected requests. After a rate change of
 ``d`` the autoscaler is wrong by about ``d`` for ``c R`` seconds, so ``s`` bounds the share
 of the day's load that meets a cluster still catching up: GPU-hours held by a lagging
 scale-in (an overestimate) and requests arriving before a scale-out serves (an attainment
@@ -129,9 +130,12 @@ def reaction_s(sc: Any, provision_s: float, warmup_s: float) -> float:
 
 
 def catch_up(sc: Any, seed: int) -> float:
-    """``TV / Lambda`` (1/s) of ``sc``'s rate table over its duration for ``seed``."""
+    """``TV / Lambda`` (1/s) of ``sc``'s rate table over its duration for ``seed``; ``TV``
+    counts the first piece's rate too (the day starts on a cluster at ``min_replicas``: a
+    step from nothing)."""
     table = day_table(sc.workload, seed)
-    return table.total_variation() / float(table.cumulative()[-1])
+    tv = float(table.rate[0]) + table.total_variation()
+    return tv / float(table.cumulative()[-1])
 
 
 def bound_for(attainment: float) -> float:

@@ -2,11 +2,11 @@
 played faster by while the autoscaler still follows its rate as it does in real time.
 
 Compressing by ``c`` divides ``workload.rate_profile.day``, ``workload.duration`` and a
-non-zero ``metrics.warmup`` and ``metrics.cooldown`` by ``c`` and keeps every rate: the load, the batches and the
-queues of each moment are those of the real day, only the day is shorter, so attainment
-carries over and GPU-hours scale back by ``c``. What changes is the autoscaler's lag
-measured on the day clock: it reacts in ``R`` simulated seconds, which cover ``c R``
-seconds of the day.
+non-zero ``metrics.warmup`` and ``metrics.cooldown`` by ``c`` and keeps every rate: the
+load, the batches and the queues of each moment are those of the real day, only the day is
+shorter, so attainment carries over and GPU-hours scale back by ``c``. What changes is the
+autoscaler's lag measured on the day clock: it reacts in ``R`` simulated seconds, which
+cover ``c R`` seconds of the day.
 
 **Reaction time** ``R = interval + max(cooldown + start, scale_in_delay)``: a decision
 waits for the next tick, a scale-out for the cooldown and the new replica's start
@@ -17,22 +17,29 @@ scale-in for the stabilisation window.
 **Catch-up share** ``s(c) = c R TV / Lambda``: ``TV`` is the total variation of the day's
 rate table (requests/s summed over every step and tabulated slope: noise edges, bursts,
 surges, the diurnal shape) plus its first rate (the day starts from a cluster at
-``min_replicas``, a step from nothing) and ``Lambda`` its expected requests. After a rate change of
-``d`` the autoscaler is wrong by about ``d`` for ``c R`` seconds, so ``s`` bounds the share
-of the day's load that meets a cluster still catching up: GPU-hours held by a lagging
+``min_replicas``, a step from nothing) and ``Lambda`` its expected requests. After a rate
+change of ``d`` the autoscaler is wrong by about ``d`` for ``c R`` seconds, so ``s`` bounds
+the share of the day's load that meets a cluster still catching up: GPU-hours held by a lagging
 scale-in (an overestimate) and requests arriving before a scale-out serves (an attainment
 risk). Real time has ``s(1)``; compression adds ``(c - 1) R TV / Lambda``.
 
 **Validity condition**: ``s(c) <= min(MAX_CATCH_UP, 1 - attainment)`` (5%, or the plan's
 miss allowance when smaller: the requests arriving while a scale-out lags are the ones at
-risk of missing, and a 25x day at 100 req/s measured 0.3 s(c) of them missing). ``c`` is the largest whole number
-that keeps it (capped at :data:`MAX_FACTOR`), computed for every seed's rate table (drawn
+risk of missing; on a 100 req/s day every miss was the day's start, a fixed number of
+requests in simulated time, so their share grew with ``c``). ``c`` is the largest whole
+number that keeps it (capped at :data:`MAX_FACTOR`), computed for every seed's rate table (drawn
 from the seed's own generator: the same distribution as the run's draws, not the same
 realisation), the smallest over seeds. A day too large to validate as given (a day at 100
 req/s is over the request limit) is measured on a probe compressed to an hour: ``TV`` is
-the same at every factor and ``Lambda`` divides by it, so ``s(1) = s_probe(1) / c_probe``. ``c = 1`` (the day as given) when no compression
-is safe, the workload is not a ``profile`` with a ``duration``, or the policy is
-``scheduled`` (its steps are on the simulated clock).
+the same at every factor and ``Lambda`` divides by it, so ``s(1) = s_probe(1) / c_probe``.
+``c = 1`` (the day as given) when no compression is safe, the workload is not a
+``profile`` with a ``duration``, or the policy is ``scheduled`` (its steps are on the
+simulated clock).
+
+What compression does not keep is an overload (the rate above the capacity of a static
+count or of an autoscaler at its ``max_replicas``): it lasts ``c`` times less and queues
+``c`` times less deep, so a count the peak overloads briefly can pass compressed
+(:data:`sim.study.dayplan.OVERLOAD_NOTE`).
 """
 
 from __future__ import annotations

@@ -49,7 +49,8 @@ if TYPE_CHECKING:
     from sim.study.sweep.execute import Runner
 
 
-#: the answer line of a compressed plan on what compression does not keep (docs/design/autoscaling.md)
+#: the answer line of a compressed plan on what compression does not keep
+#: (docs/design/autoscaling.md, "Compressing the day")
 OVERLOAD_NOTE = (
     "note: an overload (the peak above a static count, or above an autoscaler at its max) "
     "lasts {c}x less and queues {c}x less deep compressed: the static count may be one short "

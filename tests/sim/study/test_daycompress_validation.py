@@ -22,7 +22,8 @@ def _plan(tmp_path: Path, compress: bool) -> PlanFile:
     sc["cluster"]["gpu"] = {"weight_cache_fraction": 0.9}
     sc["autoscale"]["cold_start"] = {"load_from": "peers"}
     sc["autoscale"]["max_replicas"] = 6
-    # a 3,600 s day at 40 req/s mean: cosine from 0.2 to 1 of its peak at 15:00, a flash crowd at 09:00
+    # a 3,600 s day at 40 req/s mean: cosine from 0.2 to 1 of its peak at 15:00, a flash
+    # crowd at 09:00
     sc["workload"] = {
         "kind": "profile",
         "rate": 40,

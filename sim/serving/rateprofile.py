@@ -30,7 +30,14 @@ from sim.sections import WorkloadCfg
 
 F64 = npt.NDArray[np.float64]
 
-__all__ = ["RateTable", "invert_cumulative", "profile_arrivals", "shape", "surge_factor"]
+__all__ = [
+    "RateTable",
+    "day_table",
+    "invert_cumulative",
+    "profile_arrivals",
+    "shape",
+    "surge_factor",
+]
 
 
 def invert_cumulative(breaks_t: F64, breaks_cum: F64, last_rate: float, targets: F64) -> F64:
@@ -60,6 +67,11 @@ class RateTable:
         """Expected arrivals in ``[t0, t1)``, both within the table."""
         cum = self.cumulative()
         return float(np.interp(t1, self.edges, cum) - np.interp(t0, self.edges, cum))
+
+    def total_variation(self) -> float:
+        """Sum of the rate's absolute changes from piece to piece (requests/s): every step
+        (noise, burst and surge edges) and the tabulated slopes of the shape."""
+        return float(np.sum(np.abs(np.diff(self.rate))))
 
 
 def shape(cfg: RateProfileCfg, clock: F64) -> F64:
@@ -166,6 +178,19 @@ def _surge_edges(s: SurgeCfg) -> tuple[float, float, float, float]:
 def _overlaps(s: SurgeCfg, lo: float, hi: float) -> bool:
     """Whether surge ``s`` raises the rate anywhere in ``[lo, hi)`` (day clock)."""
     return s.at < hi and _surge_edges(s)[3] > lo
+
+
+def day_table(cfg: WorkloadCfg, seed: int) -> RateTable:
+    """The rate table of a ``profile`` workload over ``[0, duration)`` (``duration`` > 0),
+    its days drawn from a generator seeded with ``seed``: the table a run draws, without the
+    arrivals."""
+    days = _Days(cfg, seed)
+    for _ in range(max(1, math.ceil(cfg.duration / cfg.rate_profile.day))):
+        days.add_day()
+    table = days.table()
+    keep = int(np.searchsorted(table.edges, cfg.duration, side="left"))
+    edges = np.concatenate([table.edges[:keep], [cfg.duration]])
+    return RateTable(edges, table.rate[: len(edges) - 1])
 
 
 def profile_arrivals(cfg: WorkloadCfg, rng: np.random.Generator) -> tuple[F64, RateTable]:

@@ -19,27 +19,43 @@ time held) and, static, replicas x GPUs x the run's simulated time; means over s
 The answer is the passing autoscaled setting with the fewest GPU-hours (ties: smaller
 ``max_replicas``, then ``min_replicas``, then ``target``), with the GPU-hours it saves
 against the smallest passing static count; ``choice: none`` when no setting passes.
-Speed: each candidate is one simulated day per seed; the plan does not compress the day
-(a shorter day, e.g. a time-compressed trace, is the way to keep it fast).
+Speed: each candidate is one simulated day per seed, played compressed by the largest
+factor ``c`` that keeps the autoscaler quasi-static (:mod:`sim.study.daycompress`: rates
+kept, durations divided by ``c``, GPU-hours multiplied back by ``c``); ``compress: false``
+plays the day as given. The answer names ``c`` and why (``compression``), and a plan whose
+runs measured a slower scale-out than the estimate behind ``c`` says so in one line. An
+overload lasts ``c`` times less compressed (:data:`OVERLOAD_NOTE`, printed with a compressed
+answer): the static count may be one short at the edge, the saving a lower bound.
 """
 
 from __future__ import annotations
 
 import itertools
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import pandas as pd
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 
 from engine.errors import InputError
 from engine.limits import CheckedModel
+from engine.units import parse_duration
+from sim.study.daycompress import Compression, GivenDay, bound_for, choose
 from sim.study.sweep.resultcache import RunCache
 from sim.study.sweep.spec import Point, build_points
 
 if TYPE_CHECKING:
     from sim.study.planspec import PlanFile
     from sim.study.sweep.execute import Runner
+
+
+#: the answer line of a compressed plan on what compression does not keep
+#: (docs/design/autoscaling.md, "Compressing the day")
+OVERLOAD_NOTE = (
+    "note: an overload (the peak above a static count, or above an autoscaler at its max) "
+    "lasts {c}x less and queues {c}x less deep compressed: the static count may be one short "
+    "at the edge, the saving a lower bound"
+)
 
 
 class DayCfg(CheckedModel, BaseModel):  # BaseModel named too, for linters
@@ -57,6 +73,13 @@ class DayCfg(CheckedModel, BaseModel):  # BaseModel named too, for linters
     """`autoscale.target` values tried (each in (0, 1])."""
     static_range: tuple[int, int] = (1, 16)
     """Bounds [low, high] of the static replica count searched (1 <= low <= high)."""
+    compress: bool = True
+    """Play the day compressed by the largest factor that keeps the autoscaler
+    quasi-static (sim/study/daycompress.py; GPU-hours scaled back); false: as given."""
+    real_day: Annotated[float, BeforeValidator(parse_duration), Field(gt=0)] | None = None
+    """Real length of the scenario's `workload.rate_profile.day` when the scenario plays its
+    day faster (e.g. `24h` for a scenario whose day lasts `1h`): the plan stretches the day
+    to it, then compresses; GPU-hours are real-time ones. null: the day as given is real."""
 
 
 def _servers(base: Any, replicas: int) -> int:
@@ -85,11 +108,45 @@ class DayPlanner:
         self.spec, self.day = spec, spec.day
         self.scenario, self.runner, self.cache = scenario, runner, cache
         self.seeds, self.base = seeds, base
+        self._compression: Compression | None = None
+        self._played: list[str] = []  # the overrides that compress the day
+        self.slowest_start_s = 0.0  # the longest decision-to-serving time the runs measured
 
-    def _points(self, grid: dict[str, list[Any]]) -> list[Point]:
-        return build_points(
-            self.scenario, grid, self.seeds, self.base, self.spec.variant, source="plan"
+    def compression(self) -> Compression:
+        """The day's compression (computed once; factor 1 when ``compress`` is false)."""
+        if self._compression is None:
+            self._compression, self._played = self._measure()
+        return self._compression
+
+    def _measure(self) -> tuple[Compression, list[str]]:
+        from sim.scenario import apply_overrides, load_raw
+        from sim.serving.costmodel import load_profile
+
+        raw = apply_overrides(load_raw(self.scenario), self.base, str(self.scenario))
+        given = GivenDay.of(raw)
+        if given is not None and self.day.real_day is not None:
+            given = given.stretched(self.day.real_day / given.day_s)
+        probe = 1.0 if given is None else given.probe_factor()
+        more = [] if given is None else given.overrides(probe)
+        sc = self._build({}, more)[0].scenario
+        cold = load_profile(sc.profile).coldstart
+        comp = choose(
+            sc, probe, self.seeds, cold.provision_s, cold.warmup_s, bound_for(self.day.attainment)
         )
+        if not self.day.compress:
+            why = "day not compressed (compress: false)"
+            comp = Compression(1, comp.reaction_s, comp.share, why)
+        return comp, [] if given is None else given.overrides(comp.factor)
+
+    def _build(self, grid: dict[str, list[Any]], more: list[str]) -> list[Point]:
+        return build_points(
+            self.scenario, grid, self.seeds, self.base + more, self.spec.variant, source="plan"
+        )
+
+    def base_points(self, grid: dict[str, list[Any]]) -> list[Point]:
+        """The points of ``grid`` on the day as played (compressed), every seed."""
+        self.compression()
+        return self._build(grid, self._played)
 
     def _judge(self, pts: list[Point]) -> dict[str, Any]:
         """Run ``pts`` (one setting, every seed): passes, mean GPU-hours and attainment."""
@@ -111,7 +168,10 @@ class DayPlanner:
             if h is None:
                 sc = p.scenario
                 h = sc.cluster.replicas * sc.cluster.gpus_per_replica * m["sim_time_s"] / 3600
-            gpu_h.append(float(h))
+            gpu_h.append(float(h) * self.compression().factor)
+            start = m.get("autoscale.decision_to_serving_s.max")
+            if start is not None:
+                self.slowest_start_s = max(self.slowest_start_s, float(start))
             reasons = run_passes(m, self.spec.slo)[1]
             if att[-1] < self.day.attainment:
                 reasons.append(f"attainment {att[-1]:.4f} < {self.day.attainment}")
@@ -131,7 +191,7 @@ class DayPlanner:
     def autoscaled(self) -> list[dict[str, Any]]:
         """One row per autoscaler setting tried."""
         rows = []
-        base = self._points({})[0].scenario
+        base = self.base_points({})[0].scenario
         for lo, hi, tgt in itertools.product(
             self.day.min_replicas, self.day.max_replicas, self.day.target
         ):
@@ -144,7 +204,7 @@ class DayPlanner:
                 "autoscale.target": [tgt],
                 "cluster.servers": [_servers(base, lo)],
             }
-            res = self._judge(self._points(grid))
+            res = self._judge(self.base_points(grid))
             rows.append(
                 {
                     "kind": "autoscaled",
@@ -159,7 +219,7 @@ class DayPlanner:
 
     def static(self) -> tuple[int | None, list[dict[str, Any]]]:
         """The smallest passing static replica count (None: none in range) and every probe."""
-        base = self._points({})[0].scenario
+        base = self.base_points({})[0].scenario
         lo, hi = self.day.static_range
         rows: dict[int, dict[str, Any]] = {}
 
@@ -175,7 +235,7 @@ class DayPlanner:
                     "max_replicas": None,
                     "target": None,
                     "replicas": n,
-                    **self._judge(self._points(grid)),
+                    **self._judge(self.base_points(grid)),
                 }
             return bool(rows[n]["meets_slo"])
 
@@ -217,7 +277,19 @@ def run_day(spec: PlanFile, planner: DayPlanner) -> tuple[pd.DataFrame, dict[str
         "static_gpu_hours": static_h,
         "saved": None if best is None or static_h is None else 1.0 - best["gpu_hours"] / static_h,
     }
-    lines = []
+    comp = planner.compression()
+    answer["compression"] = {
+        "factor": comp.factor,
+        "reaction_s": comp.reaction_s,
+        "catch_up_share": None if comp.share != comp.share else comp.share,
+        "reason": comp.reason,
+    }
+    lines = [comp.reason]
+    if comp.factor > 1:
+        lines.append(OVERLOAD_NOTE.format(c=comp.factor))
+    late = _late_start_line(planner, comp)
+    if late:
+        lines.append(late)
     if best is None:
         lines.append(f"no autoscaler setting keeps attainment >= {day.attainment}")
     else:
@@ -233,6 +305,25 @@ def run_day(spec: PlanFile, planner: DayPlanner) -> tuple[pd.DataFrame, dict[str
     if answer["saved"] is not None:
         lines.append(f"GPU-hours saved by autoscaling: {answer['saved'] * 100:.1f}%")
     return df, answer, lines
+
+
+def _late_start_line(planner: DayPlanner, comp: Compression) -> str | None:
+    """One warning line when the runs measured a scale-out slow enough (a coupled
+    checkpoint load, a congested stream) that the catch-up share at the factor used
+    exceeds the bound."""
+    if comp.factor == 1 or comp.share != comp.share:
+        return None
+    a = planner.base_points({})[0].scenario.autoscale
+    measured = a.interval + max(a.cooldown + planner.slowest_start_s, a.scale_in_delay)
+    share = comp.share * measured / comp.reaction_s
+    bound = bound_for(planner.day.attainment)
+    if share <= bound:
+        return None
+    return (
+        f"warning: a scale-out took {planner.slowest_start_s:.3g} s to serve, so R is "
+        f"{measured:.3g} s and the catch-up share at c = {comp.factor} is {share:.3g} > "
+        f"{bound:g}; rerun with compress: false to check"
+    )
 
 
 def day_png(df: pd.DataFrame, answer: dict[str, Any], path: Path) -> Path:

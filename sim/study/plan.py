@@ -280,8 +280,9 @@ def _infeasible(sc: Any) -> str | None:
     return None
 
 
-def check_plan(spec: PlanFile, planner: Planner, source: str) -> None:
-    """Reject a plan that cannot be answered before running anything."""
+def check_plan(spec: PlanFile, planner: Planner, source: str, probe: Any = None) -> None:
+    """Reject a plan that cannot be answered before running anything; ``probe``: the
+    scenario a day plan plays (its day compressed), checked instead of the size probe."""
     day = spec.day is not None  # a day plan asks neither question; it judges attainment
     if not day and not spec.qps and not spec.sizes:
         raise InputError("give qps (smallest size) and/or sizes (highest qps)", source=source)
@@ -305,7 +306,10 @@ def check_plan(spec: PlanFile, planner: Planner, source: str) -> None:
         raise InputError(f"qps_range: {[qlo, qhi]} needs 0 < low < high", source=source)
     # every key path and every alternative is validated by building one probe's points
     for alt in alternatives(spec):
-        sc = planner.points(alt, lo, spec.qps[0] if spec.qps else qlo)[0].scenario
+        if probe is not None:
+            sc = probe
+        else:
+            sc = planner.points(alt, lo, spec.qps[0] if spec.qps else qlo)[0].scenario
         check_references(sc)  # an unknown model or profile is an input error, not infeasible
         classes = [c.name for c in sc.workload.classes]
         for kind, pct, cls, _ in slo.limits():
@@ -348,13 +352,13 @@ def run_plan(
     rows: list[dict[str, Any]] = []
     runner = Runner(workers, scheduler)
     pl = Planner(spec, scenario, runner, RunCache(folder), seeds, progress, run_progress)
+    if spec.day is not None:  # its day may only validate compressed
+        return _run_day(spec, pl, runner, folder, seeds, source)
     check_plan(spec, pl, source)  # before any cluster starts or file is written
     first = pl.points({}, spec.size_range[0], spec.qps[0] if spec.qps else spec.qps_range[0])
     resolved = first[0].scenario.model_dump(mode="json")
     if spec.compare is not None:
         return _run_compare(spec, pl, runner, folder, seeds, source)
-    if spec.day is not None:
-        return _run_day(spec, pl, runner, folder, seeds)
     with runner:
         alts = alternatives(spec)
         found = {q: pl.min_sizes(alts, q) for q in spec.qps}
@@ -410,12 +414,13 @@ def _run_compare(
 
 
 def _run_day(
-    spec: PlanFile, pl: Planner, runner: Runner, folder: Path, seeds: list[int]
+    spec: PlanFile, pl: Planner, runner: Runner, folder: Path, seeds: list[int], source: str
 ) -> PlanResult:
     """A day plan (:mod:`sim.study.dayplan`): ``frontier.csv``/``.parquet``, ``plan.json``."""
     from sim.study.dayplan import DayPlanner, day_png, run_day
 
     day = DayPlanner(spec, pl.scenario, runner, RunCache(folder), seeds, pl.base)
+    check_plan(spec, pl, source, probe=day.base_points({})[0].scenario)
     with runner:
         df, answer, sentences = run_day(spec, day)
     folder.mkdir(parents=True, exist_ok=True)

@@ -42,6 +42,7 @@ COMPILED: tuple[str, ...] = (
     "sim.serving.arrivals",
     "sim.serving.fetchpath",
     "sim.serving.iterprice",
+    "sim.serving.link",
     "sim.serving.maxmin",
     "sim.serving.metrics",
     "sim.serving.network",

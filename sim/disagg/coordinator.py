@@ -40,8 +40,8 @@ from engine.cache import TierCache
 from sim.disagg.poolconfig import DisaggCfg
 from sim.disagg.routing import make_router
 from sim.disagg.store import KvStore
+from sim.serving.link import LinkDown
 from sim.serving.metrics import EV_ARRIVE
-from sim.serving.network import LinkDown
 from sim.serving.placement import Placement, Scheduler
 
 if TYPE_CHECKING:

@@ -38,7 +38,7 @@ from typing import TYPE_CHECKING, Any, Literal
 import simpy
 
 if TYPE_CHECKING:
-    from sim.serving.network import Link
+    from sim.serving.link import Link
     from sim.serving.replica import ComputeNode
 
 Source = Literal["object", "nvme", "host", "param-servers", "peers"]

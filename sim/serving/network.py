@@ -1,9 +1,10 @@
-"""Links and flows: bandwidth shared max-min fairly between concurrent transfers (R2, R27, R31).
+"""Flows over links: bandwidth shared max-min fairly between concurrent transfers (R2, R27, R31).
 
 Model
 -----
-* A :class:`Link` has a bandwidth (bytes/s), a latency (s) and optional jitter (mean of an
-  exponential extra delay, drawn from the network's seeded ``numpy`` Generator).
+* A :class:`sim.serving.link.Link` has a bandwidth (bytes/s), a latency (s) and optional
+  jitter (mean of an exponential extra delay, drawn from the network's seeded ``numpy``
+  Generator); a :class:`Network` numbers the links it moves flows over (``Link.bind``).
 * ``Network.transfer(path, nbytes, priority)`` returns a SimPy event. The transfer first waits
   its latency (sum of the path's link latencies plus jitter, added once), then its bytes flow
   at the rate the network allocates; the event succeeds with value ``nbytes`` when the last
@@ -20,20 +21,18 @@ Model
   so a priority-0 flow gets ``priority_weight`` x the share of a priority-1 flow on a shared
   bottleneck; ``"strict"`` fills class 0 first and gives later classes only what is left.
 * Faults: ``Link.set_down("drop")`` fails every transfer that uses the link (waiting for its
-  latency or flowing) with :class:`LinkDown`, and so does every later transfer over it until
-  ``set_up()``; ``set_down("hold")`` pauses them (rate 0) until ``set_up()``.
+  latency or flowing) with :class:`~sim.serving.link.LinkDown`, and so does every later
+  transfer over it until ``set_up()``; ``set_down("hold")`` pauses them (rate 0) until
+  ``set_up()``.
   A failed event must be yielded or ``defused`` by its owner, as usual in SimPy.
 
-Counters per link: ``bytes_carried`` (bytes that crossed it, including in-flight progress when
-read through :meth:`Link.carried`), ``busy_time`` (time with at least one flow moving) and
-:meth:`Link.utilisation` (mean fraction of bandwidth used since the link was created).
+Counters per link (kept on the link, credited here): see :mod:`sim.serving.link`.
 Conservation: a completed transfer delivered exactly ``nbytes``; every link on its path was
 credited with exactly ``nbytes`` for it (up to float rounding).
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from functools import partial
 from typing import Literal
@@ -41,22 +40,11 @@ from typing import Literal
 import numpy as np
 import simpy
 
+from sim.serving.link import Link, LinkDown
 from sim.serving.maxmin import fill_classes
 from sim.simenv import SimTimeout
 
 _RATE_TOL = 1e-9  # relative slack when comparing shares / remaining bytes
-
-
-class LinkDown(Exception):
-    """A transfer failed because a link on its path went down in ``"drop"`` mode."""
-
-    def __init__(self, link: str, at: float) -> None:
-        super().__init__(link, at)  # SimPy re-creates failure exceptions from their args
-        self.link = link
-        self.at = at
-
-    def __str__(self) -> str:
-        return f"link {self.link!r} went down at t={self.at:.6f}s"
 
 
 class _Flow:
@@ -88,104 +76,6 @@ class _Flow:
         self.rate = 0.0
         self.started = False  # False while waiting for its latency
         self.event: simpy.Event
-
-
-class Link:
-    """A network or bus link (RDMA, PCIe, NVMe, object store) shared by concurrent flows."""
-
-    def __init__(
-        self,
-        env: simpy.Environment,
-        name: str,
-        bandwidth: float,
-        latency: float,
-        jitter: float = 0.0,
-    ) -> None:
-        if not bandwidth > 0 or not math.isfinite(bandwidth):
-            raise ValueError(f"link {name!r}: bandwidth must be a finite number > 0 B/s")
-        if latency < 0 or jitter < 0:
-            raise ValueError(f"link {name!r}: latency and jitter must be >= 0 s")
-        self.env = env
-        self.name = name
-        self.bandwidth = float(bandwidth)
-        self.latency = float(latency)
-        self.jitter = float(jitter)
-        self.up = True
-        self.down_mode: Literal["drop", "hold"] | None = None
-        self.bytes_carried = 0.0
-        self.busy_time = 0.0
-        self.created_at = float(env.now)
-        self.rate = 0.0  # sum of the rates of the flows on this link (<= bandwidth)
-        self._network: Network | None = None
-        self._idx = -1  # position in its network's link list, once attached
-
-    @property
-    def network(self) -> Network | None:
-        """The network the link belongs to (``None`` until its first transfer or
-        ``Network.add_link``)."""
-        return self._network
-
-    @property
-    def index(self) -> int:
-        """The link's number in its network (``Network`` numbers links 0, 1, ... as they are
-        attached); -1 while it belongs to none."""
-        return self._idx
-
-    def bind(self, network: Network, index: int) -> None:
-        """Make the link ``network``'s link number ``index``; a link belongs to one network for
-        good (``ValueError`` if it is bound already)."""
-        if self._network is not None:
-            raise ValueError(f"link {self.name!r} belongs to a network already")
-        self._network = network
-        self._idx = index
-
-    def __repr__(self) -> str:
-        return f"Link({self.name!r}, {self.bandwidth:.3g} B/s, {self.latency:.3g} s)"
-
-    @property
-    def n_flows(self) -> int:
-        """Number of transfers currently using the link (waiting for latency or flowing)."""
-        return 0 if self._network is None else self._network.flows_on(self)
-
-    def set_down(self, mode: Literal["drop", "hold"] = "drop") -> None:
-        """Cut the link: ``"drop"`` fails its transfers with :class:`LinkDown`, ``"hold"``
-        pauses them until :meth:`set_up`."""
-        if mode not in ("drop", "hold"):
-            raise ValueError(f"mode must be 'drop' or 'hold', got {mode!r}")
-        if self._network is not None:
-            self._network.set_link_state(self, up=False, mode=mode)
-        else:
-            self.up, self.down_mode = False, mode
-
-    def set_up(self) -> None:
-        """Restore the link; held transfers resume."""
-        if self._network is not None:
-            self._network.set_link_state(self, up=True, mode=None)
-        else:
-            self.up, self.down_mode = True, None
-
-    def set_bandwidth(self, bandwidth: float) -> None:
-        """Change the bandwidth (e.g. a degraded link); flows are re-shared at once."""
-        if not bandwidth > 0 or not math.isfinite(bandwidth):
-            raise ValueError(f"link {self.name!r}: bandwidth must be a finite number > 0 B/s")
-        if self._network is not None:
-            self._network.set_link_bandwidth(self, float(bandwidth))
-        else:
-            self.bandwidth = float(bandwidth)
-
-    def carried(self, now: float | None = None) -> float:
-        """Bytes carried up to ``now`` (default ``env.now``), counting in-flight progress."""
-        t = self.env.now if now is None else now
-        last = self._network.accounted_until if self._network is not None else t
-        return self.bytes_carried + self.rate * max(0.0, t - last)
-
-    def utilisation(self, now: float | None = None) -> float:
-        """Mean fraction of the bandwidth used between the link's creation and ``now``."""
-        t = self.env.now if now is None else now
-        span = t - self.created_at
-        if span <= 0:
-            return 0.0
-        return self.carried(t) / (self.bandwidth * span)
 
 
 class Network:
@@ -249,7 +139,7 @@ class Network:
     ) -> simpy.Event:
         """Move ``nbytes`` over ``path``, starting ``after`` seconds from now (plus the links'
         latencies); see the module docstring. Returns the completion event (value
-        ``nbytes``), which fails with :class:`LinkDown` if a link drops."""
+        ``nbytes``), which fails with :class:`~sim.serving.link.LinkDown` if a link drops."""
         if nbytes < 0:
             raise ValueError(f"nbytes must be >= 0, got {nbytes}")
         if priority < 0:
@@ -315,9 +205,9 @@ class Network:
         return self._last
 
     def set_link_state(self, link: Link, up: bool, mode: Literal["drop", "hold"] | None) -> None:
-        """Bring ``link`` up (``mode`` None) or down in ``mode`` (see :meth:`Link.set_down`),
-        accounting progress up to now first; a drop fails the link's transfers; rates are
-        re-shared at once."""
+        """Bring ``link`` up (``mode`` None) or down in ``mode`` (see
+        :meth:`~sim.serving.link.Link.set_down`), accounting progress up to now first; a drop
+        fails the link's transfers; rates are re-shared at once."""
         self._advance()
         link.up, link.down_mode = up, mode
         if not up and mode == "drop":
@@ -326,8 +216,9 @@ class Network:
         self._reallocate()
 
     def set_link_bandwidth(self, link: Link, bandwidth: float) -> None:
-        """Give ``link`` ``bandwidth`` (B/s, validated by :meth:`Link.set_bandwidth`) from now
-        on: progress up to now at the old rates, then rates re-shared at once."""
+        """Give ``link`` ``bandwidth`` (B/s, validated by
+        :meth:`~sim.serving.link.Link.set_bandwidth`) from now on: progress up to now at the
+        old rates, then rates re-shared at once."""
         self._advance()
         link.bandwidth = bandwidth
         self._reallocate()

@@ -8,7 +8,8 @@ import simpy
 from hypothesis import given
 from hypothesis import strategies as st
 
-from sim.serving.network import Link, LinkDown, Network
+from sim.serving.link import Link, LinkDown
+from sim.serving.network import Network
 
 GB = 1e9
 

@@ -14,8 +14,9 @@ from hypothesis import strategies as st
 from sim.cluster import build
 from sim.scenario import validate
 from sim.serving.costmodel import CostModel, load_profile
+from sim.serving.link import Link
 from sim.serving.models import load_catalogue
-from sim.serving.network import Link, Network
+from sim.serving.network import Network
 
 _SPEC = st.lists(
     st.tuples(

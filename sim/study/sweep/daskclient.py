@@ -108,7 +108,7 @@ def dask_client(workers: int, scheduler: str | None = None) -> Iterator[Any]:
                 n_workers=workers,
                 threads_per_worker=1,
                 processes=True,
-                dashboard_address=None,
+                dashboard_address=":0",  # any free port: no clash with another cluster
                 silence_logs=logging.CRITICAL,  # a failed run comes back as a record
             )
         client = Client(cluster)

@@ -113,7 +113,7 @@ def test_existing_scheduler_address(tiny: Path, tmp_path: Path) -> None:
 
     pts = build_points(tiny, {"workload.rate": [5, 10, 20]}, [0, 1])
     with LocalCluster(
-        n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None
+        n_workers=2, threads_per_worker=1, processes=True, dashboard_address=":0"
     ) as cluster:
         out = execute(pts, tmp_path / "sw", scheduler=cluster.scheduler_address)
         assert (out.ran, out.failed) == (6, []) and out.complete

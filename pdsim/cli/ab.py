@@ -13,7 +13,8 @@ from engine.errors import InputError
 from engine.limits import MAX_SEED
 from pdsim.cli.common import (
     MAX_RESAMPLES,
-    MAX_WORKERS,
+    SchedulerOption,
+    WorkersOption,
     blame_override,
     check_out_dir,
     check_out_kind,
@@ -59,21 +60,8 @@ def ab(
             "--variant", metavar="NAME", help="Use one of the scenario's variants as base."
         ),
     ] = None,
-    workers: Annotated[
-        int,
-        typer.Option(
-            "--workers",
-            parser=int_option(1, MAX_WORKERS),
-            metavar="N",
-            help="Dask workers (1: local).",
-        ),
-    ] = 1,
-    scheduler: Annotated[
-        str | None,
-        typer.Option(
-            "--scheduler", metavar="ADDR", help="Existing Dask scheduler tcp://host:port."
-        ),
-    ] = None,
+    workers: WorkersOption = 1,
+    scheduler: SchedulerOption = None,
     resamples: Annotated[
         int,
         typer.Option(

@@ -9,7 +9,7 @@ import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import ModuleType
-from typing import Any
+from typing import Annotated, Any
 
 import typer
 from rich.console import Console
@@ -284,3 +284,20 @@ def load_scenario_arg(text: str | Path, overrides: list[str] | None = None) -> A
             _bare(err).replace(" file;", ";"), source=src, where=f"profile: {sc.profile}"
         ) from None
     return sc
+
+
+#: ``--workers N`` of every command that runs scenarios in parallel (plan, sweep, ab, frontier)
+WorkersOption = Annotated[
+    int,
+    typer.Option(
+        "--workers",
+        parser=int_option(1, MAX_WORKERS),
+        metavar="N",
+        help="Parallel runs: Dask workers, or local processes without Dask (1: in-process).",
+    ),
+]
+#: ``--scheduler ADDR`` of the same commands
+SchedulerOption = Annotated[
+    str | None,
+    typer.Option("--scheduler", metavar="ADDR", help="Existing Dask scheduler tcp://host:port."),
+]

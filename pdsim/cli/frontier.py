@@ -13,7 +13,8 @@ from rich.table import Table
 from engine.errors import InputError
 from engine.limits import MAX_REQUEST_RATE
 from pdsim.cli.common import (
-    MAX_WORKERS,
+    SchedulerOption,
+    WorkersOption,
     blame_override,
     check_out_dir,
     check_out_kind,
@@ -173,21 +174,8 @@ def frontier(
         list[str] | None,
         typer.Option("--set", metavar="KEY=VALUE", help="Scenario override (repeatable)."),
     ] = None,
-    workers: Annotated[
-        int,
-        typer.Option(
-            "--workers",
-            parser=int_option(1, MAX_WORKERS),
-            metavar="N",
-            help="Parallel runs: Dask workers, or local processes without Dask.",
-        ),
-    ] = 1,
-    scheduler: Annotated[
-        str | None,
-        typer.Option(
-            "--scheduler", metavar="ADDR", help="Existing Dask scheduler tcp://host:port."
-        ),
-    ] = None,
+    workers: WorkersOption = 1,
+    scheduler: SchedulerOption = None,
     out: Annotated[
         Path | None,
         typer.Option(

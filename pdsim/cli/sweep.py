@@ -14,7 +14,8 @@ from rich.table import Table
 from engine.errors import InputError
 from engine.limits import MAX_INT
 from pdsim.cli.common import (
-    MAX_WORKERS,
+    SchedulerOption,
+    WorkersOption,
     check_out_dir,
     check_out_kind,
     console,
@@ -128,21 +129,8 @@ def sweep(
         list[str] | None,
         typer.Option("--set", metavar="KEY=VALUE", help="Base override (repeatable)."),
     ] = None,
-    workers: Annotated[
-        int,
-        typer.Option(
-            "--workers",
-            parser=int_option(1, MAX_WORKERS),
-            metavar="N",
-            help="1: in-process; N: Dask LocalCluster.",
-        ),
-    ] = 1,
-    scheduler: Annotated[
-        str | None,
-        typer.Option(
-            "--scheduler", metavar="ADDR", help="Existing Dask scheduler tcp://host:port."
-        ),
-    ] = None,
+    workers: WorkersOption = 1,
+    scheduler: SchedulerOption = None,
     out: Annotated[
         Path | None,
         typer.Option(

@@ -4,9 +4,12 @@ window 3, parameter-server warm-up; nodes start cold and fetch their weights), P
 arrivals at 200 req/s.
 
 Each size runs in a fresh subprocess so peak RSS is per size. The table shows each run's
-trace hash (its first 12 hex digits): a speed change must leave them as they were. Rates are simulated requests per
-second of CPU time of the simulation (``time.process_time``: robust on a shared machine), with
-the same rates over wall time under ``*_wall`` keys. Prints a table, then as the LAST line one
+trace hash (its first 12 hex digits): a speed change must leave them as they were. Rates
+are simulated requests per second of CPU time of the simulation (``time.process_time``, which
+leaves out time spent waiting for a CPU), with the same rates over wall time under ``*_wall``
+keys. Other tenants still lower the CPU-time rate (shared caches and memory bandwidth; up to
+1.5x on a loaded 2-core VM): read a target on an idle machine and compare trees in
+interleaved runs (``docs/history/2026-12-05-sim-speed-idle.md``). Prints a table, then as the LAST line one
 JSON object:
 ``{"requests_per_s": {"10000": ..., "100000": ..., "1000000": ...}, "requests_per_s_wall":
 {...}, "events_per_request": ..., "peak_rss_mib": ..., "growth": ..., "build": ...}`` (events

@@ -16,7 +16,8 @@ transfer re-shares those links among all transfers in flight (exact max-min fair
 ``--cold`` to a few hundred servers (docs/serving-model.md, "Cost per event").
 
 Each size runs in a fresh subprocess. Rates are per second of CPU time of the whole run
-(``time.process_time``, building the cluster included: robust on a shared machine). The
+(``time.process_time``, building the cluster included; it leaves out time spent waiting for
+a CPU, but other tenants still lower it through shared caches and memory bandwidth). The
 target: events per CPU-second at 1,024 servers within 2x of the 4-server figure. Prints a
 table, then as the LAST line one JSON object: ``{"servers": [...], "start": "warm"|"cold",
 "events": {...}, "requests": {...}, "cpu_s": {...}, "events_per_cpu_s": {...},

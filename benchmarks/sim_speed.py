@@ -7,10 +7,9 @@ Each size runs in a fresh subprocess so peak RSS is per size. The table shows ea
 trace hash (its first 12 hex digits): a speed change must leave them as they were. Rates
 are simulated requests per second of CPU time of the simulation (``time.process_time``, which
 leaves out time spent waiting for a CPU), with the same rates over wall time under ``*_wall``
-keys. Other tenants still lower the CPU-time rate (shared caches and memory bandwidth; up to
-1.5x on a loaded 2-core VM): read a target on an idle machine and compare trees in
-interleaved runs (``docs/history/2026-12-05-sim-speed-idle.md``). Prints a table, then as the LAST line one
-JSON object:
+keys. Other tenants still lower the CPU-time rate (shared caches and memory bandwidth): read a
+target on an idle machine and compare trees in interleaved runs. Prints a table, then as the
+LAST line one JSON object:
 ``{"requests_per_s": {"10000": ..., "100000": ..., "1000000": ...}, "requests_per_s_wall":
 {...}, "events_per_request": ..., "peak_rss_mib": ..., "growth": ..., "build": ...}`` (events
 per request of the 100k run; the largest peak RSS; growth = CPU-time growth / request growth
